@@ -1,0 +1,109 @@
+use std::{
+    future::Future,
+    pin::Pin,
+    task::{ready, Context, Poll},
+};
+
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::{acquire::Acquire, error::AcquireError, BoxError};
+
+pin_project! {
+    /// Response future of [`Admission`](super::Admission).
+    pub struct ResponseFuture<S, Req>
+    where
+        S: Service<Req>,
+    {
+        #[pin]
+        state: State<S, Req>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, Req>
+    where
+        S: Service<Req>,
+    {
+        Waiting {
+            #[pin]
+            acquire: Acquire,
+            service: Option<S>,
+            request: Option<Req>,
+        },
+        Called {
+            #[pin]
+            future: S::Future,
+        },
+        Failed {
+            error: Option<AcquireError>,
+        },
+    }
+}
+
+impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    pub(crate) fn called(future: S::Future) -> Self {
+        Self {
+            state: State::Called { future },
+        }
+    }
+
+    pub(crate) fn failed(error: AcquireError) -> Self {
+        Self {
+            state: State::Failed { error: Some(error) },
+        }
+    }
+
+    pub(crate) fn waiting(acquire: Acquire, service: S, request: Req) -> Self {
+        Self {
+            state: State::Waiting {
+                acquire,
+                service: Some(service),
+                request: Some(request),
+            },
+        }
+    }
+}
+
+impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+impl<S, Req> Future for ResponseFuture<S, Req>
+where
+    S: Service<Req>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Waiting {
+                    acquire,
+                    service,
+                    request,
+                } => {
+                    if let Err(e) = ready!(acquire.poll(cx)) {
+                        return Poll::Ready(Err(e.into_box()));
+                    }
+                    // Admitted: send now, with the service that was polled ready in `poll_ready`.
+                    let (Some(mut service), Some(request)) = (service.take(), request.take()) else {
+                        panic!("admission future polled after completion");
+                    };
+                    let future = service.call(request);
+                    this.state.set(State::Called { future });
+                }
+                StateProj::Called { future } => return future.poll(cx).map_err(Into::into),
+                StateProj::Failed { error } => {
+                    let e = error.take().expect("admission future polled after completion");
+                    return Poll::Ready(Err(e.into_box()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Shared admission: every attempt, first try or retry, waits for the allowance.
+//!
+//! An attempt waits first until the shared cooldown has passed, then for a token, in
+//! arrival order. The token is taken in `call`, never in `poll_ready`, so a balancer probing
+//! readiness spends nothing; it is taken at the moment the request is handed to the inner
+//! service, so a token is only ever spent by an attempt that is actually sent.
+//!
+//! Requests may carry a [`Deadline`](crate::Deadline): if admission cannot happen by then,
+//! the call fails at once with [`Abandoned`](crate::error::Abandoned) (reason `Deadline`).
+//! A full wait queue fails at once with [`Overloaded`](crate::error::Overloaded).
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_allowance::{admission::AdmissionLayer, Allowance, AllowanceConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
+//! let service = ServiceBuilder::new()
+//!     .layer(AdmissionLayer::new(allowance.clone()))
+//!     .service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+//!
+//! let start = tokio::time::Instant::now();
+//! for _ in 0..3 {
+//!     service.clone().oneshot(Request::new(())).await?;
+//! }
+//! // Two at once (the burst), the third one token interval later.
+//! assert_eq!(start.elapsed().as_millis(), 500);
+//! # Ok(())
+//! # }
+//! ```
+
+mod future;
+mod layer;
+mod service;
+
+pub use self::{future::ResponseFuture, layer::AdmissionLayer, service::Admission};

@@ -1,0 +1,399 @@
+//! The shared handle: one allowance, however many clones.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::{
+    acquire::{Acquire, WaitQueue},
+    algorithm,
+    error::{AbandonReason, UnrepresentableDelay},
+    store::{Deferred, MemoryStore, Store, StoreError, StoreState},
+    AllowanceConfig,
+};
+
+/// One shared allowance: what one credential (one API key, one provider bucket) may spend.
+///
+/// It holds the token bucket, the cooldown deadline, the retry budget and a bounded FIFO
+/// wait queue. Every layer built from it, and every clone of it, spends the same allowance.
+///
+/// # Clone
+///
+/// Cloning is cheap (an `Arc`) and never creates a new bucket: all clones share one state.
+/// Build one `Allowance` per credential and hand clones to every service that uses it.
+///
+/// ```
+/// use tower_allowance::{Allowance, AllowanceConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
+/// let other_service = allowance.clone(); // the same bucket
+///
+/// allowance.acquire().await?;
+/// other_service.acquire().await?;
+/// assert_eq!(allowance.snapshot().admitted, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Allowance {
+    pub(crate) shared: Arc<Shared>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: AllowanceConfig,
+    pub(crate) backend: Backend,
+    pub(crate) queue: WaitQueue,
+    pub(crate) stats: Stats,
+    /// Seeds per-request jitter streams so that concurrent retries do not share one.
+    pub(crate) jitter_seq: AtomicU64,
+}
+
+pub(crate) enum Backend {
+    /// Called directly: no boxing, no allocation on the fast path.
+    Memory(MemoryStore),
+    /// A shared store, through its boxed futures (an I/O path).
+    Custom(Arc<dyn Store>),
+}
+
+impl fmt::Debug for Allowance {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let store: &dyn fmt::Debug = match &self.shared.backend {
+            Backend::Memory(m) => m,
+            Backend::Custom(s) => s,
+        };
+        f.debug_struct("Allowance")
+            .field("config", &self.shared.config)
+            .field("store", store)
+            .field("waiting", &self.shared.queue.len())
+            .finish()
+    }
+}
+
+impl Allowance {
+    /// An allowance kept in this process's memory.
+    pub fn new(config: AllowanceConfig) -> Self {
+        Self::from_backend(config, Backend::Memory(MemoryStore::new()))
+    }
+
+    /// An allowance kept in a shared [`Store`], such as Redis, so that several processes
+    /// spend one allowance. The wait queue stays local: it orders this process's callers.
+    pub fn with_store(config: AllowanceConfig, store: impl Store) -> Self {
+        Self::from_backend(config, Backend::Custom(Arc::new(store)))
+    }
+
+    fn from_backend(config: AllowanceConfig, backend: Backend) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                queue: WaitQueue::new(config.max_waiters()),
+                config,
+                backend,
+                stats: Stats::default(),
+                jitter_seq: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The configuration this allowance was built from.
+    pub fn config(&self) -> &AllowanceConfig {
+        &self.shared.config
+    }
+
+    /// Waits for admission of one first attempt: first for the cooldown, then for a token.
+    ///
+    /// Waiters are admitted in arrival order. Dropping the future leaves the queue and
+    /// spends nothing.
+    pub fn acquire(&self) -> Acquire {
+        self.acquire_with(AcquireOptions::default())
+    }
+
+    /// Waits for admission with a deadline and/or as a retry that spends the budget.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tower_allowance::{error::AbandonReason, AcquireOptions, Allowance, AllowanceConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
+    /// allowance.defer(Duration::from_secs(30)).await?;
+    ///
+    /// // The cooldown ends after the deadline: fail now, don't wait and then fail.
+    /// let deadline = Instant::now() + Duration::from_secs(10);
+    /// let err = allowance
+    ///     .acquire_with(AcquireOptions::new().deadline(deadline))
+    ///     .await
+    ///     .unwrap_err();
+    /// assert_eq!(err.abandon_reason(), Some(AbandonReason::Deadline));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with(&self, options: AcquireOptions) -> Acquire {
+        Acquire::new(self.shared.clone(), options)
+    }
+
+    /// Raises the shared cooldown to at least `delay` from now: no admission before then.
+    ///
+    /// The deadline only ever moves later; a shorter delay than the current one changes
+    /// nothing. Waiters whose deadline falls before the new cooldown end fail promptly.
+    ///
+    /// # Errors
+    ///
+    /// [`UnrepresentableDelay`] when `delay` exceeds [`MAX_DELAY`](crate::MAX_DELAY)
+    /// (nothing is changed: the wait is never clamped shorter), or [`StoreError`] from a
+    /// shared store.
+    pub async fn defer(&self, delay: Duration) -> Result<Deferred, DeferError> {
+        let delay_us = algorithm::micros_ceil(delay)
+            .ok_or_else(|| DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}"))))?;
+        let now = Instant::now();
+        let deferred = match &self.shared.backend {
+            Backend::Memory(m) => m.defer_now(delay_us),
+            Backend::Custom(s) => s.defer(&self.shared.config, delay).await.map_err(DeferError::Store)?,
+        };
+        self.after_defer(now, deferred);
+        Ok(deferred)
+    }
+
+    /// The synchronous defer used by the cooldown layer with the memory store.
+    pub(crate) fn defer_now(&self, delay_us: u64) -> Option<Deferred> {
+        match &self.shared.backend {
+            Backend::Memory(m) => {
+                let now = Instant::now();
+                let deferred = m.defer_now(delay_us);
+                self.after_defer(now, deferred);
+                Some(deferred)
+            }
+            Backend::Custom(_) => None,
+        }
+    }
+
+    pub(crate) fn after_defer(&self, now: Instant, deferred: Deferred) {
+        if deferred.extended {
+            self.shared.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(blocked_for = ?deferred.blocked_for, "allowance cooldown extended");
+        }
+        if let Some(until) = now.checked_add(deferred.blocked_for) {
+            self.shared.queue.cooldown_until(until);
+        }
+    }
+
+    /// Records a successful request, replenishing a [`Replenishing`](crate::RetryBudgetConfig::Replenishing)
+    /// budget. A no-op for other budgets.
+    pub(crate) fn record_success(&self) {
+        if !matches!(self.shared.config.retry_budget(), crate::RetryBudgetConfig::Replenishing(_)) {
+            return;
+        }
+        match &self.shared.backend {
+            Backend::Memory(m) => m.deposit_now(&self.shared.config),
+            Backend::Custom(s) => {
+                let fut = s.deposit(&self.shared.config);
+                // Deposits are advisory: a lost one only makes the budget more conservative.
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        if let Err(e) = fut.await {
+                            tracing::debug!(error = %e, "retry budget deposit failed");
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    /// Whether a retry could spend from the budget now (advisory: the spend itself happens
+    /// atomically at admission). Shared stores answer `true` and let admission decide.
+    pub(crate) fn retry_budget_left(&self) -> bool {
+        match &self.shared.backend {
+            Backend::Memory(m) => m.state_now(&self.shared.config).retries_remaining != Some(0),
+            Backend::Custom(_) => true,
+        }
+    }
+
+    /// Reads the store's shared state: cooldown remaining and retry budget left.
+    ///
+    /// # Errors
+    ///
+    /// A shared store's failure.
+    pub async fn store_state(&self) -> Result<StoreState, StoreError> {
+        match &self.shared.backend {
+            Backend::Memory(m) => Ok(m.state_now(&self.shared.config)),
+            Backend::Custom(s) => s.state(&self.shared.config).await,
+        }
+    }
+
+    /// This process's counters and the last rate-limit headers observed.
+    pub fn snapshot(&self) -> Snapshot {
+        let s = &self.shared.stats;
+        let mut abandoned = AbandonedCounts::default();
+        for (slot, counter) in abandoned.0.iter_mut().zip(&s.abandoned) {
+            *slot = counter.load(Ordering::Relaxed);
+        }
+        Snapshot {
+            admitted: s.admitted.load(Ordering::Relaxed),
+            waited: s.waited.load(Ordering::Relaxed),
+            deferred: s.deferred.load(Ordering::Relaxed),
+            retries_spent: s.retries_spent.load(Ordering::Relaxed),
+            abandoned,
+            waiting: self.shared.queue.len(),
+            rate_limit: s.rate_limit.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.shared.stats
+    }
+
+    pub(crate) fn next_jitter_seed(&self) -> u64 {
+        self.shared.jitter_seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Why [`Allowance::defer`] failed.
+#[derive(Debug)]
+pub enum DeferError {
+    /// The delay is longer than [`MAX_DELAY`](crate::MAX_DELAY).
+    Unrepresentable(UnrepresentableDelay),
+    /// The shared store failed.
+    Store(StoreError),
+}
+
+impl fmt::Display for DeferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unrepresentable(e) => e.fmt(f),
+            Self::Store(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for DeferError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unrepresentable(e) => Some(e),
+            Self::Store(e) => Some(e),
+        }
+    }
+}
+
+/// Options for one admission.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) spend_retry: bool,
+}
+
+impl AcquireOptions {
+    /// A first attempt without a deadline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fail with [`AbandonReason::Deadline`] rather than be admitted after `deadline`.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// This attempt is a retry: spend one unit of the retry budget when admitted.
+    pub fn retry(mut self, spend_retry: bool) -> Self {
+        self.spend_retry = spend_retry;
+        self
+    }
+}
+
+/// Counters kept by this process.
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) admitted: AtomicU64,
+    pub(crate) waited: AtomicU64,
+    pub(crate) deferred: AtomicU64,
+    pub(crate) retries_spent: AtomicU64,
+    pub(crate) abandoned: [AtomicU64; AbandonReason::ALL.len()],
+    pub(crate) rate_limit: Mutex<Option<RateLimitObservation>>,
+}
+
+impl Stats {
+    pub(crate) fn abandon(&self, reason: AbandonReason) {
+        self.abandoned[reason.index()].fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(reason = reason.as_str(), "request abandoned");
+    }
+}
+
+/// A point-in-time copy of an allowance's counters in this process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// Attempts admitted (first tries and retries).
+    pub admitted: u64,
+    /// Of those, attempts that had to wait in the queue first.
+    pub waited: u64,
+    /// Times a response extended the cooldown.
+    pub deferred: u64,
+    /// Retries admitted (each spent one unit of budget, if the budget is limited).
+    pub retries_spent: u64,
+    /// Requests given up on, by reason.
+    pub abandoned: AbandonedCounts,
+    /// Callers waiting right now.
+    pub waiting: usize,
+    /// The last `X-RateLimit-*` headers seen on a response, if any.
+    pub rate_limit: Option<RateLimitObservation>,
+}
+
+/// Abandonment counters by [`AbandonReason`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AbandonedCounts([u64; AbandonReason::ALL.len()]);
+
+impl AbandonedCounts {
+    /// The count for one reason.
+    pub fn get(&self, reason: AbandonReason) -> u64 {
+        self.0[reason.index()]
+    }
+
+    /// The sum over all reasons.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// The provider's own view, from `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+/// `X-RateLimit-Bucket` response headers.
+///
+/// `remaining` is approximate and shared by everyone using the key: it is an observation,
+/// never a reservation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RateLimitObservation {
+    /// `X-RateLimit-Limit`.
+    pub limit: Option<u64>,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: Option<u64>,
+    /// `X-RateLimit-Bucket`.
+    pub bucket: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_clone_share_state() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let a = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+            let b = a.clone();
+            a.acquire().await.expect("admitted");
+            assert_eq!(b.snapshot().admitted, 1);
+            assert!(format!("{a:?}").contains("Allowance"));
+        });
+    }
+}

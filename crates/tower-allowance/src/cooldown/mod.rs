@@ -1,0 +1,51 @@
+//! Shared cooldown: a throttling response's `Retry-After` pauses everyone.
+//!
+//! The layer observes every response. On a throttling response (429 and 503 by default,
+//! see [`Classify`](crate::classify::Classify)) with a valid `Retry-After`, it raises the
+//! allowance's "blocked until" deadline, with max semantics: a later, shorter delay never
+//! moves it earlier, and responses to requests already in flight extend it rather than
+//! reset it. When the cooldown ends, admission still meters the restart: the queue is not
+//! released in one burst.
+//!
+//! The response is passed through untouched and its body stays readable. `X-RateLimit-*`
+//! headers are recorded in the allowance's [`Snapshot`](crate::Snapshot) as observations.
+//! A `Retry-After` too long to represent fails the call with
+//! [`UnrepresentableDelay`](crate::error::UnrepresentableDelay) rather than wait less.
+//!
+//! ```
+//! use std::{convert::Infallible, time::Duration};
+//! use http::{Request, Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_allowance::{cooldown::CooldownLayer, Allowance, AllowanceConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
+//! let service = ServiceBuilder::new()
+//!     .layer(CooldownLayer::new(allowance.clone()))
+//!     .service_fn(|_req: Request<()>| async {
+//!         let mut res = Response::new("slow down");
+//!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+//!         res.headers_mut().insert("retry-after", "30".parse().unwrap());
+//!         Ok::<_, Infallible>(res)
+//!     });
+//!
+//! let res = service.oneshot(Request::new(())).await?;
+//! assert_eq!(*res.body(), "slow down"); // untouched
+//! assert_eq!(allowance.store_state().await?.blocked_for, Duration::from_secs(30));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Why a shared cooldown and not per-request backoff
+//!
+//! A `Retry-After` describes the credential, not the request that happened to receive it.
+//! If each worker honours it alone, the others keep spending the same exhausted allowance,
+//! and the waiting workers wake together and collide again. Recording it once, for everyone
+//! who shares the allowance, is what stops the group.
+
+mod future;
+mod layer;
+mod service;
+
+pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};

@@ -1,0 +1,63 @@
+//! Request and response extensions the layers read and write.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A per-request deadline, read from the request's extensions.
+///
+/// The admission layer fails at once (with [`AbandonReason::Deadline`](crate::error::AbandonReason::Deadline))
+/// when the earliest possible admission is later than the deadline, and promptly when a
+/// cooldown arriving later pushes a waiting request past it. The retry policy stops
+/// instead of waiting past it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_allowance::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Deadline::after(Duration::from_secs(10)));
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(pub Instant);
+
+impl Deadline {
+    /// A deadline `timeout` from now (saturating far in the future on overflow).
+    pub fn after(timeout: Duration) -> Self {
+        let now = Instant::now();
+        Self(now.checked_add(timeout).unwrap_or_else(|| far_future(now)))
+    }
+
+    /// The instant.
+    pub fn instant(&self) -> Instant {
+        self.0
+    }
+}
+
+fn far_future(now: Instant) -> Instant {
+    // About 30 years: tokio's own "far future".
+    now + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// Which attempt of a request this is (1 for the first), set by the
+/// [`RetryPolicy`](crate::retry::RetryPolicy) on each retry.
+///
+/// The admission layer spends one unit of the shared retry budget for every attempt
+/// numbered 2 or higher, atomically with taking its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Attempt(pub(crate) u32);
+
+impl Attempt {
+    /// The attempt number, starting at 1.
+    pub fn number(&self) -> u32 {
+        self.0
+    }
+
+    /// Whether this attempt is a retry.
+    pub fn is_retry(&self) -> bool {
+        self.0 > 1
+    }
+}

@@ -1,0 +1,75 @@
+//! Share one API allowance among many concurrent workers without fighting over it.
+//!
+//! Eight workers share one API key. Each honours `Retry-After` on its own, and the group
+//! still keeps exceeding the limit: one worker waiting does not make the other seven wait,
+//! and workers given the same delay wake up together and collide again. The fix is three
+//! decisions made once, for everyone who shares the allowance:
+//!
+//! 1. **Admission** ([`admission`]): every attempt, first tries and retries alike, passes
+//!    one shared token bucket, in arrival order.
+//! 2. **Cooldown** ([`cooldown`]): a throttling response's `Retry-After` sets a shared
+//!    "blocked until" that later responses can extend but never shorten; afterwards,
+//!    admission still meters the restart.
+//! 3. **Retry** ([`retry`]): a `tower::retry::Policy` whose extra attempts draw on a shared
+//!    budget, capped per request, only for replayable requests, and that abandons (visibly,
+//!    never as success) rather than shorten a server's requested wait.
+//!
+//! All three hang off one [`Allowance`], a cheap-to-clone handle; [`AllowanceLayer`] stacks
+//! them in the right order around any `Service<http::Request<B>>`.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! // One allowance per API key: 2 requests/s, bursts of 2, 4 retries for the whole batch.
+//! let allowance = Allowance::new(
+//!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(4)),
+//! );
+//! let client = ServiceBuilder::new()
+//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new("odds")) });
+//!
+//! let result = client.oneshot(Request::new(String::new())).await;
+//! assert!(Outcome::of(&result).is_completed());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Time
+//!
+//! Every wait uses `tokio::time`, so `#[tokio::test(start_paused = true)]` drives the whole
+//! stack exactly. The only wall-clock read is for an HTTP-date `Retry-After` on a response
+//! without a `Date` header.
+
+mod acquire;
+mod algorithm;
+mod allowance;
+mod config;
+mod extensions;
+mod layer;
+mod outcome;
+
+pub mod admission;
+pub mod classify;
+pub mod cooldown;
+pub mod error;
+pub mod headers;
+pub mod retry;
+pub mod store;
+
+pub use crate::{
+    acquire::Acquire,
+    algorithm::MAX_DELAY,
+    allowance::{AbandonedCounts, AcquireOptions, Allowance, DeferError, RateLimitObservation, Snapshot},
+    config::{AllowanceConfig, ConfigError, ReplenishingBudget, RetryBudgetConfig, DEFAULT_MAX_WAITERS},
+    extensions::{Attempt, Deadline},
+    layer::AllowanceLayer,
+    outcome::Outcome,
+};
+
+/// The boxed error type the layers return, as in tower.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

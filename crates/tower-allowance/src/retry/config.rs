@@ -1,0 +1,196 @@
+use std::{num::NonZeroU32, time::Duration};
+
+use http::Method;
+
+use crate::{algorithm::MAX_DELAY, ConfigError};
+
+/// Per-request retry rules for [`RetryPolicy`](super::RetryPolicy).
+///
+/// `Clone + Debug`, and `Deserialize` with the `serde` feature.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_allowance::retry::RetryConfig;
+///
+/// let config = RetryConfig::default()
+///     .with_max_attempts(5)?
+///     .with_backoff(Duration::from_millis(50), Duration::from_secs(5))?
+///     .with_jitter_seed(7);
+/// assert_eq!(config.max_attempts(), 5);
+/// assert!(RetryConfig::default().with_max_attempts(0).is_err());
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "serde_impl::RawRetryConfig"))]
+pub struct RetryConfig {
+    pub(crate) max_attempts: NonZeroU32,
+    pub(crate) retry_transport_errors: bool,
+    pub(crate) replayable_methods: Vec<Method>,
+    pub(crate) idempotency_key: bool,
+    pub(crate) backoff_base: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) jitter_seed: Option<u64>,
+}
+
+impl Default for RetryConfig {
+    /// Three attempts, 429/503 only, idempotent methods or `Idempotency-Key`, backoff from
+    /// 100 ms up to 10 s with full jitter.
+    fn default() -> Self {
+        Self {
+            max_attempts: NonZeroU32::new(3).unwrap_or(NonZeroU32::MIN),
+            retry_transport_errors: false,
+            replayable_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE],
+            idempotency_key: true,
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(10),
+            jitter_seed: None,
+        }
+    }
+}
+
+impl RetryConfig {
+    /// Attempts per request, counting the first (default 3).
+    ///
+    /// # Errors
+    ///
+    /// Zero.
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Result<Self, ConfigError> {
+        self.max_attempts =
+            NonZeroU32::new(max_attempts).ok_or(ConfigError::new("max_attempts must be at least 1"))?;
+        Ok(self)
+    }
+
+    /// Also retry errors from the inner service (connection failures), not only responses.
+    /// The layers' own errors (abandoned, overloaded, store unavailable) are never retried.
+    pub fn with_transport_errors(mut self, retry: bool) -> Self {
+        self.retry_transport_errors = retry;
+        self
+    }
+
+    /// Methods that may be replayed (default GET, HEAD, OPTIONS, PUT, DELETE).
+    pub fn with_replayable_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.replayable_methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a request carrying `Idempotency-Key` may be replayed whatever its method
+    /// (default true).
+    pub fn with_idempotency_key(mut self, honour: bool) -> Self {
+        self.idempotency_key = honour;
+        self
+    }
+
+    /// Backoff when the server gives no `Retry-After`: attempt `n` waits a uniformly random
+    /// time in `[0, min(max, base * 2^(n-1))]` (full jitter).
+    ///
+    /// # Errors
+    ///
+    /// A zero `base`, `max < base`, or `max` beyond [`MAX_DELAY`](crate::MAX_DELAY).
+    pub fn with_backoff(mut self, base: Duration, max: Duration) -> Result<Self, ConfigError> {
+        if base.is_zero() {
+            return Err(ConfigError::new("backoff base must be longer than zero"));
+        }
+        if max < base {
+            return Err(ConfigError::new("backoff max must be at least the base"));
+        }
+        if max > MAX_DELAY {
+            return Err(ConfigError::new("backoff max must not exceed MAX_DELAY"));
+        }
+        self.backoff_base = base;
+        self.backoff_max = max;
+        Ok(self)
+    }
+
+    /// Seeds the jitter, for reproducible runs. Each request still draws its own stream.
+    pub fn with_jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
+    /// Attempts per request, counting the first.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts.get()
+    }
+
+    /// The backoff bound when the server gives no `Retry-After`, before jitter.
+    pub(crate) fn backoff_cap(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
+        self.backoff_base.saturating_mul(factor).min(self.backoff_max)
+    }
+}
+
+#[cfg(feature = "serde")]
+mod serde_impl {
+    use super::*;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct RawRetryConfig {
+        #[serde(default)]
+        max_attempts: Option<u32>,
+        #[serde(default)]
+        retry_transport_errors: bool,
+        #[serde(default)]
+        replayable_methods: Option<Vec<String>>,
+        #[serde(default)]
+        idempotency_key: Option<bool>,
+        #[serde(default)]
+        backoff_base_ms: Option<u64>,
+        #[serde(default)]
+        backoff_max_ms: Option<u64>,
+        #[serde(default)]
+        jitter_seed: Option<u64>,
+    }
+
+    impl TryFrom<RawRetryConfig> for RetryConfig {
+        type Error = ConfigError;
+
+        fn try_from(raw: RawRetryConfig) -> Result<Self, ConfigError> {
+            let mut config = RetryConfig::default().with_transport_errors(raw.retry_transport_errors);
+            if let Some(n) = raw.max_attempts {
+                config = config.with_max_attempts(n)?;
+            }
+            if let Some(methods) = raw.replayable_methods {
+                let methods = methods
+                    .iter()
+                    .map(|m| Method::from_bytes(m.as_bytes()).map_err(|_| ConfigError::new("invalid HTTP method")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                config = config.with_replayable_methods(methods);
+            }
+            if let Some(honour) = raw.idempotency_key {
+                config = config.with_idempotency_key(honour);
+            }
+            let base = raw.backoff_base_ms.map_or(config.backoff_base, Duration::from_millis);
+            let max = raw.backoff_max_ms.map_or(config.backoff_max, Duration::from_millis);
+            config = config.with_backoff(base, max)?;
+            if let Some(seed) = raw.jitter_seed {
+                config = config.with_jitter_seed(seed);
+            }
+            Ok(config)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_cap_doubles_and_saturates() {
+        let c = RetryConfig::default()
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .expect("valid");
+        let caps: Vec<_> = (1..=6).map(|n| c.backoff_cap(n).as_millis()).collect();
+        assert_eq!(caps, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(c.backoff_cap(u32::MAX), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn invalid_backoffs() {
+        let d = RetryConfig::default();
+        assert!(d.clone().with_backoff(Duration::ZERO, Duration::from_secs(1)).is_err());
+        assert!(d.clone().with_backoff(Duration::from_secs(2), Duration::from_secs(1)).is_err());
+        assert!(d.with_backoff(Duration::from_secs(1), Duration::MAX).is_err());
+    }
+}

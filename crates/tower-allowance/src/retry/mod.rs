@@ -1,0 +1,67 @@
+//! A budgeted [`tower::retry::Policy`].
+//!
+//! [`RetryPolicy`] retries throttling and transient responses, but only:
+//!
+//! - up to `max_attempts` per request (counting the first);
+//! - while the allowance's shared retry budget has something left: every extra attempt,
+//!   whichever worker makes it, spends from the same budget, atomically with its admission;
+//! - for replayable requests (GET, HEAD, OPTIONS, PUT, DELETE, or any request carrying
+//!   `Idempotency-Key`; configurable). A POST that gets a 429 is returned as is;
+//! - after the server's `Retry-After` when present, never shortened by a local cap;
+//!   otherwise after bounded exponential backoff with full jitter;
+//! - when waiting would not pass the request's [`Deadline`](crate::Deadline): then it
+//!   stops now rather than retry at the deadline.
+//!
+//! Giving up is never reported as success: the final response carries an
+//! [`Abandoned`](crate::error::Abandoned) extension, and [`Outcome::of`](crate::Outcome::of)
+//! tells completed from abandoned, and why, in one check.
+//!
+//! # Request bodies
+//!
+//! Retrying needs a second copy of the request, so the policy is implemented for
+//! `Request<B>` with `B: Clone` (`Full<Bytes>`, `Empty<Bytes>`, `String`, ...). A streaming
+//! body does not implement `Clone` and the policy does not compile for it: buffer it first
+//! (for example with `http_body_util::BodyExt::collect` into `Full<Bytes>`).
+//!
+//! # Budget and stack order
+//!
+//! The budget is spent where the retry is admitted, by the [`AdmissionLayer`](crate::admission::AdmissionLayer)
+//! under the `Retry`, so admission, cooldown check and budget spend are one atomic step
+//! (one round trip with a shared store). Use [`AllowanceLayer`](crate::AllowanceLayer),
+//! which stacks Retry → Cooldown → Admission → inner; without an admission layer under it,
+//! this policy still caps attempts, honours `Retry-After` and deadlines, but no budget is
+//! spent.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response, StatusCode};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
+//! use tower_allowance::error::AbandonReason;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let allowance = Allowance::new(
+//!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(1)),
+//! );
+//! let service = ServiceBuilder::new()
+//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .service_fn(|_req: Request<String>| async {
+//!         let mut res = Response::new(String::new());
+//!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+//!         res.headers_mut().insert("retry-after", "1".parse().unwrap());
+//!         Ok::<_, Infallible>(res)
+//!     });
+//!
+//! let result = service.oneshot(Request::new(String::new())).await;
+//! // One retry (the whole budget), then the budget stopped it: abandoned, not success.
+//! assert_eq!(Outcome::of(&result), Outcome::Abandoned(AbandonReason::BudgetExhausted));
+//! assert_eq!(allowance.snapshot().admitted, 2);
+//! # Ok(())
+//! # }
+//! ```
+
+mod config;
+mod policy;
+
+pub use self::{config::RetryConfig, policy::RetryPolicy};
