@@ -129,7 +129,9 @@ impl WaitQueue {
                 self.len.fetch_sub(1, Ordering::AcqRel);
             }
             let due = now.checked_add(next_in).unwrap_or(now);
-            let due = q.not_before.map_or(due, |nb| if nb > now { nb.max(due) } else { due });
+            let due = q
+                .not_before
+                .map_or(due, |nb| if nb > now { nb.max(due) } else { due });
             q.not_before = (due > now).then_some(due);
             let next = q.waiters.first_key_value().map(|(_, w)| w.waker.clone());
             match next {
@@ -152,7 +154,10 @@ fn arm(q: &mut QueueState, at: Instant, waker: &Waker) -> bool {
     if timer.deadline() != at {
         timer.as_mut().reset(at);
     }
-    timer.as_mut().poll(&mut Context::from_waker(waker)).is_ready()
+    timer
+        .as_mut()
+        .poll(&mut Context::from_waker(waker))
+        .is_ready()
 }
 
 enum State {
@@ -236,7 +241,10 @@ impl Acquire {
 /// store and nobody waiting, decide now without creating a future.
 ///
 /// Returns `None` when the caller has to go through [`Acquire`].
-pub(crate) fn try_admit_now(shared: &Shared, options: &AcquireOptions) -> Option<Result<(), AcquireError>> {
+pub(crate) fn try_admit_now(
+    shared: &Shared,
+    options: &AcquireOptions,
+) -> Option<Result<(), AcquireError>> {
     let Backend::Memory(store) = &shared.backend else {
         return None;
     };
@@ -313,17 +321,28 @@ impl Future for Acquire {
                     match &shared.backend {
                         Backend::Memory(m) => {
                             let decision = m.admit_now(&shared.config, ask);
-                            if let Next::Ready(r) = fresh_decision(shared, this.options, this.state, cx, now, Ok(decision)) {
+                            if let Next::Ready(r) = fresh_decision(
+                                shared,
+                                this.options,
+                                this.state,
+                                cx,
+                                now,
+                                Ok(decision),
+                            ) {
                                 return Poll::Ready(r);
                             }
                         }
-                        Backend::Custom(s) => *this.state = State::Fast(s.admit(&shared.config, ask)),
+                        Backend::Custom(s) => {
+                            *this.state = State::Fast(s.admit(&shared.config, ask))
+                        }
                     }
                 }
                 State::Fast(fut) => {
                     let decision = ready!(fut.as_mut().poll(cx));
                     let now = Instant::now();
-                    if let Next::Ready(r) = fresh_decision(shared, this.options, this.state, cx, now, decision) {
+                    if let Next::Ready(r) =
+                        fresh_decision(shared, this.options, this.state, cx, now, decision)
+                    {
                         return Poll::Ready(r);
                     }
                 }
@@ -338,7 +357,8 @@ impl Future for Acquire {
                                 w.waker = cx.waker().clone();
                             }
                         }
-                        let doomed = deadline.is_some_and(|d| q.cooldown_until.is_some_and(|c| c > d));
+                        let doomed =
+                            deadline.is_some_and(|d| q.cooldown_until.is_some_and(|c| c > d));
                         drop(q);
                         if let Some(d) = deadline {
                             if this.deadline_timer.is_none() {
@@ -378,18 +398,29 @@ impl Future for Acquire {
                     match &shared.backend {
                         Backend::Memory(m) => {
                             let decision = m.admit_now(&shared.config, ask);
-                            if let Next::Ready(r) = head_decision(shared, this.options, this.state, id, now, Ok(decision)) {
+                            if let Next::Ready(r) = head_decision(
+                                shared,
+                                this.options,
+                                this.state,
+                                id,
+                                now,
+                                Ok(decision),
+                            ) {
                                 return Poll::Ready(r);
                             }
                         }
-                        Backend::Custom(s) => *this.state = State::Asking(id, s.admit(&shared.config, ask)),
+                        Backend::Custom(s) => {
+                            *this.state = State::Asking(id, s.admit(&shared.config, ask))
+                        }
                     }
                 }
                 State::Asking(id, fut) => {
                     let id = *id;
                     let decision = ready!(fut.as_mut().poll(cx));
                     let now = Instant::now();
-                    if let Next::Ready(r) = head_decision(shared, this.options, this.state, id, now, decision) {
+                    if let Next::Ready(r) =
+                        head_decision(shared, this.options, this.state, id, now, decision)
+                    {
                         return Poll::Ready(r);
                     }
                 }
@@ -425,7 +456,10 @@ fn fresh_decision(
                     shared.queue.cooldown_until(u);
                 }
             }
-            if options.deadline.is_some_and(|d| until.is_none_or(|u| u > d)) {
+            if options
+                .deadline
+                .is_some_and(|d| until.is_none_or(|u| u > d))
+            {
                 *state = State::Done;
                 return Next::Ready(Err(abandon(shared, AbandonReason::Deadline)));
             }
@@ -470,7 +504,10 @@ fn head_decision(
                     shared.queue.cooldown_until(u);
                 }
             }
-            if options.deadline.is_some_and(|d| until.is_none_or(|u| u > d)) {
+            if options
+                .deadline
+                .is_some_and(|d| until.is_none_or(|u| u > d))
+            {
                 *state = State::Done;
                 {
                     let mut q = shared.queue.lock();

@@ -106,7 +106,12 @@ pub(crate) enum Verdict {
 
 impl Params {
     /// Derives parameters, or `None` when the interval does not fit (checked by the config).
-    pub(crate) fn new(period: Duration, rate: u32, burst: u32, budget: BudgetParams) -> Option<Self> {
+    pub(crate) fn new(
+        period: Duration,
+        rate: u32,
+        burst: u32,
+        budget: BudgetParams,
+    ) -> Option<Self> {
         let period_us = u64::try_from(period.as_micros()).ok()?;
         let rate = u64::from(rate);
         if rate == 0 || burst == 0 {
@@ -199,7 +204,10 @@ fn remaining(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) -> u6
         } => {
             advance(budget, now_us, slot_us);
             let deposits: u64 = budget.deposits.iter().fold(0, |a, d| a.saturating_add(*d));
-            let withdrawals: u64 = budget.withdrawals.iter().fold(0, |a, w| a.saturating_add(*w));
+            let withdrawals: u64 = budget
+                .withdrawals
+                .iter()
+                .fold(0, |a, w| a.saturating_add(*w));
             let earned = deposits.saturating_mul(per_mille) / 1_000;
             reserve.saturating_add(earned).saturating_sub(withdrawals)
         }
@@ -240,8 +248,13 @@ mod tests {
     use proptest::prelude::*;
 
     fn params(per_sec: u32, burst: u32) -> Params {
-        Params::new(Duration::from_secs(1), per_sec, burst, BudgetParams::Unlimited)
-            .expect("valid params")
+        Params::new(
+            Duration::from_secs(1),
+            per_sec,
+            burst,
+            BudgetParams::Unlimited,
+        )
+        .expect("valid params")
     }
 
     const RETRY: Ask = Ask { spend_retry: true };
@@ -274,15 +287,60 @@ mod tests {
             want: Verdict,
         }
         let rows = [
-            Row { tat: 0, blocked: 0, now: 0, want: Verdict::Admitted { next_in_us: 0 } },
-            Row { tat: 500_000, blocked: 0, now: 0, want: Verdict::Admitted { next_in_us: 500_000 } },
-            Row { tat: 1_000_000, blocked: 0, now: 0, want: Verdict::Wait { wait_us: 500_000, cooldown: false } },
-            Row { tat: 1_000_000, blocked: 0, now: 499_999, want: Verdict::Wait { wait_us: 1, cooldown: false } },
-            Row { tat: 0, blocked: 2_000_000, now: 1_999_999, want: Verdict::Wait { wait_us: 1, cooldown: true } },
-            Row { tat: 0, blocked: 2_000_000, now: 2_000_000, want: Verdict::Admitted { next_in_us: 0 } },
+            Row {
+                tat: 0,
+                blocked: 0,
+                now: 0,
+                want: Verdict::Admitted { next_in_us: 0 },
+            },
+            Row {
+                tat: 500_000,
+                blocked: 0,
+                now: 0,
+                want: Verdict::Admitted {
+                    next_in_us: 500_000,
+                },
+            },
+            Row {
+                tat: 1_000_000,
+                blocked: 0,
+                now: 0,
+                want: Verdict::Wait {
+                    wait_us: 500_000,
+                    cooldown: false,
+                },
+            },
+            Row {
+                tat: 1_000_000,
+                blocked: 0,
+                now: 499_999,
+                want: Verdict::Wait {
+                    wait_us: 1,
+                    cooldown: false,
+                },
+            },
+            Row {
+                tat: 0,
+                blocked: 2_000_000,
+                now: 1_999_999,
+                want: Verdict::Wait {
+                    wait_us: 1,
+                    cooldown: true,
+                },
+            },
+            Row {
+                tat: 0,
+                blocked: 2_000_000,
+                now: 2_000_000,
+                want: Verdict::Admitted { next_in_us: 0 },
+            },
         ];
         for (i, r) in rows.iter().enumerate() {
-            let mut s = State { tat_us: r.tat, blocked_until_us: r.blocked, ..State::default() };
+            let mut s = State {
+                tat_us: r.tat,
+                blocked_until_us: r.blocked,
+                ..State::default()
+            };
             assert_eq!(admit(&mut s, r.now, &p, FIRST), r.want, "row {i}");
         }
     }
@@ -291,7 +349,10 @@ mod tests {
     fn waiting_consumes_nothing() {
         let p = params(2, 1);
         let mut s = State::default();
-        assert!(matches!(admit(&mut s, 0, &p, FIRST), Verdict::Admitted { .. }));
+        assert!(matches!(
+            admit(&mut s, 0, &p, FIRST),
+            Verdict::Admitted { .. }
+        ));
         let before = s;
         assert!(matches!(admit(&mut s, 1, &p, FIRST), Verdict::Wait { .. }));
         assert_eq!(s, before);
@@ -306,11 +367,19 @@ mod tests {
         for _ in 0..8 {
             assert_eq!(
                 admit(&mut s, 1_999_000, &p, FIRST),
-                Verdict::Wait { wait_us: 1_000, cooldown: true }
+                Verdict::Wait {
+                    wait_us: 1_000,
+                    cooldown: true
+                }
             );
         }
         let admitted = (0..8)
-            .filter(|_| matches!(admit(&mut s, 2_000_000, &p, FIRST), Verdict::Admitted { .. }))
+            .filter(|_| {
+                matches!(
+                    admit(&mut s, 2_000_000, &p, FIRST),
+                    Verdict::Admitted { .. }
+                )
+            })
             .count();
         assert_eq!(admitted, 2);
     }
@@ -328,8 +397,13 @@ mod tests {
 
     #[test]
     fn fixed_budget_is_exact() {
-        let p = Params::new(Duration::from_secs(1), 1_000, 1_000, BudgetParams::Fixed { retries: 4 })
-            .expect("valid");
+        let p = Params::new(
+            Duration::from_secs(1),
+            1_000,
+            1_000,
+            BudgetParams::Fixed { retries: 4 },
+        )
+        .expect("valid");
         let mut s = State::default();
         let mut spent = 0;
         for _ in 0..10 {
@@ -341,21 +415,37 @@ mod tests {
         }
         assert_eq!(spent, 4);
         // First attempts never touch the budget.
-        assert!(matches!(admit(&mut s, 0, &p, FIRST), Verdict::Admitted { .. }));
+        assert!(matches!(
+            admit(&mut s, 0, &p, FIRST),
+            Verdict::Admitted { .. }
+        ));
     }
 
     #[test]
     fn exhausted_budget_consumes_no_token() {
-        let p = Params::new(Duration::from_secs(1), 1, 1, BudgetParams::Fixed { retries: 0 }).expect("valid");
+        let p = Params::new(
+            Duration::from_secs(1),
+            1,
+            1,
+            BudgetParams::Fixed { retries: 0 },
+        )
+        .expect("valid");
         let mut s = State::default();
         assert_eq!(admit(&mut s, 0, &p, RETRY), Verdict::BudgetExhausted);
-        assert!(matches!(admit(&mut s, 0, &p, FIRST), Verdict::Admitted { .. }));
+        assert!(matches!(
+            admit(&mut s, 0, &p, FIRST),
+            Verdict::Admitted { .. }
+        ));
     }
 
     #[test]
     fn replenishing_budget_floor_ratio_and_expiry() {
         // Window 10 s in 1 s slots, floor 1/s -> reserve 10, 20% of successes.
-        let budget = BudgetParams::Replenishing { slot_us: 1_000_000, reserve: 10, per_mille: 200 };
+        let budget = BudgetParams::Replenishing {
+            slot_us: 1_000_000,
+            reserve: 10,
+            per_mille: 200,
+        };
         let p = Params::new(Duration::from_secs(1), 1_000_000, 1_000, budget).expect("valid");
         let mut s = State::default();
         assert_eq!(budget_remaining(&mut s, 0, &p), 10);
@@ -364,7 +454,10 @@ mod tests {
         }
         assert_eq!(budget_remaining(&mut s, 0, &p), 20);
         for _ in 0..20 {
-            assert!(matches!(admit(&mut s, 0, &p, RETRY), Verdict::Admitted { .. }));
+            assert!(matches!(
+                admit(&mut s, 0, &p, RETRY),
+                Verdict::Admitted { .. }
+            ));
         }
         assert_eq!(admit(&mut s, 0, &p, RETRY), Verdict::BudgetExhausted);
         // After the window passes, deposits and withdrawals expire: the floor is back.

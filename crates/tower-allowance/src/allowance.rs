@@ -152,12 +152,16 @@ impl Allowance {
     /// (nothing is changed: the wait is never clamped shorter), or [`StoreError`] from a
     /// shared store.
     pub async fn defer(&self, delay: Duration) -> Result<Deferred, DeferError> {
-        let delay_us = algorithm::micros_ceil(delay)
-            .ok_or_else(|| DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}"))))?;
+        let delay_us = algorithm::micros_ceil(delay).ok_or_else(|| {
+            DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
+        })?;
         let now = Instant::now();
         let deferred = match &self.shared.backend {
             Backend::Memory(m) => m.defer_now(delay_us),
-            Backend::Custom(s) => s.defer(&self.shared.config, delay).await.map_err(DeferError::Store)?,
+            Backend::Custom(s) => s
+                .defer(&self.shared.config, delay)
+                .await
+                .map_err(DeferError::Store)?,
         };
         self.after_defer(now, deferred);
         Ok(deferred)
@@ -189,7 +193,10 @@ impl Allowance {
     /// Records a successful request, replenishing a [`Replenishing`](crate::RetryBudgetConfig::Replenishing)
     /// budget. A no-op for other budgets.
     pub(crate) fn record_success(&self) {
-        if !matches!(self.shared.config.retry_budget(), crate::RetryBudgetConfig::Replenishing(_)) {
+        if !matches!(
+            self.shared.config.retry_budget(),
+            crate::RetryBudgetConfig::Replenishing(_)
+        ) {
             return;
         }
         match &self.shared.backend {
@@ -243,7 +250,11 @@ impl Allowance {
             retries_spent: s.retries_spent.load(Ordering::Relaxed),
             abandoned,
             waiting: self.shared.queue.len(),
-            rate_limit: s.rate_limit.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            rate_limit: s
+                .rate_limit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
         }
     }
 

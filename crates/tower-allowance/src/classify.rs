@@ -54,7 +54,10 @@ pub struct StatusClassifier {
 impl Default for StatusClassifier {
     fn default() -> Self {
         Self {
-            throttled: vec![StatusCode::TOO_MANY_REQUESTS, StatusCode::SERVICE_UNAVAILABLE],
+            throttled: vec![
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::SERVICE_UNAVAILABLE,
+            ],
             transient: Vec::new(),
         }
     }
@@ -63,14 +66,20 @@ impl Default for StatusClassifier {
 impl StatusClassifier {
     /// Replaces the throttling statuses (default 429 and 503). Invalid codes are ignored.
     pub fn throttled(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
-        self.throttled = statuses.into_iter().filter_map(|s| StatusCode::from_u16(s).ok()).collect();
+        self.throttled = statuses
+            .into_iter()
+            .filter_map(|s| StatusCode::from_u16(s).ok())
+            .collect();
         self
     }
 
     /// Sets statuses to retry without cooling the allowance down (such as 502, 504).
     /// Invalid codes are ignored.
     pub fn transient(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
-        self.transient = statuses.into_iter().filter_map(|s| StatusCode::from_u16(s).ok()).collect();
+        self.transient = statuses
+            .into_iter()
+            .filter_map(|s| StatusCode::from_u16(s).ok())
+            .collect();
         self
     }
 }

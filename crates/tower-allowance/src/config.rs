@@ -100,8 +100,9 @@ impl AllowanceConfig {
                 "rate too high: the interval between tokens must be at least one microsecond",
             ));
         }
-        let params = Params::new(period, rate.get(), burst.get(), BudgetParams::Unlimited)
-            .ok_or(ConfigError::new("burst times the token interval must not exceed MAX_DELAY"))?;
+        let params = Params::new(period, rate.get(), burst.get(), BudgetParams::Unlimited).ok_or(
+            ConfigError::new("burst times the token interval must not exceed MAX_DELAY"),
+        )?;
         Ok(Self {
             rate,
             period,
@@ -244,12 +245,17 @@ impl ReplenishingBudget {
     /// number in `0.0..=1000.0` (resolved to 1/1000).
     pub fn new(window: Duration, min_per_sec: u32, ratio: f64) -> Result<Self, ConfigError> {
         if window < Duration::from_millis(10) || window > Duration::from_secs(86_400) {
-            return Err(ConfigError::new("budget window must be between 10 ms and one day"));
+            return Err(ConfigError::new(
+                "budget window must be between 10 ms and one day",
+            ));
         }
         if !ratio.is_finite() || !(0.0..=1000.0).contains(&ratio) {
-            return Err(ConfigError::new("retry ratio must be a finite number from 0 to 1000"));
+            return Err(ConfigError::new(
+                "retry ratio must be a finite number from 0 to 1000",
+            ));
         }
-        let window_us = u64::try_from(window.as_micros()).map_err(|_| ConfigError::new("window too long"))?;
+        let window_us =
+            u64::try_from(window.as_micros()).map_err(|_| ConfigError::new("window too long"))?;
         let slot_us = window_us / SLOTS as u64;
         // The floor over the whole window, in whole retries.
         let reserve = u64::from(min_per_sec).saturating_mul(window_us) / 1_000_000;
@@ -309,9 +315,11 @@ mod serde_impl {
         type Error = ConfigError;
 
         fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
-            Ok(AllowanceConfig::new(raw.rate, Duration::from_millis(raw.period_ms), raw.burst)?
-                .with_max_waiters(raw.max_waiters)
-                .with_retry_budget(raw.retry_budget))
+            Ok(
+                AllowanceConfig::new(raw.rate, Duration::from_millis(raw.period_ms), raw.burst)?
+                    .with_max_waiters(raw.max_waiters)
+                    .with_retry_budget(raw.retry_budget),
+            )
         }
     }
 
@@ -319,8 +327,14 @@ mod serde_impl {
     #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
     pub(super) enum RawRetryBudget {
         Unlimited,
-        Fixed { retries: u64 },
-        Replenishing { window_ms: u64, min_per_sec: u32, ratio: f64 },
+        Fixed {
+            retries: u64,
+        },
+        Replenishing {
+            window_ms: u64,
+            min_per_sec: u32,
+            ratio: f64,
+        },
     }
 
     impl TryFrom<RawRetryBudget> for RetryBudgetConfig {

@@ -151,7 +151,11 @@ impl UnrepresentableDelay {
 
 impl fmt::Display for UnrepresentableDelay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "requested delay {:?} is too long to represent", self.value)
+        write!(
+            f,
+            "requested delay {:?} is too long to represent",
+            self.value
+        )
     }
 }
 

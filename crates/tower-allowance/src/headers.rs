@@ -179,14 +179,28 @@ mod tests {
     #[test]
     fn delay_seconds() {
         let h = with(&[("retry-after", b"30")]);
-        assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::from_secs(30))));
+        assert_eq!(
+            retry_after_at(&h, || at(NOW)),
+            Ok(Some(Duration::from_secs(30)))
+        );
         let h = with(&[("retry-after", b" 0 ")]);
         assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::ZERO)));
     }
 
     #[test]
     fn invalid_values_never_invent_a_cooldown() {
-        for raw in [&b"later"[..], b"-1", b"1.5", b"", b"  ", b"+5", b"5s", b"0x10", b"\xff\xfe", b"1 2"] {
+        for raw in [
+            &b"later"[..],
+            b"-1",
+            b"1.5",
+            b"",
+            b"  ",
+            b"+5",
+            b"5s",
+            b"0x10",
+            b"\xff\xfe",
+            b"1 2",
+        ] {
             let h = with(&[("retry-after", raw)]);
             assert_eq!(retry_after_at(&h, || at(NOW)), Ok(None), "{raw:?}");
         }
@@ -195,14 +209,21 @@ mod tests {
 
     #[test]
     fn unrepresentable_delays_are_errors() {
-        for raw in [&b"999999999999999999999"[..], b"18446744073709551615", b"9007199254741"] {
+        for raw in [
+            &b"999999999999999999999"[..],
+            b"18446744073709551615",
+            b"9007199254741",
+        ] {
             let h = with(&[("retry-after", raw)]);
             assert!(retry_after_at(&h, || at(NOW)).is_err(), "{raw:?}");
         }
         // The largest representable delay is accepted exactly.
         let max = MAX_DELAY.as_secs().to_string();
         let h = with(&[("retry-after", max.as_bytes())]);
-        assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::from_secs(MAX_DELAY.as_secs()))));
+        assert_eq!(
+            retry_after_at(&h, || at(NOW)),
+            Ok(Some(Duration::from_secs(MAX_DELAY.as_secs())))
+        );
     }
 
     #[test]
@@ -215,7 +236,11 @@ mod tests {
             b"Sun Nov  6 08:50:07 1994",
         ] {
             let h = with(&[("retry-after", ra), ("date", NOW.as_bytes())]);
-            assert_eq!(retry_after_at(&h, wrong_clock), Ok(Some(Duration::from_secs(30))), "{ra:?}");
+            assert_eq!(
+                retry_after_at(&h, wrong_clock),
+                Ok(Some(Duration::from_secs(30))),
+                "{ra:?}"
+            );
         }
     }
 
@@ -227,22 +252,42 @@ mod tests {
             b"Sun Nov  6 08:50:07 1994",
         ] {
             let h = with(&[("retry-after", ra)]);
-            assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::from_secs(30))), "{ra:?}");
+            assert_eq!(
+                retry_after_at(&h, || at(NOW)),
+                Ok(Some(Duration::from_secs(30))),
+                "{ra:?}"
+            );
         }
     }
 
     #[test]
     fn past_dates_mean_zero_and_bad_date_headers_fall_back() {
-        let h = with(&[("retry-after", b"Sun, 06 Nov 1994 08:00:00 GMT"), ("date", NOW.as_bytes())]);
+        let h = with(&[
+            ("retry-after", b"Sun, 06 Nov 1994 08:00:00 GMT"),
+            ("date", NOW.as_bytes()),
+        ]);
         assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::ZERO)));
-        let h = with(&[("retry-after", b"Sun, 06 Nov 1994 08:50:37 GMT"), ("date", b"garbage")]);
-        assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::from_secs(60))));
+        let h = with(&[
+            ("retry-after", b"Sun, 06 Nov 1994 08:50:37 GMT"),
+            ("date", b"garbage"),
+        ]);
+        assert_eq!(
+            retry_after_at(&h, || at(NOW)),
+            Ok(Some(Duration::from_secs(60)))
+        );
     }
 
     #[test]
     fn repeated_header_takes_the_longest() {
-        let h = with(&[("retry-after", b"5"), ("retry-after", b"later"), ("retry-after", b"30")]);
-        assert_eq!(retry_after_at(&h, || at(NOW)), Ok(Some(Duration::from_secs(30))));
+        let h = with(&[
+            ("retry-after", b"5"),
+            ("retry-after", b"later"),
+            ("retry-after", b"30"),
+        ]);
+        assert_eq!(
+            retry_after_at(&h, || at(NOW)),
+            Ok(Some(Duration::from_secs(30)))
+        );
     }
 
     #[test]

@@ -79,7 +79,11 @@ impl<S, C: Classify> Layer<S> for AllowanceLayer<C> {
     fn layer(&self, inner: S) -> Self::Service {
         let admission = Admission::new(inner, self.allowance.clone());
         let cooldown = Cooldown::new(admission, self.allowance.clone(), self.classifier.clone());
-        let policy = RetryPolicy::from_shared(self.allowance.clone(), self.retry.clone(), self.classifier.clone());
+        let policy = RetryPolicy::from_shared(
+            self.allowance.clone(),
+            self.retry.clone(),
+            self.classifier.clone(),
+        );
         Retry::new(policy, cooldown)
     }
 }

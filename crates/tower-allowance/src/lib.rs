@@ -64,8 +64,12 @@ pub mod store;
 pub use crate::{
     acquire::Acquire,
     algorithm::MAX_DELAY,
-    allowance::{AbandonedCounts, AcquireOptions, Allowance, DeferError, RateLimitObservation, Snapshot},
-    config::{AllowanceConfig, ConfigError, ReplenishingBudget, RetryBudgetConfig, DEFAULT_MAX_WAITERS},
+    allowance::{
+        AbandonedCounts, AcquireOptions, Allowance, DeferError, RateLimitObservation, Snapshot,
+    },
+    config::{
+        AllowanceConfig, ConfigError, ReplenishingBudget, RetryBudgetConfig, DEFAULT_MAX_WAITERS,
+    },
     extensions::{Attempt, Deadline},
     layer::AllowanceLayer,
     outcome::Outcome,

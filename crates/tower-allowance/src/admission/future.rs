@@ -92,7 +92,8 @@ where
                         return Poll::Ready(Err(e.into_box()));
                     }
                     // Admitted: send now, with the service that was polled ready in `poll_ready`.
-                    let (Some(mut service), Some(request)) = (service.take(), request.take()) else {
+                    let (Some(mut service), Some(request)) = (service.take(), request.take())
+                    else {
                         panic!("admission future polled after completion");
                     };
                     let future = service.call(request);
@@ -100,7 +101,9 @@ where
                 }
                 StateProj::Called { future } => return future.poll(cx).map_err(Into::into),
                 StateProj::Failed { error } => {
-                    let e = error.take().expect("admission future polled after completion");
+                    let e = error
+                        .take()
+                        .expect("admission future polled after completion");
                     return Poll::Ready(Err(e.into_box()));
                 }
             }

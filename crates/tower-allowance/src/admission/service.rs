@@ -4,7 +4,9 @@ use http::Request;
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::{acquire::try_admit_now, extensions::Attempt, AcquireOptions, Allowance, BoxError, Deadline};
+use crate::{
+    acquire::try_admit_now, extensions::Attempt, AcquireOptions, Allowance, BoxError, Deadline,
+};
 
 /// Waits for the shared allowance before each call reaches the inner service.
 ///
@@ -44,7 +46,10 @@ impl<S> Admission<S> {
 pub(crate) fn options_for<B>(req: &Request<B>) -> AcquireOptions {
     AcquireOptions {
         deadline: req.extensions().get::<Deadline>().map(|d| d.0),
-        spend_retry: req.extensions().get::<Attempt>().is_some_and(Attempt::is_retry),
+        spend_retry: req
+            .extensions()
+            .get::<Attempt>()
+            .is_some_and(Attempt::is_retry),
     }
 }
 

@@ -72,7 +72,11 @@ where
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(seen);
         }
-        if this.classifier.classify(response.status(), response.headers()) != Classification::Throttled {
+        if this
+            .classifier
+            .classify(response.status(), response.headers())
+            != Classification::Throttled
+        {
             return Poll::Ready(Ok(response));
         }
         let delay = match headers::retry_after(response.headers()) {
@@ -80,7 +84,9 @@ where
             // No usable Retry-After: no cooldown is invented.
             Ok(None) => return Poll::Ready(Ok(response)),
             Err(e) => {
-                allowance.stats().abandon(crate::error::AbandonReason::UnrepresentableDelay);
+                allowance
+                    .stats()
+                    .abandon(crate::error::AbandonReason::UnrepresentableDelay);
                 return Poll::Ready(Err(e.into()));
             }
         };

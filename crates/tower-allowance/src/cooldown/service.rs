@@ -56,6 +56,10 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        ResponseFuture::new(self.inner.call(req), self.allowance.clone(), self.classifier.clone())
+        ResponseFuture::new(
+            self.inner.call(req),
+            self.allowance.clone(),
+            self.classifier.clone(),
+        )
     }
 }

@@ -40,7 +40,13 @@ impl Default for RetryConfig {
         Self {
             max_attempts: NonZeroU32::new(3).unwrap_or(NonZeroU32::MIN),
             retry_transport_errors: false,
-            replayable_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS, Method::PUT, Method::DELETE],
+            replayable_methods: vec![
+                Method::GET,
+                Method::HEAD,
+                Method::OPTIONS,
+                Method::PUT,
+                Method::DELETE,
+            ],
             idempotency_key: true,
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
@@ -56,8 +62,8 @@ impl RetryConfig {
     ///
     /// Zero.
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Result<Self, ConfigError> {
-        self.max_attempts =
-            NonZeroU32::new(max_attempts).ok_or(ConfigError::new("max_attempts must be at least 1"))?;
+        self.max_attempts = NonZeroU32::new(max_attempts)
+            .ok_or(ConfigError::new("max_attempts must be at least 1"))?;
         Ok(self)
     }
 
@@ -115,8 +121,12 @@ impl RetryConfig {
 
     /// The backoff bound when the server gives no `Retry-After`, before jitter.
     pub(crate) fn backoff_cap(&self, attempt: u32) -> Duration {
-        let factor = 1u32.checked_shl(attempt.saturating_sub(1)).unwrap_or(u32::MAX);
-        self.backoff_base.saturating_mul(factor).min(self.backoff_max)
+        let factor = 1u32
+            .checked_shl(attempt.saturating_sub(1))
+            .unwrap_or(u32::MAX);
+        self.backoff_base
+            .saturating_mul(factor)
+            .min(self.backoff_max)
     }
 }
 
@@ -147,22 +157,30 @@ mod serde_impl {
         type Error = ConfigError;
 
         fn try_from(raw: RawRetryConfig) -> Result<Self, ConfigError> {
-            let mut config = RetryConfig::default().with_transport_errors(raw.retry_transport_errors);
+            let mut config =
+                RetryConfig::default().with_transport_errors(raw.retry_transport_errors);
             if let Some(n) = raw.max_attempts {
                 config = config.with_max_attempts(n)?;
             }
             if let Some(methods) = raw.replayable_methods {
                 let methods = methods
                     .iter()
-                    .map(|m| Method::from_bytes(m.as_bytes()).map_err(|_| ConfigError::new("invalid HTTP method")))
+                    .map(|m| {
+                        Method::from_bytes(m.as_bytes())
+                            .map_err(|_| ConfigError::new("invalid HTTP method"))
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
                 config = config.with_replayable_methods(methods);
             }
             if let Some(honour) = raw.idempotency_key {
                 config = config.with_idempotency_key(honour);
             }
-            let base = raw.backoff_base_ms.map_or(config.backoff_base, Duration::from_millis);
-            let max = raw.backoff_max_ms.map_or(config.backoff_max, Duration::from_millis);
+            let base = raw
+                .backoff_base_ms
+                .map_or(config.backoff_base, Duration::from_millis);
+            let max = raw
+                .backoff_max_ms
+                .map_or(config.backoff_max, Duration::from_millis);
             config = config.with_backoff(base, max)?;
             if let Some(seed) = raw.jitter_seed {
                 config = config.with_jitter_seed(seed);
@@ -189,8 +207,16 @@ mod tests {
     #[test]
     fn invalid_backoffs() {
         let d = RetryConfig::default();
-        assert!(d.clone().with_backoff(Duration::ZERO, Duration::from_secs(1)).is_err());
-        assert!(d.clone().with_backoff(Duration::from_secs(2), Duration::from_secs(1)).is_err());
-        assert!(d.with_backoff(Duration::from_secs(1), Duration::MAX).is_err());
+        assert!(d
+            .clone()
+            .with_backoff(Duration::ZERO, Duration::from_secs(1))
+            .is_err());
+        assert!(d
+            .clone()
+            .with_backoff(Duration::from_secs(2), Duration::from_secs(1))
+            .is_err());
+        assert!(d
+            .with_backoff(Duration::from_secs(1), Duration::MAX)
+            .is_err());
     }
 }

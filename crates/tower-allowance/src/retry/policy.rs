@@ -53,7 +53,11 @@ impl<C: Classify> RetryPolicy<C> {
         Self::from_shared(allowance, Arc::new(config), classifier)
     }
 
-    pub(crate) fn from_shared(allowance: Allowance, config: Arc<RetryConfig>, classifier: C) -> Self {
+    pub(crate) fn from_shared(
+        allowance: Allowance,
+        config: Arc<RetryConfig>,
+        classifier: C,
+    ) -> Self {
         Self {
             allowance,
             config,
@@ -121,7 +125,10 @@ impl<C: Classify> RetryPolicy<C> {
 
 /// The layers' own failures are final: retrying them would only repeat them.
 fn is_own_error(e: &BoxError) -> bool {
-    e.is::<Abandoned>() || e.is::<Overloaded>() || e.is::<StoreUnavailable>() || e.is::<UnrepresentableDelay>()
+    e.is::<Abandoned>()
+        || e.is::<Overloaded>()
+        || e.is::<StoreUnavailable>()
+        || e.is::<UnrepresentableDelay>()
 }
 
 impl<B, RB, C> Policy<Request<B>, Response<RB>, BoxError> for RetryPolicy<C>
@@ -131,7 +138,11 @@ where
 {
     type Future = Sleep;
 
-    fn retry(&mut self, req: &mut Request<B>, result: &mut Result<Response<RB>, BoxError>) -> Option<Sleep> {
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<RB>, BoxError>,
+    ) -> Option<Sleep> {
         self.attempts = self.attempts.saturating_add(1);
         let decision = match result {
             Ok(res) => match self.classifier.classify(res.status(), res.headers()) {
@@ -140,10 +151,12 @@ where
                     Decision::Stop
                 }
                 Classification::Failure => Decision::Stop,
-                Classification::Throttled | Classification::Transient => match headers::retry_after(res.headers()) {
-                    Ok(delay) => self.decide(req, delay),
-                    Err(_) => Decision::Abandon(AbandonReason::UnrepresentableDelay),
-                },
+                Classification::Throttled | Classification::Transient => {
+                    match headers::retry_after(res.headers()) {
+                        Ok(delay) => self.decide(req, delay),
+                        Err(_) => Decision::Abandon(AbandonReason::UnrepresentableDelay),
+                    }
+                }
             },
             Err(e) if is_own_error(e) || !self.config.retry_transport_errors => Decision::Stop,
             Err(_) => self.decide(req, None),

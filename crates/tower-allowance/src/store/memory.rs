@@ -42,7 +42,12 @@ impl MemoryStore {
 
     fn now_us(&self) -> u64 {
         // Microseconds since creation; u64 covers 584,000 years.
-        u64::try_from(Instant::now().saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+        u64::try_from(
+            Instant::now()
+                .saturating_duration_since(self.epoch)
+                .as_micros(),
+        )
+        .unwrap_or(u64::MAX)
     }
 
     fn with_state<T>(&self, f: impl FnOnce(&mut State, u64) -> T) -> T {

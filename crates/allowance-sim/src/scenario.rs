@@ -1,0 +1,295 @@
+//! Workers sharing (or not sharing) an allowance, in virtual time.
+//!
+//! Every run goes through the real layers (`AllowanceLayer`, or a bare `tower::retry::Retry`
+//! with the library's `RetryPolicy` for the naive mode) against a [`FakeUpstream`], on a
+//! paused Tokio clock, so the figures are exact and repeatable.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use http::Request;
+use tokio::time::Instant;
+use tower::{retry::Retry, ServiceBuilder, ServiceExt};
+use tower_allowance::{
+    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig,
+    AllowanceLayer, BoxError, Deadline, Outcome, RetryBudgetConfig,
+};
+
+use crate::fake::{FakeConfig, FakeUpstream, Seen, WORKER_HEADER};
+
+/// How workers coordinate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Each worker retries on its own, honouring `Retry-After`; no shared admission.
+    Naive,
+    /// One allowance for everyone: shared admission, cooldown and retry budget.
+    Shared,
+    /// `n` independent allowances; worker `i` uses allowance `i % n`.
+    Split(usize),
+}
+
+/// One scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Coordination mode.
+    pub mode: Mode,
+    /// Concurrent workers.
+    pub workers: usize,
+    /// Jobs in total (one request each); worker `w` runs jobs `w`, `w + workers`, ... in turn.
+    pub jobs: usize,
+    /// The upstream's behaviour.
+    pub upstream: FakeConfig,
+    /// The allowance's burst (shared and split modes).
+    pub burst: u32,
+    /// The allowance's rate per second (shared and split modes).
+    pub rate_per_sec: u32,
+    /// Attempts per request, counting the first.
+    pub max_attempts: u32,
+    /// A batch retry budget for each allowance; `None` is unlimited.
+    pub retry_budget: Option<u64>,
+    /// A per-request deadline from the moment the job starts.
+    pub deadline: Option<Duration>,
+}
+
+impl Scenario {
+    /// The seed's setting: 8 workers, 8 jobs, burst 2 at 2/s on both sides, 10 attempts.
+    pub fn seed(mode: Mode) -> Self {
+        Self {
+            mode,
+            workers: 8,
+            jobs: 8,
+            upstream: FakeConfig::seed(),
+            burst: 2,
+            rate_per_sec: 2,
+            max_attempts: 10,
+            retry_budget: None,
+            deadline: None,
+        }
+    }
+}
+
+/// What a run produced, from the server's log and the callers' outcomes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    /// Attempts the server saw.
+    pub attempts: usize,
+    /// Of those, 429s.
+    pub rejected: usize,
+    /// Jobs that completed with a final response.
+    pub completed: usize,
+    /// Jobs abandoned, by reason.
+    pub abandoned: BTreeMap<&'static str, usize>,
+    /// Jobs that failed otherwise.
+    pub failed: usize,
+    /// Time of the last attempt the server saw, in ms from the start.
+    pub last_attempt_ms: u64,
+    /// Time until the last job finished, in ms.
+    pub makespan_ms: u64,
+    /// Every attempt the server saw.
+    pub timeline: Vec<Seen>,
+}
+
+impl Report {
+    /// Jobs abandoned for any reason.
+    pub fn abandoned_total(&self) -> usize {
+        self.abandoned.values().sum()
+    }
+
+    /// The times of all attempts, in ms.
+    pub fn attempt_times_ms(&self) -> Vec<u64> {
+        self.timeline.iter().map(|s| s.at_ms).collect()
+    }
+}
+
+fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
+    let budget = s
+        .retry_budget
+        .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
+    let config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
+        .with_retry_budget(budget)
+        .with_max_waiters(s.workers.max(1));
+    Ok(Allowance::new(config))
+}
+
+type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;
+
+/// Runs one scenario on the current (paused-clock) runtime.
+///
+/// # Errors
+///
+/// A configuration the library rejects.
+pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
+    let upstream = FakeUpstream::new(s.upstream.clone());
+    let start = Instant::now();
+    let retry = RetryConfig::default()
+        .with_max_attempts(s.max_attempts)?
+        .with_jitter_seed(1);
+    let mut tasks = Vec::with_capacity(s.workers);
+
+    let allowances: Vec<Allowance> = match s.mode {
+        Mode::Naive => Vec::new(),
+        Mode::Shared => vec![allowance_for(s)?],
+        Mode::Split(n) => (0..n.max(1))
+            .map(|_| allowance_for(s))
+            .collect::<Result<_, _>>()?,
+    };
+
+    for worker in 0..s.workers {
+        let upstream = upstream.clone();
+        let deadline = s.deadline;
+        let jobs = s.jobs;
+        let workers = s.workers;
+        let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
+        // Each worker builds its stack once; jobs reuse it.
+        let service = match s.mode {
+            Mode::Naive => {
+                // Its own retry loop and nothing shared: a private, unlimited allowance that
+                // only serves the policy's bookkeeping.
+                let own = allowance_for(&Scenario {
+                    retry_budget: None,
+                    ..s.clone()
+                })?;
+                let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
+                Svc::new(Retry::new(RetryPolicy::new(own, retry.clone()), upstream))
+            }
+            Mode::Shared | Mode::Split(_) => {
+                let allowance = allowances[worker % allowances.len()].clone();
+                Svc::new(
+                    ServiceBuilder::new()
+                        .layer(AllowanceLayer::new(allowance, retry.clone()))
+                        .service(upstream),
+                )
+            }
+        };
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes: Vec<Outcome> = Vec::new();
+            for _job in (worker..jobs).step_by(workers) {
+                let mut req = Request::new(String::new());
+                req.headers_mut().insert(WORKER_HEADER, worker_id.into());
+                if let Some(d) = deadline {
+                    req.extensions_mut().insert(Deadline::after(d));
+                }
+                let result = service.clone().oneshot(req).await;
+                outcomes.push(Outcome::of(&result));
+            }
+            (outcomes, Instant::now())
+        }));
+    }
+
+    let mut report = Report {
+        attempts: 0,
+        rejected: 0,
+        completed: 0,
+        abandoned: BTreeMap::new(),
+        failed: 0,
+        last_attempt_ms: 0,
+        makespan_ms: 0,
+        timeline: Vec::new(),
+    };
+    let mut finished = start;
+    for task in tasks {
+        let (outcomes, done) = task.await?;
+        finished = finished.max(done);
+        for outcome in outcomes {
+            match outcome {
+                Outcome::Completed => report.completed += 1,
+                Outcome::Abandoned(reason) => {
+                    *report.abandoned.entry(reason.as_str()).or_default() += 1
+                }
+                Outcome::Failed => report.failed += 1,
+            }
+        }
+    }
+    report.timeline = upstream.log();
+    report.attempts = report.timeline.len();
+    report.rejected = report.timeline.iter().filter(|s| s.status == 429).count();
+    report.last_attempt_ms = report.timeline.last().map_or(0, |s| s.at_ms);
+    report.makespan_ms =
+        u64::try_from(finished.duration_since(start).as_millis()).unwrap_or(u64::MAX);
+    Ok(report)
+}
+
+/// Runs a scenario on a fresh current-thread runtime with a paused clock.
+///
+/// # Errors
+///
+/// A configuration the library rejects.
+pub fn run_virtual(s: &Scenario) -> Result<Report, BoxError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?
+        .block_on(run(s))
+}
+
+/// One row of the seed's table.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SeedRow {
+    /// Which scenario.
+    pub scenario: &'static str,
+    /// Attempts the server saw.
+    pub attempts: usize,
+    /// 429s.
+    pub rejected: usize,
+    /// Jobs completed.
+    pub completed: usize,
+    /// Jobs abandoned.
+    pub abandoned: usize,
+    /// Time of the last attempt, ms.
+    pub last_attempt_ms: u64,
+}
+
+impl SeedRow {
+    fn new(scenario: &'static str, r: &Report) -> Self {
+        Self {
+            scenario,
+            attempts: r.attempts,
+            rejected: r.rejected,
+            completed: r.completed,
+            abandoned: r.abandoned_total(),
+            last_attempt_ms: r.last_attempt_ms,
+        }
+    }
+}
+
+/// The seed's scenarios 1–4, by name.
+pub fn seed_scenarios() -> Vec<(&'static str, Scenario)> {
+    let always_429 = |budget| Scenario {
+        upstream: FakeConfig {
+            always_reject: true,
+            ..FakeConfig::seed()
+        },
+        max_attempts: 3,
+        retry_budget: budget,
+        ..Scenario::seed(Mode::Shared)
+    };
+    vec![
+        (
+            "1 naive: each worker retries alone",
+            Scenario::seed(Mode::Naive),
+        ),
+        ("2 shared: one allowance", Scenario::seed(Mode::Shared)),
+        ("3 split: two allowances", Scenario::seed(Mode::Split(2))),
+        ("4a always 429, 3 attempts, no budget", always_429(None)),
+        ("4b always 429, 3 attempts, budget 4", always_429(Some(4))),
+    ]
+}
+
+/// The seed's table, run through the real layers in virtual time.
+///
+/// # Panics
+///
+/// Only if the built-in scenarios were invalid (they are fixed and tested).
+pub fn seed_table() -> Vec<SeedRow> {
+    seed_scenarios()
+        .iter()
+        .map(|(name, s)| {
+            let report = run_virtual(s).expect("built-in scenarios are valid");
+            SeedRow::new(name, &report)
+        })
+        .collect()
+}
+
+/// Shorthand for the abandonment count of one reason.
+pub fn abandoned(report: &Report, reason: AbandonReason) -> usize {
+    report.abandoned.get(reason.as_str()).copied().unwrap_or(0)
+}
