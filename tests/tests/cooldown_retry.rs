@@ -1,0 +1,446 @@
+//! The cooldown layer and the retry policy, through the real layers in virtual time.
+//! Includes the seed's tests 2, 3, 6, 7 and 8.
+
+use std::{convert::Infallible, time::Duration};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use integration_tests::throttling;
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_allowance::{
+    cooldown::CooldownLayer,
+    error::{AbandonReason, UnrepresentableDelay},
+    retry::RetryConfig,
+    Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome, RetryBudgetConfig,
+};
+
+fn allowance() -> Allowance {
+    fresh()
+}
+
+fn fresh() -> Allowance {
+    Allowance::new(AllowanceConfig::per_second(2, 2).expect("valid"))
+}
+
+fn response_with(
+    status: u16,
+    headers: &[(&'static str, &'static str)],
+) -> Response<Full<bytes::Bytes>> {
+    let mut res = Response::new(Full::from(r#"{"detail":"Synthetic throttle"}"#));
+    *res.status_mut() = StatusCode::from_u16(status).expect("status");
+    for (k, v) in headers {
+        res.headers_mut()
+            .append(*k, http::HeaderValue::from_static(v));
+    }
+    res
+}
+
+/// Sends one request through a CooldownLayer whose inner service answers `res`.
+async fn observe(
+    allowance: &Allowance,
+    res: Response<Full<bytes::Bytes>>,
+) -> Result<Response<Full<bytes::Bytes>>, tower_allowance::BoxError> {
+    let svc = ServiceBuilder::new()
+        .layer(CooldownLayer::new(allowance.clone()))
+        .service_fn(move |_r: Request<()>| {
+            let res = res.clone();
+            async move { Ok::<_, Infallible>(res) }
+        });
+    svc.oneshot(Request::new(())).await
+}
+
+async fn blocked_for(allowance: &Allowance) -> Duration {
+    allowance.store_state().await.expect("state").blocked_for
+}
+
+// Seed test 6.
+#[tokio::test(start_paused = true)]
+async fn a_long_server_delay_is_kept_and_the_body_stays_readable() {
+    let allowance = allowance();
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let res = observe(&allowance, response_with(429, &[("retry-after", "30")]))
+        .await
+        .expect("passed through");
+    assert_eq!(res.status(), 429);
+    assert_eq!(blocked_for(&allowance).await, Duration::from_secs(30));
+    // An admission at 10 s waits until 30.1 s.
+    tokio::time::advance(Duration::from_millis(9_900)).await;
+    let start = Instant::now();
+    allowance.acquire().await.expect("admitted");
+    assert_eq!(start.elapsed(), Duration::from_millis(20_100));
+    let body = res.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&body[..], br#"{"detail":"Synthetic throttle"}"#);
+}
+
+// Seed test 7.
+#[tokio::test(start_paused = true)]
+async fn missing_or_invalid_delays_never_invent_a_cooldown() {
+    for raw in [
+        None,
+        Some("later"),
+        Some("-1"),
+        Some("1.5"),
+        Some(""),
+        Some("1e3"),
+    ] {
+        let allowance = allowance();
+        let headers: Vec<(&'static str, &'static str)> =
+            raw.map(|v| ("retry-after", v)).into_iter().collect();
+        let res = observe(&allowance, response_with(429, &headers))
+            .await
+            .expect("passed through");
+        assert_eq!(res.status(), 429);
+        assert_eq!(blocked_for(&allowance).await, Duration::ZERO, "{raw:?}");
+    }
+    // Garbage bytes too.
+    let allowance = allowance();
+    let mut res = response_with(429, &[]);
+    res.headers_mut().insert(
+        "retry-after",
+        http::HeaderValue::from_bytes(b"\xff\x80 1").expect("opaque bytes"),
+    );
+    observe(&allowance, res).await.expect("passed through");
+    assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
+}
+
+// Seed test 8.
+#[tokio::test(start_paused = true)]
+async fn an_unrepresentable_delay_fails_instead_of_shortening() {
+    let allowance = allowance();
+    let err = observe(
+        &allowance,
+        response_with(429, &[("retry-after", "999999999999999999999")]),
+    )
+    .await
+    .expect_err("typed failure");
+    assert!(err.is::<UnrepresentableDelay>());
+    assert_eq!(
+        Outcome::of::<()>(&Err(err)),
+        Outcome::Abandoned(AbandonReason::UnrepresentableDelay)
+    );
+    assert_eq!(
+        blocked_for(&allowance).await,
+        Duration::ZERO,
+        "nothing clamped"
+    );
+}
+
+// Seed test 3, through responses arriving out of order.
+#[tokio::test(start_paused = true)]
+async fn later_responses_extend_but_never_shorten() {
+    let allowance = allowance();
+    observe(&allowance, response_with(429, &[("retry-after", "5")]))
+        .await
+        .expect("ok");
+    tokio::time::advance(Duration::from_millis(100)).await;
+    observe(&allowance, response_with(429, &[("retry-after", "1")]))
+        .await
+        .expect("ok");
+    assert_eq!(blocked_for(&allowance).await, Duration::from_millis(4_900));
+    tokio::time::advance(Duration::from_millis(900)).await;
+    observe(&allowance, response_with(503, &[("retry-after", "8")]))
+        .await
+        .expect("ok");
+    assert_eq!(blocked_for(&allowance).await, Duration::from_secs(8));
+    assert_eq!(allowance.snapshot().deferred, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_on_a_success_or_404_is_not_a_cooldown() {
+    let allowance = allowance();
+    observe(&allowance, response_with(200, &[("retry-after", "30")]))
+        .await
+        .expect("ok");
+    observe(&allowance, response_with(404, &[("retry-after", "30")]))
+        .await
+        .expect("ok");
+    assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn http_dates_in_all_formats_with_and_without_date() {
+    // With a Date header: measured against it, whatever the local clock says.
+    for ra in [
+        "Sun, 06 Nov 1994 08:50:07 GMT",
+        "Sunday, 06-Nov-94 08:50:07 GMT",
+        "Sun Nov  6 08:50:07 1994",
+    ] {
+        let allowance = fresh();
+        observe(
+            &allowance,
+            response_with(
+                429,
+                &[
+                    ("retry-after", ra),
+                    ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                ],
+            ),
+        )
+        .await
+        .expect("ok");
+        assert_eq!(
+            blocked_for(&allowance).await,
+            Duration::from_secs(30),
+            "{ra}"
+        );
+    }
+    // Without one: a date in the past (by the wall clock) means no wait.
+    let allowance = fresh();
+    observe(
+        &allowance,
+        response_with(429, &[("retry-after", "Sun, 06 Nov 1994 08:50:07 GMT")]),
+    )
+    .await
+    .expect("ok");
+    assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
+    // And a date far ahead of the wall clock is honoured (roughly: the wall clock moves).
+    let allowance = fresh();
+    let ahead = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3600));
+    let mut res = response_with(429, &[]);
+    res.headers_mut()
+        .insert("retry-after", ahead.parse().expect("header"));
+    observe(&allowance, res).await.expect("ok");
+    let blocked = blocked_for(&allowance).await;
+    assert!(
+        blocked > Duration::from_secs(3590) && blocked <= Duration::from_secs(3600),
+        "{blocked:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_headers_are_observed() {
+    let allowance = allowance();
+    observe(
+        &allowance,
+        response_with(
+            200,
+            &[
+                ("x-ratelimit-limit", "2"),
+                ("x-ratelimit-remaining", "1"),
+                ("x-ratelimit-bucket", "snapshot"),
+            ],
+        ),
+    )
+    .await
+    .expect("ok");
+    let seen = allowance.snapshot().rate_limit.expect("observed");
+    assert_eq!(
+        (seen.limit, seen.remaining, seen.bucket.as_deref()),
+        (Some(2), Some(1), Some("snapshot"))
+    );
+}
+
+fn stack(
+    allowance: &Allowance,
+    retry: RetryConfig,
+    svc: integration_tests::CountedService,
+) -> tower::util::BoxCloneService<Request<String>, Response<String>, tower_allowance::BoxError> {
+    tower::util::BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(AllowanceLayer::new(allowance.clone(), retry))
+            .service(svc.service),
+    )
+}
+
+// Acceptance 6: deadline 10 s away, Retry-After 30.
+#[tokio::test(start_paused = true)]
+async fn deadline_shorter_than_retry_after_abandons_at_once() {
+    let allowance = allowance();
+    let upstream = throttling(Some("30"));
+    let svc = stack(&allowance, RetryConfig::default(), upstream.clone());
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(10)));
+    let start = Instant::now();
+    let result = svc.oneshot(req).await;
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "no sleeping before giving up"
+    );
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    let res = result.expect("the 429 is kept");
+    assert_eq!(res.status(), 429);
+    assert_eq!(upstream.calls(), 1);
+    assert_eq!(
+        allowance.snapshot().abandoned.get(AbandonReason::Deadline),
+        1
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_retried_unless_it_carries_an_idempotency_key() {
+    let allowance = allowance();
+    let upstream = throttling(Some("1"));
+    let svc = stack(&allowance, RetryConfig::default(), upstream.clone());
+    let post = Request::builder()
+        .method(Method::POST)
+        .body(String::from("{}"))
+        .expect("request");
+    let result = svc.clone().oneshot(post).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::NotReplayable)
+    );
+    assert_eq!(result.expect("response").status(), 429, "returned as is");
+    assert_eq!(upstream.calls(), 1);
+
+    let keyed = Request::builder()
+        .method(Method::POST)
+        .header("idempotency-key", "abc")
+        .body(String::from("{}"))
+        .expect("request");
+    let result = svc.oneshot(keyed).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::MaxAttempts)
+    );
+    assert_eq!(upstream.calls(), 1 + 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_wait_for_retry_after_and_reenter_admission() {
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(2, 2)
+            .expect("valid")
+            .with_retry_budget(RetryBudgetConfig::fixed(10)),
+    );
+    let upstream = throttling(Some("2"));
+    let svc = stack(&allowance, RetryConfig::default(), upstream.clone());
+    let start = Instant::now();
+    let result = svc.oneshot(Request::new(String::new())).await;
+    // 0 s, 2 s, 4 s: each retry after the server's delay, none sooner.
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::MaxAttempts)
+    );
+    let snap = allowance.snapshot();
+    assert_eq!((snap.admitted, snap.retries_spent), (3, 2));
+    assert_eq!(
+        allowance
+            .store_state()
+            .await
+            .expect("state")
+            .retries_remaining,
+        Some(8)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_retry_after_backoff_is_bounded_and_seeded() {
+    let run = || async {
+        let allowance = allowance();
+        let upstream = throttling(None);
+        let retry = RetryConfig::default()
+            .with_max_attempts(5)
+            .expect("valid")
+            .with_backoff(Duration::from_millis(100), Duration::from_millis(400))
+            .expect("valid")
+            .with_jitter_seed(42);
+        let svc = stack(&allowance, retry, upstream.clone());
+        let start = Instant::now();
+        let result = svc.oneshot(Request::new(String::new())).await;
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(AbandonReason::MaxAttempts)
+        );
+        assert_eq!(upstream.calls(), 5);
+        start.elapsed()
+    };
+    let first = run().await;
+    // Full jitter: at most 100 + 200 + 400 + 400 ms, plus admission (burst 2 at 2/s).
+    assert!(first <= Duration::from_millis(1_100 + 1_500), "{first:?}");
+    assert_eq!(first, run().await, "the same seed gives the same schedule");
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_is_completed_and_a_404_is_not_retried() {
+    let allowance = allowance();
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(AllowanceLayer::new(
+            allowance.clone(),
+            RetryConfig::default(),
+        ))
+        .service_fn(move |req: Request<String>| {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let mut res = Response::new(String::new());
+                if req.uri().path() == "/missing" {
+                    *res.status_mut() = StatusCode::NOT_FOUND;
+                }
+                Ok::<_, Infallible>(res)
+            }
+        });
+    let ok = svc.clone().oneshot(Request::new(String::new())).await;
+    assert_eq!(Outcome::of(&ok), Outcome::Completed);
+    let missing = svc
+        .oneshot(
+            Request::builder()
+                .uri("/missing")
+                .body(String::new())
+                .expect("request"),
+        )
+        .await;
+    assert_eq!(Outcome::of(&missing), Outcome::Completed);
+    assert_eq!(missing.expect("response").status(), 404);
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_flight_429s_after_the_gate_closed_extend_it() {
+    // Two requests in flight at once; both come back 429 with different delays, in an
+    // order where the shorter arrives last: the cooldown keeps the longer.
+    let allowance = allowance();
+    let svc = ServiceBuilder::new()
+        .layer(CooldownLayer::new(allowance.clone()))
+        .service_fn(|req: Request<&'static str>| async move {
+            let delay = *req.body();
+            tokio::time::sleep(Duration::from_millis(if delay == "9" { 10 } else { 20 })).await;
+            let mut res = Response::new(());
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut()
+                .insert("retry-after", delay.parse().expect("header"));
+            Ok::<_, Infallible>(res)
+        });
+    let (a, b) = tokio::join!(
+        svc.clone().oneshot(Request::new("9")),
+        svc.oneshot(Request::new("1"))
+    );
+    a.expect("a");
+    b.expect("b");
+    assert_eq!(
+        blocked_for(&allowance).await,
+        Duration::from_millis(9_000 - 10)
+    );
+}
+
+#[cfg(test)]
+mod serde_configs {
+    use super::*;
+
+    #[test]
+    fn configs_deserialize_and_validate() {
+        let config: AllowanceConfig = serde_json::from_str(
+            r#"{"rate": 2, "burst": 2, "retry_budget": {"kind": "fixed", "retries": 4}}"#,
+        )
+        .expect("valid");
+        assert_eq!(config.retry_budget(), &RetryBudgetConfig::fixed(4));
+        assert!(serde_json::from_str::<AllowanceConfig>(r#"{"rate": 0, "burst": 2}"#).is_err());
+        assert!(serde_json::from_str::<AllowanceConfig>(
+            r#"{"rate": 1, "burst": 1, "retry_budget": {"kind": "replenishing", "window_ms": 10000, "min_per_sec": 1, "ratio": -1}}"#
+        )
+        .is_err());
+        let retry: RetryConfig =
+            serde_json::from_str(r#"{"max_attempts": 5, "replayable_methods": ["GET"]}"#)
+                .expect("valid");
+        assert_eq!(retry.max_attempts(), 5);
+        assert!(serde_json::from_str::<RetryConfig>(r#"{"max_attempts": 0}"#).is_err());
+    }
+}
