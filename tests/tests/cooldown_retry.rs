@@ -196,6 +196,7 @@ async fn http_dates_in_all_formats_with_and_without_date() {
     assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
     // And a date far ahead of the wall clock is honoured (roughly: the wall clock moves).
     let allowance = fresh();
+    #[allow(clippy::disallowed_methods)] // the test compares with the wall clock on purpose
     let ahead = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3600));
     let mut res = response_with(429, &[]);
     res.headers_mut()
