@@ -26,7 +26,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 
 use crate::{
     allowance::{AcquireOptions, Backend, Shared},
-    error::{AbandonReason, AcquireError, Overloaded, StoreUnavailable},
+    error::{AbandonReason, AcquireError, Overloaded, QuotaExhausted, StoreUnavailable},
     store::{Admit, Decision, StoreError, StoreFuture},
 };
 
@@ -95,6 +95,17 @@ impl WaitQueue {
             }
         }
         doomed.into_iter().for_each(Waker::wake);
+    }
+
+    /// Wakes every waiter (the allowance closed: they all fail).
+    pub(crate) fn wake_all(&self) {
+        let wakers: Vec<Waker> = self
+            .lock()
+            .waiters
+            .values()
+            .map(|w| w.waker.clone())
+            .collect();
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     fn known_cooldown(&self) -> Option<Instant> {
@@ -251,6 +262,9 @@ pub(crate) fn try_admit_now(
     if shared.queue.len() != 0 || options.deadline.is_some() {
         return None;
     }
+    if let Some(e) = quota_closed(shared, Instant::now()) {
+        return Some(Err(e));
+    }
     let ask = Admit {
         spend_retry: options.spend_retry,
     };
@@ -263,6 +277,13 @@ pub(crate) fn try_admit_now(
         // Nothing was spent; the caller queues through `Acquire`.
         Decision::Wait { .. } => None,
     }
+}
+
+/// The quota-exhausted error, if the allowance is closed.
+fn quota_closed(shared: &Shared, now: Instant) -> Option<AcquireError> {
+    let until = shared.quota.as_ref()?.exhausted_until(now)?;
+    shared.stats.abandon(AbandonReason::QuotaExhausted);
+    Some(AcquireError::Quota(QuotaExhausted::new(until)))
 }
 
 fn count_admission(shared: &Shared, options: &AcquireOptions, waited: bool) {
@@ -301,6 +322,10 @@ impl Future for Acquire {
             match this.state {
                 State::Start => {
                     let now = Instant::now();
+                    if let Some(e) = quota_closed(shared, now) {
+                        *this.state = State::Done;
+                        return Poll::Ready(Err(e));
+                    }
                     if let Some(d) = deadline {
                         let cooling = shared.queue.known_cooldown().is_some_and(|c| c > d);
                         if d <= now || cooling {
@@ -349,6 +374,11 @@ impl Future for Acquire {
                 State::Queued(id) => {
                     let id = *id;
                     let now = Instant::now();
+                    if let Some(e) = quota_closed(shared, now) {
+                        shared.queue.leave(id);
+                        *this.state = State::Done;
+                        return Poll::Ready(Err(e));
+                    }
                     let mut q = shared.queue.lock();
                     let head = q.waiters.first_key_value().is_some_and(|(k, _)| *k == id);
                     if !head {

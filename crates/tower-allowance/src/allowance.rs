@@ -15,6 +15,7 @@ use crate::{
     acquire::{Acquire, WaitQueue},
     algorithm,
     error::{AbandonReason, UnrepresentableDelay},
+    quota::{QuotaGuard, QuotaProbe, QuotaTrigger},
     store::{Deferred, MemoryStore, Store, StoreError, StoreState},
     AllowanceConfig,
 };
@@ -55,6 +56,8 @@ pub(crate) struct Shared {
     pub(crate) stats: Stats,
     /// Seeds per-request jitter streams so that concurrent retries do not share one.
     pub(crate) jitter_seq: AtomicU64,
+    /// The terminal path, when a quota probe is configured.
+    pub(crate) quota: Option<QuotaGuard>,
 }
 
 pub(crate) enum Backend {
@@ -81,24 +84,73 @@ impl fmt::Debug for Allowance {
 impl Allowance {
     /// An allowance kept in this process's memory.
     pub fn new(config: AllowanceConfig) -> Self {
-        Self::from_backend(config, Backend::Memory(MemoryStore::new()))
+        Self::builder(config).build()
+    }
+
+    /// A builder, to add a shared store or a quota probe.
+    pub fn builder(config: AllowanceConfig) -> AllowanceBuilder {
+        AllowanceBuilder {
+            config,
+            store: None,
+            quota: None,
+        }
     }
 
     /// An allowance kept in a shared [`Store`], such as Redis, so that several processes
     /// spend one allowance. The wait queue stays local: it orders this process's callers.
     pub fn with_store(config: AllowanceConfig, store: impl Store) -> Self {
-        Self::from_backend(config, Backend::Custom(Arc::new(store)))
+        Self::builder(config).store(store).build()
     }
 
-    fn from_backend(config: AllowanceConfig, backend: Backend) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                queue: WaitQueue::new(config.max_waiters()),
-                config,
-                backend,
-                stats: Stats::default(),
-                jitter_seq: AtomicU64::new(0),
-            }),
+    /// Lifts the quota-exhausted state now (for example after buying more credits).
+    pub fn reset_quota(&self) {
+        if let Some(q) = &self.shared.quota {
+            q.reset();
+        }
+    }
+
+    /// How many times the quota probe has run.
+    pub fn quota_probes(&self) -> u64 {
+        self.shared.quota.as_ref().map_or(0, QuotaGuard::probes)
+    }
+
+    /// A throttling response arrived; `with_delay` when it carried a usable `Retry-After`.
+    pub(crate) fn on_throttled(&self, with_delay: bool) {
+        let Some(q) = &self.shared.quota else {
+            return;
+        };
+        if with_delay {
+            q.clear_streak();
+            return;
+        }
+        let Some(probe) = q.throttled_without_delay(Instant::now()) else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            // No runtime to run the probe on: release the single flight.
+            q.finish(
+                Instant::now(),
+                Err("no tokio runtime to run the quota probe".into()),
+            );
+            return;
+        };
+        let this = self.clone();
+        handle.spawn(async move {
+            let result = probe.probe().await;
+            let Some(q) = &this.shared.quota else {
+                return;
+            };
+            if let crate::quota::Verdict::Exhausted(until) = q.finish(Instant::now(), result) {
+                this.shared.queue.wake_all();
+                tracing::debug!(until = ?until, "allowance closed: quota exhausted");
+            }
+        });
+    }
+
+    /// A response that was not throttling.
+    pub(crate) fn on_not_throttled(&self) {
+        if let Some(q) = &self.shared.quota {
+            q.clear_streak();
         }
     }
 
@@ -264,6 +316,56 @@ impl Allowance {
 
     pub(crate) fn next_jitter_seed(&self) -> u64 {
         self.shared.jitter_seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Builds an [`Allowance`] with a shared store and/or a quota probe.
+///
+/// ```
+/// use tower_allowance::{store::MemoryStore, Allowance, AllowanceConfig};
+///
+/// let allowance = Allowance::builder(AllowanceConfig::per_second(5, 1)?)
+///     .store(MemoryStore::new())
+///     .build();
+/// # let _ = allowance;
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Debug)]
+pub struct AllowanceBuilder {
+    config: AllowanceConfig,
+    store: Option<Arc<dyn Store>>,
+    quota: Option<QuotaGuard>,
+}
+
+impl AllowanceBuilder {
+    /// Keeps the state in a shared [`Store`] instead of this process's memory.
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// Adds the quota-exhaustion terminal path (see [`quota`](crate::quota)).
+    pub fn quota_probe(mut self, probe: impl QuotaProbe, trigger: QuotaTrigger) -> Self {
+        self.quota = Some(QuotaGuard::new(Arc::new(probe), trigger));
+        self
+    }
+
+    /// Builds the allowance.
+    pub fn build(self) -> Allowance {
+        let backend = match self.store {
+            Some(store) => Backend::Custom(store),
+            None => Backend::Memory(MemoryStore::new()),
+        };
+        Allowance {
+            shared: Arc::new(Shared {
+                queue: WaitQueue::new(self.config.max_waiters()),
+                config: self.config,
+                backend,
+                stats: Stats::default(),
+                jitter_seq: AtomicU64::new(0),
+                quota: self.quota,
+            }),
+        }
     }
 }
 

@@ -34,17 +34,20 @@ pub enum AbandonReason {
     Overloaded,
     /// The server asked for a delay too long to represent.
     UnrepresentableDelay,
+    /// The provider's quota is spent (see [`quota`](crate::quota)); waiting cannot help.
+    QuotaExhausted,
 }
 
 impl AbandonReason {
     /// Every reason, for iterating over counters.
-    pub const ALL: [AbandonReason; 6] = [
+    pub const ALL: [AbandonReason; 7] = [
         Self::MaxAttempts,
         Self::BudgetExhausted,
         Self::Deadline,
         Self::NotReplayable,
         Self::Overloaded,
         Self::UnrepresentableDelay,
+        Self::QuotaExhausted,
     ];
 
     /// A short stable name (`"max_attempts"`, `"budget_exhausted"`, ...).
@@ -56,6 +59,7 @@ impl AbandonReason {
             Self::NotReplayable => "not_replayable",
             Self::Overloaded => "overloaded",
             Self::UnrepresentableDelay => "unrepresentable_delay",
+            Self::QuotaExhausted => "quota_exhausted",
         }
     }
 
@@ -71,6 +75,7 @@ impl AbandonReason {
             Self::NotReplayable => "it is not safe to replay",
             Self::Overloaded => "too many callers are already waiting for admission",
             Self::UnrepresentableDelay => "the server asked for a delay too long to represent",
+            Self::QuotaExhausted => "the provider's quota is spent",
         }
     }
 }
@@ -161,6 +166,34 @@ impl fmt::Display for UnrepresentableDelay {
 
 impl std::error::Error for UnrepresentableDelay {}
 
+/// The provider's quota is spent; calls fail at once until `until` (or a reset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaExhausted {
+    until: tokio::time::Instant,
+}
+
+impl QuotaExhausted {
+    pub(crate) fn new(until: tokio::time::Instant) -> Self {
+        Self { until }
+    }
+
+    /// When the allowance reopens by itself.
+    pub fn until(&self) -> tokio::time::Instant {
+        self.until
+    }
+}
+
+impl fmt::Display for QuotaExhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let left = self
+            .until
+            .saturating_duration_since(tokio::time::Instant::now());
+        write!(f, "quota exhausted; reopens in {left:?}")
+    }
+}
+
+impl std::error::Error for QuotaExhausted {}
+
 /// The allowance's store could not decide; the request was not sent.
 #[derive(Debug)]
 pub struct StoreUnavailable {
@@ -194,6 +227,8 @@ pub enum AcquireError {
     Overloaded(Overloaded),
     /// The store failed.
     Store(StoreUnavailable),
+    /// The quota is spent.
+    Quota(QuotaExhausted),
 }
 
 impl AcquireError {
@@ -207,6 +242,7 @@ impl AcquireError {
             Self::Abandoned(a) => Some(a.reason()),
             Self::Overloaded(_) => Some(AbandonReason::Overloaded),
             Self::Store(_) => None,
+            Self::Quota(_) => Some(AbandonReason::QuotaExhausted),
         }
     }
 
@@ -216,6 +252,7 @@ impl AcquireError {
             Self::Abandoned(e) => e.into(),
             Self::Overloaded(e) => e.into(),
             Self::Store(e) => e.into(),
+            Self::Quota(e) => e.into(),
         }
     }
 }
@@ -226,6 +263,7 @@ impl fmt::Display for AcquireError {
             Self::Abandoned(e) => e.fmt(f),
             Self::Overloaded(e) => e.fmt(f),
             Self::Store(e) => e.fmt(f),
+            Self::Quota(e) => e.fmt(f),
         }
     }
 }
@@ -236,6 +274,7 @@ impl std::error::Error for AcquireError {
             Self::Abandoned(e) => Some(e),
             Self::Overloaded(e) => Some(e),
             Self::Store(e) => Some(e),
+            Self::Quota(e) => Some(e),
         }
     }
 }

@@ -58,6 +58,7 @@ pub mod classify;
 pub mod cooldown;
 pub mod error;
 pub mod headers;
+pub mod quota;
 pub mod retry;
 pub mod store;
 

@@ -44,6 +44,8 @@ impl Outcome {
                     Self::Abandoned(a.reason())
                 } else if e.is::<Overloaded>() {
                     Self::Abandoned(AbandonReason::Overloaded)
+                } else if e.is::<crate::error::QuotaExhausted>() {
+                    Self::Abandoned(AbandonReason::QuotaExhausted)
                 } else if e.is::<crate::error::UnrepresentableDelay>() {
                     Self::Abandoned(AbandonReason::UnrepresentableDelay)
                 } else {

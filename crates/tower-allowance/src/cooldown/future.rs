@@ -77,12 +77,19 @@ where
             .classify(response.status(), response.headers())
             != Classification::Throttled
         {
+            allowance.on_not_throttled();
             return Poll::Ready(Ok(response));
         }
         let delay = match headers::retry_after(response.headers()) {
-            Ok(Some(delay)) => delay,
-            // No usable Retry-After: no cooldown is invented.
-            Ok(None) => return Poll::Ready(Ok(response)),
+            Ok(Some(delay)) => {
+                allowance.on_throttled(true);
+                delay
+            }
+            // No usable Retry-After: no cooldown is invented; it may be a spent quota.
+            Ok(None) => {
+                allowance.on_throttled(false);
+                return Poll::Ready(Ok(response));
+            }
             Err(e) => {
                 allowance
                     .stats()

@@ -7,7 +7,10 @@ use tower::retry::Policy;
 use super::RetryConfig;
 use crate::{
     classify::{Classification, Classify, StatusClassifier},
-    error::{AbandonReason, Abandoned, Overloaded, StoreUnavailable, UnrepresentableDelay},
+    error::{
+        AbandonReason, Abandoned, Overloaded, QuotaExhausted, StoreUnavailable,
+        UnrepresentableDelay,
+    },
     extensions::Attempt,
     headers, Allowance, BoxError, Deadline,
 };
@@ -129,6 +132,7 @@ fn is_own_error(e: &BoxError) -> bool {
         || e.is::<Overloaded>()
         || e.is::<StoreUnavailable>()
         || e.is::<UnrepresentableDelay>()
+        || e.is::<QuotaExhausted>()
 }
 
 impl<B, RB, C> Policy<Request<B>, Response<RB>, BoxError> for RetryPolicy<C>
