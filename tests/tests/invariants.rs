@@ -1,0 +1,325 @@
+//! The allowance's guarantees as invariants, checked under random schedules (proptest)
+//! and a cancellation storm, in virtual time against the in-memory store.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use proptest::prelude::*;
+use tokio::time::Instant;
+use tower_allowance::{
+    error::AbandonReason, AcquireOptions, Allowance, AllowanceConfig, RetryBudgetConfig,
+};
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A caller arrives: a retry or not, with a deadline (ms from now) or not.
+    Arrive {
+        retry: bool,
+        deadline_ms: Option<u64>,
+    },
+    /// Cancel the k-th caller (modulo the number of callers), if still waiting.
+    Cancel(usize),
+    /// A 429 somewhere: cooldown of this many ms.
+    Defer(u64),
+    /// Time passes.
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<bool>(), proptest::option::of(0u64..3_000))
+            .prop_map(|(retry, deadline_ms)| Op::Arrive { retry, deadline_ms }),
+        1 => any::<usize>().prop_map(Op::Cancel),
+        1 => (0u64..4_000).prop_map(Op::Defer),
+        3 => (0u64..700).prop_map(Op::Advance),
+    ]
+}
+
+#[derive(Debug, Default)]
+struct Log {
+    /// Events so far (admissions and defers), to order same-instant events.
+    seq: usize,
+    /// (caller id, admitted at ms, event number)
+    admitted: Vec<(usize, u64, usize)>,
+    failed: Vec<(usize, Option<AbandonReason>)>,
+}
+
+async fn settle() {
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn check(ops: Vec<Op>, per_sec: u32, burst: u32, budget: u64) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let config = AllowanceConfig::per_second(per_sec, burst)
+            .expect("valid")
+            .with_retry_budget(RetryBudgetConfig::fixed(budget))
+            .with_max_waiters(10_000);
+        let interval_us = config.interval().as_micros() as u64;
+        let allowance = Allowance::new(config);
+        let start = Instant::now();
+        let ms = move || start.elapsed().as_millis() as u64;
+        let log = Arc::new(Mutex::new(Log::default()));
+        let mut tasks = Vec::new();
+        // (from event, until ms) windows during which nothing may be admitted.
+        let mut cooldowns: Vec<(usize, u64)> = Vec::new();
+        let mut last_until = Duration::ZERO;
+        let mut last_until_at = start;
+
+        for op in ops {
+            match op {
+                Op::Arrive { retry, deadline_ms } => {
+                    let id = tasks.len();
+                    let (a, log) = (allowance.clone(), log.clone());
+                    let mut options = AcquireOptions::new().retry(retry);
+                    if let Some(d) = deadline_ms {
+                        options = options.deadline(Instant::now() + Duration::from_millis(d));
+                    }
+                    tasks.push(tokio::spawn(async move {
+                        let result = a.acquire_with(options).await;
+                        let mut log = log.lock().expect("lock");
+                        log.seq += 1;
+                        let seq = log.seq;
+                        match result {
+                            Ok(()) => log.admitted.push((id, ms(), seq)),
+                            Err(e) => log.failed.push((id, e.abandon_reason())),
+                        }
+                    }));
+                }
+                Op::Cancel(k) => {
+                    if !tasks.is_empty() {
+                        tasks[k % tasks.len()].abort();
+                    }
+                }
+                Op::Defer(d) => {
+                    let now = ms();
+                    allowance
+                        .defer(Duration::from_millis(d))
+                        .await
+                        .expect("defer");
+                    let mut log = log.lock().expect("lock");
+                    log.seq += 1;
+                    cooldowns.push((log.seq, now + d));
+                }
+                // `sleep`, not `advance`: the paused clock then auto-advances timer by
+                // timer, so every waiter's timer fires at its exact instant.
+                Op::Advance(d) => tokio::time::sleep(Duration::from_millis(d)).await,
+            }
+            settle().await;
+            // The cooldown deadline never moves earlier.
+            let blocked = allowance.store_state().await.expect("state").blocked_for;
+            let until = Instant::now() + blocked;
+            prop_assert!(
+                until >= last_until_at + last_until,
+                "cooldown deadline moved earlier"
+            );
+            last_until = blocked;
+            last_until_at = Instant::now();
+        }
+        // Let every caller without a deadline finish.
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        let n = tasks.len();
+        for t in tasks {
+            let _ = t.await;
+        }
+        let log = log.lock().expect("lock");
+
+        // Admissions in any window of length w are at most burst + w / interval.
+        let times: Vec<u64> = log.admitted.iter().map(|(_, t, _)| *t).collect();
+        for i in 0..times.len() {
+            for j in i..times.len() {
+                let w_us = (times[j] - times[i]) * 1_000;
+                let bound = u64::from(burst) + w_us / interval_us;
+                prop_assert!(
+                    (j - i + 1) as u64 <= bound,
+                    "window bound broken: {times:?}"
+                );
+            }
+        }
+        // No admission after a defer and before its end.
+        for (_, t, seq) in &log.admitted {
+            for (from, until) in &cooldowns {
+                prop_assert!(
+                    !(*from < *seq && *t < *until),
+                    "admitted at {t} ms, before cooldown end {until}"
+                );
+            }
+        }
+        // FIFO: admissions happen in arrival order.
+        let ids: Vec<usize> = log.admitted.iter().map(|(id, _, _)| *id).collect();
+        prop_assert!(ids.windows(2).all(|w| w[0] < w[1]), "not FIFO: {ids:?}");
+        // A cancelled waiter never consumes a token: the allowance admitted exactly the
+        // callers that saw their admission.
+        let snap = allowance.snapshot();
+        prop_assert_eq!(snap.admitted, log.admitted.len() as u64);
+        // Retries spent never exceed the budget.
+        prop_assert!(snap.retries_spent <= budget);
+        prop_assert_eq!(snap.waiting, 0);
+        prop_assert!(log.admitted.len() + log.failed.len() <= n);
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_under_random_schedules(
+        ops in proptest::collection::vec(op(), 1..60),
+        per_sec in 1u32..20,
+        burst in 1u32..4,
+        budget in 0u64..6,
+    ) {
+        check(ops, per_sec, burst, budget)?;
+    }
+}
+
+/// 5,000 waiters; half dropped at random moments; deadlines expiring; cooldowns arriving.
+/// Every survivor is admitted, in order, and no token is lost: while anyone is waiting, the
+/// gap between admissions is one token interval, except where a cooldown ends.
+#[tokio::test(start_paused = true)]
+async fn cancellation_storm() {
+    const N: usize = 5_000;
+    let per_sec = 1_000; // 1 ms per token
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(per_sec, 1)
+            .expect("valid")
+            .with_max_waiters(N),
+    );
+    let start = Instant::now();
+    let log = Arc::new(Mutex::new(Vec::<(usize, u64, bool)>::new()));
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut tasks = Vec::with_capacity(N);
+    for id in 0..N {
+        let (a, log) = (allowance.clone(), log.clone());
+        // One in ten carries a deadline somewhere in the run.
+        let deadline = (next() % 10 == 0).then(|| start + Duration::from_millis(next() % 6_000));
+        tasks.push(tokio::spawn(async move {
+            let mut o = AcquireOptions::new();
+            if let Some(d) = deadline {
+                o = o.deadline(d);
+            }
+            let ok = a.acquire_with(o).await.is_ok();
+            log.lock()
+                .expect("lock")
+                .push((id, start.elapsed().as_micros() as u64, ok));
+        }));
+    }
+    tokio::task::yield_now().await;
+    let mut cooldown_ends = Vec::new();
+    let mut cancelled = vec![false; N];
+    for step in 0..2_500 {
+        let victim = (next() % N as u64) as usize;
+        if !cancelled[victim] {
+            tasks[victim].abort();
+            cancelled[victim] = true;
+        }
+        if step % 500 == 250 {
+            let d = Duration::from_millis(next() % 300);
+            let deferred = allowance.defer(d).await.expect("defer");
+            cooldown_ends.push((start.elapsed() + deferred.blocked_for).as_micros() as u64);
+        }
+        match next() % 3 {
+            0 => tokio::task::yield_now().await,
+            ms => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let log = log.lock().expect("lock").clone();
+    let admitted: Vec<(usize, u64)> = log.iter().filter(|e| e.2).map(|e| (e.0, e.1)).collect();
+    // Survivors without deadlines were all admitted.
+    let lost = (0..N)
+        .filter(|id| !cancelled[*id])
+        .filter(|id| !log.iter().any(|e| e.0 == *id))
+        .count();
+    assert_eq!(lost, 0, "every surviving waiter finished");
+    // In order.
+    assert!(
+        admitted.windows(2).all(|w| w[0].0 < w[1].0),
+        "FIFO among survivors"
+    );
+    // No token lost: gaps are one interval (1 ms), or end when a cooldown ends.
+    let mut stalls = Vec::new();
+    for w in admitted.windows(2) {
+        let gap = w[1].1 - w[0].1;
+        if gap > 1_000 && !cooldown_ends.contains(&w[1].1) {
+            stalls.push((w[0], w[1]));
+        }
+    }
+    assert!(
+        stalls.is_empty(),
+        "stalls: {:?}",
+        &stalls[..stalls.len().min(5)]
+    );
+    assert_eq!(
+        allowance.snapshot().admitted,
+        admitted.len() as u64,
+        "no token leaked to a cancelled waiter"
+    );
+    assert_eq!(allowance.snapshot().waiting, 0);
+    assert!(
+        admitted.len() > N / 4,
+        "a real storm: {} admitted",
+        admitted.len()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn absurd_values_are_typed_errors_never_panics() {
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+    // A delay past MAX_DELAY is refused, not clamped.
+    assert!(allowance.defer(Duration::MAX).await.is_err());
+    assert!(allowance
+        .defer(tower_allowance::MAX_DELAY + Duration::from_micros(1))
+        .await
+        .is_err());
+    assert_eq!(
+        allowance.store_state().await.expect("state").blocked_for,
+        Duration::ZERO
+    );
+    // The largest representable delay is kept whole.
+    allowance
+        .defer(tower_allowance::MAX_DELAY)
+        .await
+        .expect("representable");
+    assert_eq!(
+        allowance.store_state().await.expect("state").blocked_for,
+        tower_allowance::MAX_DELAY
+    );
+    // A deadline in the past or at `Duration::MAX` never panics.
+    let past = AcquireOptions::new().deadline(Instant::now());
+    assert_eq!(
+        allowance
+            .acquire_with(past)
+            .await
+            .expect_err("past")
+            .abandon_reason(),
+        Some(AbandonReason::Deadline)
+    );
+    let far = tower_allowance::Deadline::after(Duration::MAX);
+    assert!(far.instant() > Instant::now());
+    for (rate, period, burst) in [
+        (0, Duration::from_secs(1), 1),
+        (u32::MAX, Duration::from_nanos(1), 1),
+        (1, Duration::MAX, u32::MAX),
+        (u32::MAX, Duration::MAX, u32::MAX),
+    ] {
+        assert!(AllowanceConfig::new(rate, period, burst).is_err());
+    }
+}
