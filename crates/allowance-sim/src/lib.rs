@@ -12,5 +12,10 @@
 //! assert_eq!(rows[1].attempts, 8);  // one shared allowance
 //! ```
 
+pub mod cli;
 pub mod fake;
+pub mod live;
+pub mod report;
 pub mod scenario;
+pub mod timeline;
+pub mod upstream;

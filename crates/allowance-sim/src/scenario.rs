@@ -4,7 +4,7 @@
 //! with the library's `RetryPolicy` for the naive mode) against a [`FakeUpstream`], on a
 //! paused Tokio clock, so the figures are exact and repeatable.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
 
 use http::Request;
 use tokio::time::Instant;
@@ -14,7 +14,10 @@ use tower_allowance::{
     AllowanceLayer, BoxError, Deadline, Outcome, RetryBudgetConfig,
 };
 
-use crate::fake::{FakeConfig, FakeUpstream, Seen, WORKER_HEADER};
+use crate::{
+    fake::{FakeConfig, FakeUpstream, Seen, WORKER_HEADER},
+    report::JobEnd,
+};
 
 /// How workers coordinate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +28,57 @@ pub enum Mode {
     Shared,
     /// `n` independent allowances; worker `i` uses allowance `i % n`.
     Split(usize),
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Naive => f.write_str("naive"),
+            Self::Shared => f.write_str("shared"),
+            Self::Split(n) => write!(f, "split:{n}"),
+        }
+    }
+}
+
+/// A mode that is not `naive`, `shared` or `split:N` with `N` at least 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParseModeError(String);
+
+impl fmt::Display for ParseModeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid mode {:?}: expected naive, shared or split:N (N >= 1)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for ParseModeError {}
+
+impl FromStr for Mode {
+    type Err = ParseModeError;
+
+    /// Parses `naive`, `shared` or `split:N`.
+    ///
+    /// ```
+    /// use allowance_sim::scenario::Mode;
+    ///
+    /// assert_eq!("split:2".parse(), Ok(Mode::Split(2)));
+    /// assert!("split:0".parse::<Mode>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "naive" => Ok(Self::Naive),
+            "shared" => Ok(Self::Shared),
+            _ => s
+                .strip_prefix("split:")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| *n >= 1)
+                .map(Self::Split)
+                .ok_or_else(|| ParseModeError(s.to_owned())),
+        }
+    }
 }
 
 /// One scenario.
@@ -86,6 +140,8 @@ pub struct Report {
     pub makespan_ms: u64,
     /// Every attempt the server saw.
     pub timeline: Vec<Seen>,
+    /// How and when each job ended, by worker.
+    pub ends: Vec<JobEnd>,
 }
 
 impl Report {
@@ -161,7 +217,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
             }
         };
         tasks.push(tokio::spawn(async move {
-            let mut outcomes: Vec<Outcome> = Vec::new();
+            let mut outcomes: Vec<(Outcome, Instant)> = Vec::new();
             for _job in (worker..jobs).step_by(workers) {
                 let mut req = Request::new(String::new());
                 req.headers_mut().insert(WORKER_HEADER, worker_id.into());
@@ -169,9 +225,9 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                     req.extensions_mut().insert(Deadline::after(d));
                 }
                 let result = service.clone().oneshot(req).await;
-                outcomes.push(Outcome::of(&result));
+                outcomes.push((Outcome::of(&result), Instant::now()));
             }
-            (outcomes, Instant::now())
+            (worker_id, outcomes, Instant::now())
         }));
     }
 
@@ -184,12 +240,15 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
         last_attempt_ms: 0,
         makespan_ms: 0,
         timeline: Vec::new(),
+        ends: Vec::new(),
     };
     let mut finished = start;
     for task in tasks {
-        let (outcomes, done) = task.await?;
+        let (worker, outcomes, done) = task.await?;
         finished = finished.max(done);
-        for outcome in outcomes {
+        for (outcome, at) in outcomes {
+            let at_ms = u64::try_from(at.duration_since(start).as_millis()).unwrap_or(u64::MAX);
+            report.ends.push(JobEnd::new(worker, at_ms, outcome));
             match outcome {
                 Outcome::Completed => report.completed += 1,
                 Outcome::Abandoned(reason) => {

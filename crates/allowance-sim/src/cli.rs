@@ -1,0 +1,495 @@
+//! The `allowance-sim` command line, as a library so tests can drive it in-process.
+//!
+//! ```
+//! use allowance_sim::cli::{execute, Cli};
+//! use clap::Parser;
+//!
+//! let cli = Cli::try_parse_from(["allowance-sim", "run", "--mode", "shared", "--virtual", "--json"])?;
+//! let mut out = Vec::new();
+//! execute(cli, &mut out)?;
+//! let report: serde_json::Value = serde_json::from_slice(&out)?;
+//! assert_eq!(report["attempts"], 8);
+//! assert_eq!(report["rejected"], 0);
+//! # Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+//! ```
+
+use std::{
+    io::{IsTerminal, Write},
+    path::PathBuf,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use clap::{Args, Parser, Subcommand};
+use tower_allowance::BoxError;
+
+use crate::{
+    fake::FakeConfig,
+    live::{self, Target},
+    report::RunReport,
+    scenario::{self, Mode, Scenario},
+    timeline,
+    upstream::{RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
+};
+
+/// Lanes beyond which the ASCII timeline is left out (it would not fit a screen).
+const MAX_ASCII_LANES: usize = 40;
+
+/// Eight workers, one API key: watch them fight over it, then share it.
+///
+/// Every run reports what the *server* saw: attempts, 429s, completed and abandoned jobs,
+/// the makespan against the theoretical minimum, and the achieved rate.
+#[derive(Debug, Parser)]
+#[command(
+    name = "allowance-sim",
+    version,
+    after_help = "Start here:\n  allowance-sim seed                          the seed article's table, in virtual time\n  allowance-sim run --mode naive --real       eight workers over real HTTP, each retrying alone\n  allowance-sim run --mode shared --real      the same eight sharing one allowance\n  allowance-sim serve                         the throttling upstream alone\n  allowance-sim http --url URL --header 'X-API-Key: k' --rate 2 --burst 2\n                                              the same workers against your own endpoint"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The seed article's table: eight workers, one key, four scenarios, in virtual time.
+    Seed {
+        /// Print the rows as a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Any scenario against the built-in throttling upstream, in virtual or real time.
+    ///
+    /// The upstream and the allowance get the same --burst and --rate (a matching allowance).
+    Run(RunArgs),
+    /// Run the throttling upstream alone (GET /v1/events/{id}/odds/snapshot, GET /v1/usage).
+    Serve(ServeArgs),
+    /// The same workers and stack against any HTTP endpoint: one GET per job.
+    ///
+    /// Counts come from the responses the workers received. `{job}` in the URL is replaced
+    /// by the job's number.
+    Http(HttpArgs),
+}
+
+/// The workers and the allowance they use.
+#[derive(Clone, Debug, Args)]
+pub struct Workload {
+    /// How workers coordinate: naive (each retries alone, honouring Retry-After), shared (one
+    /// allowance), or split:N (N independent allowances).
+    #[arg(long, default_value = "shared", value_name = "naive|shared|split:N")]
+    pub mode: Mode,
+    /// Concurrent workers.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub workers: u32,
+    /// Jobs in total, one request each, shared round-robin among the workers.
+    #[arg(long, default_value_t = 8)]
+    pub jobs: usize,
+    /// Requests that may go back to back (the allowance's burst).
+    #[arg(long, default_value_t = 2)]
+    pub burst: u32,
+    /// Requests per second (the allowance's rate).
+    #[arg(long, default_value_t = 2)]
+    pub rate: u32,
+    /// Attempts per job, counting the first.
+    #[arg(long, default_value_t = 10)]
+    pub max_attempts: u32,
+    /// Retries the whole group may make (shared and split modes); unlimited if absent.
+    #[arg(long)]
+    pub retry_budget: Option<u64>,
+    /// Give up on a job that cannot finish within this long of its start (e.g. 1500ms, 2s).
+    #[arg(long, value_parser = parse_duration)]
+    pub deadline: Option<Duration>,
+    /// Print one JSON object with the run's figures instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw the run to this SVG file: one lane per worker.
+    #[arg(long, value_name = "FILE.svg")]
+    pub timeline: Option<PathBuf>,
+}
+
+/// Arguments of `run`.
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// The workers and the allowance.
+    #[command(flatten)]
+    pub workload: Workload,
+    /// What the upstream's 429s say: N (seconds), date:N (an HTTP-date N seconds ahead;
+    /// virtual runs treat it as N seconds), or none.
+    #[arg(long, default_value = "1", value_parser = parse_retry_after)]
+    pub retry_after: RetryAfterMode,
+    /// Virtual time: an in-process upstream on a paused clock; exact and instant (default).
+    #[arg(long = "virtual", conflicts_with = "real")]
+    pub virtual_time: bool,
+    /// Real time: an HTTP upstream on loopback, real sockets, real waits.
+    #[arg(long)]
+    pub real: bool,
+}
+
+/// Arguments of `serve`.
+#[derive(Clone, Debug, Args)]
+pub struct ServeArgs {
+    /// Bucket capacity per key.
+    #[arg(long, default_value_t = 2)]
+    pub burst: u32,
+    /// Refill per key, requests per second.
+    #[arg(long, default_value_t = 2)]
+    pub rate: u32,
+    /// What 429s say: N (seconds), date:N (an HTTP-date N seconds ahead), or none.
+    #[arg(long, default_value = "1", value_parser = parse_retry_after)]
+    pub retry_after: RetryAfterMode,
+    /// An accepted API key (repeatable).
+    #[arg(long = "key", default_value = DEFAULT_KEY)]
+    pub keys: Vec<String>,
+    /// Monthly credits per key; once spent, every snapshot is a 429 without Retry-After.
+    #[arg(long)]
+    pub quota: Option<u64>,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+}
+
+/// Arguments of `http`.
+#[derive(Clone, Debug, Args)]
+pub struct HttpArgs {
+    /// The URL to GET, once per job; `{job}` is replaced by the job's number.
+    #[arg(long)]
+    pub url: String,
+    /// A header for every request, as 'Name: value' (repeatable).
+    #[arg(long = "header", short = 'H')]
+    pub headers: Vec<String>,
+    /// The workers and the allowance.
+    #[command(flatten)]
+    pub workload: Workload,
+}
+
+/// Parses `1500ms`, `2s`, `1.5s` or a bare number of seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {s:?}: use e.g. 1500ms, 2s or 1.5");
+    if let Some(ms) = s.strip_suffix("ms") {
+        return ms
+            .trim()
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|_| bad());
+    }
+    let secs: f64 = s
+        .strip_suffix('s')
+        .unwrap_or(s)
+        .trim()
+        .parse()
+        .map_err(|_| bad())?;
+    Duration::try_from_secs_f64(secs).map_err(|_| bad())
+}
+
+/// Parses `N`, `date:N` or `none`.
+fn parse_retry_after(s: &str) -> Result<RetryAfterMode, String> {
+    let bad = || format!("invalid retry-after {s:?}: use N (seconds), date:N or none");
+    match s {
+        "none" | "absent" => Ok(RetryAfterMode::Absent),
+        _ => match s.strip_prefix("date:") {
+            Some(n) => n.parse().map(RetryAfterMode::HttpDate).map_err(|_| bad()),
+            None => s.parse().map(RetryAfterMode::Seconds).map_err(|_| bad()),
+        },
+    }
+}
+
+impl Workload {
+    /// The scenario these arguments describe, with a matching upstream.
+    pub fn scenario(&self, retry_after: RetryAfterMode) -> Scenario {
+        let retry_after_secs = match retry_after {
+            RetryAfterMode::Seconds(n) | RetryAfterMode::HttpDate(n) => Some(n),
+            RetryAfterMode::Absent => None,
+        };
+        Scenario {
+            mode: self.mode,
+            workers: self.workers as usize,
+            jobs: self.jobs,
+            upstream: FakeConfig {
+                burst: self.burst,
+                rate_per_sec: self.rate,
+                retry_after_secs,
+                always_reject: false,
+            },
+            burst: self.burst,
+            rate_per_sec: self.rate,
+            max_attempts: self.max_attempts,
+            retry_budget: self.retry_budget,
+            deadline: self.deadline,
+        }
+    }
+}
+
+/// Runs the parsed command, writing its report to `out`.
+///
+/// # Errors
+///
+/// Invalid settings, a port that cannot be bound, a URL that does not parse, or `out`
+/// failing.
+pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
+    match cli.command {
+        Command::Seed { json } => seed(json, out),
+        Command::Run(args) => {
+            let s = args.workload.scenario(args.retry_after);
+            let report = if args.real {
+                let rt = real_runtime()?;
+                let progress = Progress::maybe(&rt, &s, out_is_terminal());
+                let counter = progress.as_ref().map(|p| p.done.clone());
+                let report = rt.block_on(live::run_real_with_progress(
+                    &s,
+                    Some(args.retry_after),
+                    counter,
+                ));
+                drop(progress);
+                report?
+            } else {
+                RunReport::from_virtual(&s, &scenario::run_virtual(&s)?)
+            };
+            let what = if args.real {
+                "real time, over HTTP on loopback"
+            } else {
+                "virtual time, in-process upstream"
+            };
+            let upstream = format!(
+                "upstream: burst {} at {}/s, 429s with {}",
+                s.burst,
+                s.rate_per_sec,
+                describe_retry_after(args.retry_after)
+            );
+            print_report(&report, &args.workload, what, &upstream, out)
+        }
+        Command::Http(args) => {
+            let s = args.workload.scenario(RetryAfterMode::Absent);
+            let mut target = Target::new(args.url.clone());
+            for line in &args.headers {
+                target = target.header_line(line)?;
+            }
+            let rt = real_runtime()?;
+            let progress = Progress::maybe(&rt, &s, out_is_terminal());
+            let counter = progress.as_ref().map(|p| p.done.clone());
+            let report = rt.block_on(live::run_http(&s, &target, counter));
+            drop(progress);
+            let upstream = format!("target: GET {}", args.url);
+            print_report(
+                &report?,
+                &args.workload,
+                "real time, counted from the responses received",
+                &upstream,
+                out,
+            )
+        }
+        Command::Serve(args) => serve(args, out),
+    }
+}
+
+fn out_is_terminal() -> bool {
+    std::io::stdout().is_terminal()
+}
+
+fn real_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+}
+
+fn describe_retry_after(mode: RetryAfterMode) -> String {
+    match mode {
+        RetryAfterMode::Seconds(n) => format!("Retry-After: {n}"),
+        RetryAfterMode::HttpDate(n) => format!("an HTTP-date Retry-After {n} s ahead"),
+        RetryAfterMode::Absent => "no Retry-After".to_owned(),
+    }
+}
+
+fn seed(json: bool, out: &mut dyn Write) -> Result<(), BoxError> {
+    let rows = scenario::seed_table();
+    if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&rows)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "Eight workers share one key (upstream: burst 2, 2 req/s, 429 with Retry-After: 1), virtual time\n"
+    )?;
+    writeln!(
+        out,
+        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
+        "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
+            r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
+        )?;
+    }
+    Ok(())
+}
+
+fn print_report(
+    report: &RunReport,
+    w: &Workload,
+    clock: &str,
+    upstream: &str,
+    out: &mut dyn Write,
+) -> Result<(), BoxError> {
+    if let Some(path) = &w.timeline {
+        let title = format!(
+            "{} ({} workers, {} jobs)",
+            report.scenario, w.workers, w.jobs
+        );
+        std::fs::write(path, timeline::svg(&[(&title, report)]))?;
+    }
+    if w.json {
+        writeln!(out, "{}", serde_json::to_string(report)?)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{} workers, {} jobs, mode {}; allowance: burst {} at {}/s; {}; {}\n",
+        w.workers, w.jobs, report.scenario, report.burst, report.rate_per_sec, upstream, clock
+    )?;
+    writeln!(out, "{}", RunReport::header())?;
+    writeln!(out, "{}", report.row())?;
+    if report.abandoned > 0 {
+        let reasons: Vec<String> = report
+            .abandoned_by_reason
+            .iter()
+            .map(|(reason, n)| format!("{reason}: {n}"))
+            .collect();
+        writeln!(out, "abandoned by reason: {}", reasons.join(", "))?;
+    }
+    writeln!(
+        out,
+        "attempts and 429s counted by the {}",
+        report.counted_by
+    )?;
+    if report.timeline.workers <= MAX_ASCII_LANES {
+        writeln!(out, "\n{}", timeline::ascii(&report.timeline, 0, 64))?;
+        writeln!(out, "{}", timeline::ASCII_LEGEND)?;
+    }
+    if let Some(path) = &w.timeline {
+        writeln!(out, "timeline written to {}", path.display())?;
+    }
+    Ok(())
+}
+
+fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
+    let config = UpstreamConfig {
+        burst: args.burst,
+        rate_per_sec: args.rate,
+        retry_after: args.retry_after,
+        keys: args.keys.clone(),
+        quota: args.quota,
+    };
+    let rt = real_runtime()?;
+    rt.block_on(async {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
+        let upstream = Upstream::start_on(config, addr).await?;
+        writeln!(out, "{}", upstream.url())?;
+        writeln!(
+            out,
+            "serving: burst {} at {}/s per key, 429s with {}, keys {:?}{}; Ctrl-C to stop",
+            args.burst,
+            args.rate,
+            describe_retry_after(args.retry_after),
+            args.keys,
+            args.quota
+                .map_or(String::new(), |q| format!(", quota {q} credits")),
+        )?;
+        writeln!(
+            out,
+            "try: curl -i -H 'X-API-Key: {}' {}",
+            args.keys.first().map_or(DEFAULT_KEY, String::as_str),
+            upstream.snapshot_url("e1")
+        )?;
+        out.flush()?;
+        tokio::signal::ctrl_c().await?;
+        let log = upstream.log();
+        upstream.shutdown().await;
+        let rejected = log.iter().filter(|r| r.status == 429).count();
+        writeln!(
+            out,
+            "stopped: saw {} requests, {} of them 429",
+            log.len(),
+            rejected
+        )?;
+        Ok(())
+    })
+}
+
+/// A one-line progress display on stderr, for real-time runs on a terminal that will take
+/// more than a couple of seconds. Stops (and clears its line) on drop.
+struct Progress {
+    done: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    fn maybe(rt: &tokio::runtime::Runtime, s: &Scenario, terminal: bool) -> Option<Self> {
+        if !terminal || live::expected_duration(s) < Duration::from_secs(2) {
+            return None;
+        }
+        let done = Arc::new(AtomicUsize::new(0));
+        let (counter, total) = (done.clone(), s.jobs.max(1));
+        let task = rt.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                let n = counter.load(Ordering::Relaxed).min(total);
+                let filled = n * 30 / total;
+                let mut err = std::io::stderr();
+                let _ = write!(
+                    err,
+                    "\r[{}{}] {n}/{total} jobs",
+                    "#".repeat(filled),
+                    " ".repeat(30 - filled)
+                );
+                let _ = err.flush();
+            }
+        });
+        Some(Self { done, task })
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = write!(std::io::stderr(), "\r{}\r", " ".repeat(50));
+    }
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations_and_retry_after() {
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_retry_after("3"), Ok(RetryAfterMode::Seconds(3)));
+        assert_eq!(parse_retry_after("date:2"), Ok(RetryAfterMode::HttpDate(2)));
+        assert_eq!(parse_retry_after("none"), Ok(RetryAfterMode::Absent));
+        assert!(parse_retry_after("later").is_err());
+    }
+
+    #[test]
+    fn help_reads_well() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("allowance-sim seed"));
+    }
+}

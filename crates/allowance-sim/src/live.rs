@@ -1,0 +1,326 @@
+//! Workers over real HTTP, in real time: the same stacks as [`scenario`](crate::scenario),
+//! around a pooled [`hyper_util::client::legacy::Client`].
+//!
+//! [`run_real`] starts an [`Upstream`] on loopback, runs the workers against it and counts
+//! attempts from the *server's* log; [`run_http`] runs them against any URL and counts what
+//! came back.
+//!
+//! ```no_run
+//! use allowance_sim::{live, scenario::{Mode, Scenario}};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let report = live::run_real(&Scenario::seed(Mode::Shared), None).await?;
+//! assert_eq!((report.attempts, report.rejected), (8, 0));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use tokio::time::Instant;
+use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
+use tower_allowance::{
+    headers, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig, AllowanceLayer,
+    BoxError, Deadline, Outcome, RetryBudgetConfig,
+};
+
+use crate::{
+    fake::{FakeConfig, WORKER_HEADER},
+    report::{JobEnd, Mark, RunReport, Timeline},
+    scenario::{Mode, Scenario},
+    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+};
+
+/// The client every worker's stack wraps: HTTP/1.1, pooled, no TLS.
+pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// A new [`HttpClient`].
+pub fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Where the workers send their GETs.
+#[derive(Clone, Debug)]
+pub struct Target {
+    url: String,
+    headers: HeaderMap,
+    worker_header: bool,
+}
+
+impl Target {
+    /// One GET per job to `url`; `{job}` in it is replaced by the job's number.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            headers: HeaderMap::new(),
+            worker_header: false,
+        }
+    }
+
+    /// Snapshots of events `e0`, `e1`, ... from `upstream`, with `key`, telling it which
+    /// worker sent each attempt (the `x-worker` header) so its log can be drawn by lane.
+    ///
+    /// # Errors
+    ///
+    /// A key that is not a valid header value.
+    pub fn upstream(upstream: &Upstream, key: &str) -> Result<Self, BoxError> {
+        let mut target = Self::new(upstream.snapshot_url("e{job}")).header(API_KEY_HEADER, key)?;
+        target.worker_header = true;
+        Ok(target)
+    }
+
+    /// Adds a header to every request.
+    ///
+    /// # Errors
+    ///
+    /// An invalid header name or value.
+    pub fn header(mut self, name: &str, value: &str) -> Result<Self, BoxError> {
+        let name = HeaderName::from_bytes(name.trim().as_bytes())?;
+        let value = HeaderValue::from_str(value.trim())?;
+        self.headers.append(name, value);
+        Ok(self)
+    }
+
+    /// Adds a header given as `"Name: value"`.
+    ///
+    /// # Errors
+    ///
+    /// No colon, or an invalid name or value.
+    pub fn header_line(self, line: &str) -> Result<Self, BoxError> {
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| format!("header {line:?} is not of the form 'Name: value'"))?;
+        self.header(name, value)
+    }
+
+    /// The URL of one job.
+    pub fn url_for(&self, job: usize) -> String {
+        self.url.replace("{job}", &job.to_string())
+    }
+
+    fn request(&self, job: usize, worker: u32) -> Result<Request<Empty<Bytes>>, BoxError> {
+        let mut req = Request::get(self.url_for(job)).body(Empty::new())?;
+        req.headers_mut().extend(self.headers.clone());
+        req.extensions_mut().insert(Worker(worker));
+        if self.worker_header {
+            req.headers_mut().insert(WORKER_HEADER, worker.into());
+        }
+        Ok(req)
+    }
+}
+
+/// Which worker a request belongs to, for the client-side log.
+#[derive(Clone, Copy, Debug)]
+struct Worker(u32);
+
+type Svc = BoxCloneService<Request<Empty<Bytes>>, Response<Bytes>, BoxError>;
+
+fn ms_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The client, reading each body to the end and logging each attempt as it comes back.
+fn observed(client: HttpClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -> Svc {
+    Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        let client = client.clone();
+        let marks = marks.clone();
+        async move {
+            let worker = req.extensions().get::<Worker>().map_or(0, |w| w.0);
+            let at_ms = ms_since(start);
+            let record = |status: u16, headers: Option<&HeaderMap>| {
+                let retry_after_ms = headers
+                    .and_then(|h| headers::retry_after(h).ok().flatten())
+                    .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+                marks
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(Mark {
+                        worker,
+                        at_ms,
+                        status,
+                        retry_after_ms,
+                    });
+            };
+            match client.request(req).await {
+                Ok(res) => {
+                    let (parts, body) = res.into_parts();
+                    record(parts.status.as_u16(), Some(&parts.headers));
+                    let body = body.collect().await?.to_bytes();
+                    Ok(Response::from_parts(parts, body))
+                }
+                Err(e) => {
+                    record(0, None);
+                    Err(BoxError::from(e))
+                }
+            }
+        }
+    }))
+}
+
+fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
+    let budget = s
+        .retry_budget
+        .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
+    let config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
+        .with_retry_budget(budget)
+        .with_max_waiters(s.workers.max(1));
+    Ok(Allowance::new(config))
+}
+
+/// Runs `s`'s workers against `target` in real time; attempts are counted as the client
+/// saw them (`counted_by: "client"`). `s.upstream` is not used.
+///
+/// `progress`, if given, is incremented as each job ends.
+///
+/// # Errors
+///
+/// A configuration the library rejects, or a URL that does not parse.
+pub async fn run_http(
+    s: &Scenario,
+    target: &Target,
+    progress: Option<Arc<AtomicUsize>>,
+) -> Result<RunReport, BoxError> {
+    // Fail early on a bad URL rather than once per job.
+    target.request(0, 0)?;
+    let retry = RetryConfig::default()
+        .with_max_attempts(s.max_attempts)?
+        .with_jitter_seed(1);
+    let allowances: Vec<Allowance> = match s.mode {
+        Mode::Naive => Vec::new(),
+        Mode::Shared => vec![allowance_for(s)?],
+        Mode::Split(n) => (0..n.max(1))
+            .map(|_| allowance_for(s))
+            .collect::<Result<_, _>>()?,
+    };
+    let marks = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let inner = observed(http_client(), marks.clone(), start);
+
+    let mut tasks = Vec::with_capacity(s.workers);
+    for worker in 0..s.workers {
+        let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
+        let service = match s.mode {
+            // Its own retry loop honouring Retry-After, and nothing shared.
+            Mode::Naive => Svc::new(Retry::new(
+                RetryPolicy::new(allowance_for(s)?, retry.clone()),
+                inner.clone(),
+            )),
+            Mode::Shared | Mode::Split(_) => Svc::new(
+                ServiceBuilder::new()
+                    .layer(AllowanceLayer::new(
+                        allowances[worker % allowances.len()].clone(),
+                        retry.clone(),
+                    ))
+                    .service(inner.clone()),
+            ),
+        };
+        let target = target.clone();
+        let (jobs, workers, deadline) = (s.jobs, s.workers, s.deadline);
+        let progress = progress.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ends = Vec::new();
+            for job in (worker..jobs).step_by(workers) {
+                let mut req = target.request(job, worker_id)?;
+                if let Some(d) = deadline {
+                    req.extensions_mut().insert(Deadline::after(d));
+                }
+                let result = service.clone().oneshot(req).await;
+                ends.push(JobEnd::new(
+                    worker_id,
+                    ms_since(start),
+                    Outcome::of(&result),
+                ));
+                if let Some(p) = &progress {
+                    p.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, BoxError>(ends)
+        }));
+    }
+    let mut ends = Vec::with_capacity(s.jobs);
+    for task in tasks {
+        ends.extend(task.await??);
+    }
+    let makespan = start.elapsed();
+    let mut attempts = std::mem::take(&mut *marks.lock().unwrap_or_else(PoisonError::into_inner));
+    attempts.sort_by_key(|m| m.at_ms);
+    let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
+    Ok(RunReport::new(s, "real", "client", timeline, makespan))
+}
+
+/// The [`UpstreamConfig`] matching a scenario's [`FakeConfig`]: same bucket and
+/// `Retry-After` seconds; `always_reject` becomes a spent quota (429s without `Retry-After`).
+pub fn upstream_config(fake: &FakeConfig) -> UpstreamConfig {
+    let retry_after = fake
+        .retry_after_secs
+        .map_or(RetryAfterMode::Absent, RetryAfterMode::Seconds);
+    let config = UpstreamConfig::new(fake.burst, fake.rate_per_sec).with_retry_after(retry_after);
+    if fake.always_reject {
+        config.with_quota(0)
+    } else {
+        config
+    }
+}
+
+/// Starts an [`Upstream`] for `s` on loopback (with `retry_after` if given, else
+/// `s.upstream`'s seconds), runs the workers against it over real HTTP, stops it, and
+/// reports the attempts and 429s from the server's own log (`counted_by: "server"`).
+///
+/// # Errors
+///
+/// The upstream could not bind, or as [`run_http`].
+pub async fn run_real(
+    s: &Scenario,
+    retry_after: Option<RetryAfterMode>,
+) -> Result<RunReport, BoxError> {
+    run_real_with_progress(s, retry_after, None).await
+}
+
+/// [`run_real`] with a job counter for progress display.
+///
+/// # Errors
+///
+/// As [`run_real`].
+pub async fn run_real_with_progress(
+    s: &Scenario,
+    retry_after: Option<RetryAfterMode>,
+    progress: Option<Arc<AtomicUsize>>,
+) -> Result<RunReport, BoxError> {
+    let mut config = upstream_config(&s.upstream);
+    if let Some(mode) = retry_after {
+        config.retry_after = mode;
+    }
+    let upstream = Upstream::start(config).await?;
+    let target = Target::upstream(&upstream, DEFAULT_KEY)?;
+    let result = run_http(s, &target, progress).await;
+    let seen = upstream.log();
+    upstream.shutdown().await;
+    let mut report = result?;
+    report.counted_by = "server";
+    report.attempts = seen.len();
+    report.rejected = seen.iter().filter(|r| r.status == 429).count();
+    Ok(report)
+}
+
+/// How long a real run of `s` should take at least, for deciding whether to show progress.
+pub fn expected_duration(s: &Scenario) -> Duration {
+    Duration::from_millis(crate::report::min_makespan_ms(
+        s.jobs,
+        s.burst,
+        s.rate_per_sec,
+    ))
+}

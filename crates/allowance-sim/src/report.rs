@@ -1,0 +1,295 @@
+//! What a run reports, in virtual or real time: counts, makespan, rates and a timeline.
+//!
+//! A [`RunReport`] serialises (with `--json`) to one object with the keys `attempts`,
+//! `rejected`, `completed`, `abandoned`, `abandoned_by_reason`, `failed`, `makespan_ms`,
+//! `min_makespan_ms`, `last_attempt_ms`, `achieved_rate_per_sec` and the run's parameters.
+//! Its [`Timeline`] feeds the ASCII and SVG pictures in [`crate::timeline`].
+
+use std::{collections::BTreeMap, time::Duration};
+
+use tower_allowance::Outcome;
+
+use crate::scenario::{Mode, Report, Scenario};
+
+/// One attempt, as seen by the server (virtual runs, runs against [`crate::upstream`]) or by
+/// the client (runs against any other endpoint).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Mark {
+    /// The worker that sent it.
+    pub worker: u32,
+    /// Milliseconds from the start of the run.
+    pub at_ms: u64,
+    /// The status that came back; 0 when no response arrived (transport error).
+    pub status: u16,
+    /// The `Retry-After` delay it carried, in ms, if any.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// How one job ended.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JobEnd {
+    /// The worker that ran it.
+    pub worker: u32,
+    /// Milliseconds from the start of the run.
+    pub at_ms: u64,
+    /// `"completed"`, `"failed"`, or the abandonment reason (`"max_attempts"`, ...).
+    pub outcome: &'static str,
+}
+
+impl JobEnd {
+    /// A job end from a stack's [`Outcome`].
+    pub fn new(worker: u32, at_ms: u64, outcome: Outcome) -> Self {
+        let outcome = match outcome {
+            Outcome::Completed => "completed",
+            Outcome::Abandoned(reason) => reason.as_str(),
+            Outcome::Failed => "failed",
+        };
+        Self {
+            worker,
+            at_ms,
+            outcome,
+        }
+    }
+
+    /// Whether the job was abandoned.
+    pub fn is_abandoned(&self) -> bool {
+        self.outcome != "completed" && self.outcome != "failed"
+    }
+}
+
+/// A stretch of time during which some lanes were told to wait (a `Retry-After`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Window {
+    /// The workers that had to wait.
+    pub workers: Vec<u32>,
+    /// Start, ms from the start of the run.
+    pub from_ms: u64,
+    /// End, ms from the start of the run.
+    pub to_ms: u64,
+}
+
+/// Everything needed to draw a run: one lane per worker.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Timeline {
+    /// Number of lanes.
+    pub workers: usize,
+    /// Every attempt, in order.
+    pub attempts: Vec<Mark>,
+    /// Every job's end.
+    pub ends: Vec<JobEnd>,
+    /// Cooldown windows: shared ones span every lane of the allowance, a naive worker's
+    /// only its own.
+    pub cooldowns: Vec<Window>,
+}
+
+impl Timeline {
+    /// Builds a timeline, deriving the cooldown windows from each 429's `Retry-After`: in
+    /// `naive` mode a window covers the worker that got the 429, otherwise every worker
+    /// sharing its allowance.
+    pub fn new(mode: Mode, workers: usize, attempts: Vec<Mark>, ends: Vec<JobEnd>) -> Self {
+        let lanes = u32::try_from(workers).unwrap_or(u32::MAX);
+        let cooldowns = attempts
+            .iter()
+            .filter(|m| m.status == 429)
+            .filter_map(|m| {
+                let wait = m.retry_after_ms?;
+                let workers = match mode {
+                    Mode::Naive => vec![m.worker],
+                    Mode::Shared => (0..lanes).collect(),
+                    Mode::Split(n) => {
+                        let n = u32::try_from(n.max(1)).unwrap_or(u32::MAX);
+                        (0..lanes).filter(|w| w % n == m.worker % n).collect()
+                    }
+                };
+                Some(Window {
+                    workers,
+                    from_ms: m.at_ms,
+                    to_ms: m.at_ms.saturating_add(wait),
+                })
+            })
+            .collect();
+        Self {
+            workers,
+            attempts,
+            ends,
+            cooldowns,
+        }
+    }
+
+    /// The last moment anything happened, in ms.
+    pub fn end_ms(&self) -> u64 {
+        let attempts = self.attempts.iter().map(|m| m.at_ms);
+        let ends = self.ends.iter().map(|e| e.at_ms);
+        let cooldowns = self.cooldowns.iter().map(|w| w.to_ms);
+        attempts.chain(ends).chain(cooldowns).max().unwrap_or(0)
+    }
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RunReport {
+    /// The mode: `naive`, `shared` or `split:N`.
+    pub scenario: String,
+    /// `virtual` or `real`.
+    pub clock: &'static str,
+    /// Who counted the attempts: `server` (its own log) or `client` (what came back).
+    pub counted_by: &'static str,
+    /// Concurrent workers.
+    pub workers: usize,
+    /// Jobs in total.
+    pub jobs: usize,
+    /// The allowance's (and, for runs against our upstream, the server's) burst.
+    pub burst: u32,
+    /// The allowance's rate per second.
+    pub rate_per_sec: u32,
+    /// Attempts the server saw.
+    pub attempts: usize,
+    /// Of those, 429s.
+    pub rejected: usize,
+    /// Jobs that completed with a final response.
+    pub completed: usize,
+    /// Jobs abandoned, for any reason.
+    pub abandoned: usize,
+    /// Jobs abandoned, by reason.
+    pub abandoned_by_reason: BTreeMap<&'static str, usize>,
+    /// Jobs that failed otherwise (transport errors).
+    pub failed: usize,
+    /// Until the last job finished, in ms.
+    pub makespan_ms: u64,
+    /// The theoretical minimum makespan for this many jobs at this allowance:
+    /// `(jobs - burst) * interval`, floored at 0.
+    pub min_makespan_ms: u64,
+    /// Time of the last attempt, in ms from the start.
+    pub last_attempt_ms: u64,
+    /// Successful attempts per second after the initial burst (successes beyond `burst`
+    /// over the time from the first success to the last); 0 when there were too few.
+    pub achieved_rate_per_sec: f64,
+    /// The run drawn as lanes (not serialised).
+    #[serde(skip)]
+    pub timeline: Timeline,
+}
+
+impl RunReport {
+    /// A report from the attempts and job ends of a run of `s` that took `makespan`.
+    pub fn new(
+        s: &Scenario,
+        clock: &'static str,
+        counted_by: &'static str,
+        timeline: Timeline,
+        makespan: Duration,
+    ) -> Self {
+        let mut abandoned_by_reason = BTreeMap::new();
+        let (mut completed, mut failed) = (0, 0);
+        for end in &timeline.ends {
+            match end.outcome {
+                "completed" => completed += 1,
+                "failed" => failed += 1,
+                reason => *abandoned_by_reason.entry(reason).or_default() += 1,
+            }
+        }
+        let ok: Vec<u64> = timeline
+            .attempts
+            .iter()
+            .filter(|m| (200..300).contains(&m.status))
+            .map(|m| m.at_ms)
+            .collect();
+        let span_ms = match (ok.iter().min(), ok.iter().max()) {
+            (Some(first), Some(last)) => last - first,
+            _ => 0,
+        };
+        let beyond_burst = ok.len().saturating_sub(s.burst as usize);
+        let achieved_rate_per_sec = if span_ms > 0 && beyond_burst > 0 {
+            // Exact enough: counts and spans are far below 2^52.
+            let rate = beyond_burst as f64 * 1000.0 / span_ms as f64;
+            (rate * 100.0).round() / 100.0
+        } else {
+            0.0
+        };
+        Self {
+            scenario: s.mode.to_string(),
+            clock,
+            counted_by,
+            workers: s.workers,
+            jobs: s.jobs,
+            burst: s.burst,
+            rate_per_sec: s.rate_per_sec,
+            attempts: timeline.attempts.len(),
+            rejected: timeline.attempts.iter().filter(|m| m.status == 429).count(),
+            completed,
+            abandoned: abandoned_by_reason.values().sum(),
+            abandoned_by_reason,
+            failed,
+            makespan_ms: u64::try_from(makespan.as_millis()).unwrap_or(u64::MAX),
+            min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
+            last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),
+            achieved_rate_per_sec,
+            timeline,
+        }
+    }
+
+    /// A report from a virtual-time [`Report`] of `s`.
+    pub fn from_virtual(s: &Scenario, r: &Report) -> Self {
+        let retry_after_ms = s.upstream.retry_after_secs.map(|secs| secs * 1000);
+        let attempts = r
+            .timeline
+            .iter()
+            .map(|seen| Mark {
+                worker: seen.worker.unwrap_or(0),
+                at_ms: seen.at_ms,
+                status: seen.status,
+                retry_after_ms: (seen.status == 429).then_some(retry_after_ms).flatten(),
+            })
+            .collect();
+        let timeline = Timeline::new(s.mode, s.workers, attempts, r.ends.clone());
+        Self::new(
+            s,
+            "virtual",
+            "server",
+            timeline,
+            Duration::from_millis(r.makespan_ms),
+        )
+    }
+
+    /// One line of figures for a table.
+    pub fn row(&self) -> String {
+        format!(
+            "{:<10} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            self.scenario,
+            self.attempts,
+            self.rejected,
+            self.completed,
+            self.abandoned,
+            self.makespan_ms,
+            self.min_makespan_ms,
+            format!("{:.2}/s", self.achieved_rate_per_sec),
+        )
+    }
+
+    /// The header matching [`RunReport::row`].
+    pub fn header() -> String {
+        format!(
+            "{:<10} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            "mode",
+            "attempts",
+            "429s",
+            "completed",
+            "abandoned",
+            "makespan ms",
+            "minimum ms",
+            "rate"
+        )
+    }
+}
+
+/// The theoretical minimum makespan, in ms, for `jobs` one-request jobs at `rate_per_sec`
+/// with bursts of `burst`: the first `burst` go at once, then one per interval.
+///
+/// ```
+/// assert_eq!(allowance_sim::report::min_makespan_ms(8, 2, 2), 3000);
+/// assert_eq!(allowance_sim::report::min_makespan_ms(1, 2, 2), 0);
+/// ```
+pub fn min_makespan_ms(jobs: usize, burst: u32, rate_per_sec: u32) -> u64 {
+    let after_burst = u64::try_from(jobs.saturating_sub(burst as usize)).unwrap_or(u64::MAX);
+    let interval_us = 1_000_000 / u64::from(rate_per_sec.max(1));
+    after_burst.saturating_mul(interval_us) / 1000
+}

@@ -1,0 +1,636 @@
+//! A real HTTP/1.1 throttling upstream, shaped like the odds API the seed article uses.
+//!
+//! [`Upstream::start`] binds `127.0.0.1:0` and serves, until [`Upstream::shutdown`] (or drop):
+//!
+//! - `GET /v1/events/{event_id}/odds/snapshot`: a small JSON snapshot. The API key comes in
+//!   `X-API-Key`; a missing or unknown key is a 401 `{"detail": "..."}`.
+//! - One token bucket per key ([`UpstreamConfig::burst`], [`UpstreamConfig::rate_per_sec`]).
+//!   Over the limit: 429 with `Retry-After` as configured ([`RetryAfterMode`]) and
+//!   `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Bucket`.
+//! - A monthly credit quota per key ([`UpstreamConfig::quota`]): every 200 snapshot costs one
+//!   credit; once they are spent, every snapshot call is a 429 *without* `Retry-After`, as the
+//!   real API does (throttling and quota exhaustion share the status).
+//! - `GET /v1/usage`: `{"api_credits_used", "api_credits_limit", "exceeded", "period_end_utc"}`.
+//!   It costs a request (a bucket token, no credit) and can itself be throttled; it still
+//!   answers once the quota is spent, so a client can find out why it is being refused.
+//!
+//! Every attempt is logged ([`Upstream::log`]) with its time, key, path and status, so a run
+//! reports what the *server* saw, not what the clients believe.
+//!
+//! ```
+//! use allowance_sim::upstream::{Upstream, UpstreamConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! let upstream = Upstream::start(UpstreamConfig::default()).await?;
+//! assert!(upstream.url().starts_with("http://127.0.0.1:"));
+//! assert!(upstream.log().is_empty());
+//! upstream.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The bucket
+//!
+//! Independent of the library's GCRA on purpose: a classic bucket whose level is kept in
+//! integer microseconds of refill time (one token = `1_000_000 / rate_per_sec` µs), starting
+//! full. It admits a request up to a tenth of a token early ([`TOLERANCE_DIVISOR`]), the
+//! delay-variation tolerance real limiters have: a client pacing at exactly the allowed rate
+//! sees its requests arrive with a little scheduling jitter, and should not be punished for a
+//! request that is a millisecond early.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    fmt,
+    net::SocketAddr,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::{body::Incoming, server::conn::http1, service::service_fn};
+use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown};
+use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
+
+use crate::fake::WORKER_HEADER;
+
+/// The header carrying the API key.
+pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// The key [`UpstreamConfig::default`] accepts.
+pub const DEFAULT_KEY: &str = "sim-key";
+
+/// A request may be admitted this fraction of a token early (1/10): see the module docs.
+pub const TOLERANCE_DIVISOR: u64 = 10;
+
+/// How long [`Upstream::shutdown`] lets open connections finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// The path of one event's odds snapshot.
+///
+/// ```
+/// assert_eq!(allowance_sim::upstream::snapshot_path("e7"), "/v1/events/e7/odds/snapshot");
+/// ```
+pub fn snapshot_path(event_id: &str) -> String {
+    format!("/v1/events/{event_id}/odds/snapshot")
+}
+
+/// The usage endpoint's path.
+pub const USAGE_PATH: &str = "/v1/usage";
+
+/// What a 429 for throttling says about when to come back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryAfterMode {
+    /// `Retry-After: N` (delay-seconds).
+    Seconds(u64),
+    /// `Retry-After` as an HTTP-date this many seconds ahead (with a matching `Date` header).
+    HttpDate(u64),
+    /// No `Retry-After` at all.
+    Absent,
+}
+
+/// How the upstream throttles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Bucket capacity per key (requests that may arrive back to back).
+    pub burst: u32,
+    /// Refill per key, in requests per second (0 is treated as 1).
+    pub rate_per_sec: u32,
+    /// What a throttling 429 says about when to retry.
+    pub retry_after: RetryAfterMode,
+    /// The accepted API keys.
+    pub keys: Vec<String>,
+    /// Monthly credits per key (one per 200 snapshot); `None` is unlimited.
+    pub quota: Option<u64>,
+}
+
+impl Default for UpstreamConfig {
+    /// The seed's server: burst 2, 2 requests/s, `Retry-After: 1`, one key
+    /// ([`DEFAULT_KEY`]), no quota.
+    fn default() -> Self {
+        Self::new(2, 2)
+    }
+}
+
+impl UpstreamConfig {
+    /// A bucket of `burst` refilling `rate_per_sec`, `Retry-After: 1`, key [`DEFAULT_KEY`],
+    /// no quota.
+    pub fn new(burst: u32, rate_per_sec: u32) -> Self {
+        Self {
+            burst,
+            rate_per_sec,
+            retry_after: RetryAfterMode::Seconds(1),
+            keys: vec![DEFAULT_KEY.to_owned()],
+            quota: None,
+        }
+    }
+
+    /// Sets the `Retry-After` mode.
+    pub fn with_retry_after(mut self, mode: RetryAfterMode) -> Self {
+        self.retry_after = mode;
+        self
+    }
+
+    /// Replaces the accepted keys.
+    pub fn with_keys<I, K>(mut self, keys: I) -> Self
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        self.keys = keys.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets a monthly credit quota per key.
+    pub fn with_quota(mut self, credits: u64) -> Self {
+        self.quota = Some(credits);
+        self
+    }
+
+    /// Microseconds between tokens.
+    fn interval_us(&self) -> u64 {
+        1_000_000 / u64::from(self.rate_per_sec.max(1))
+    }
+}
+
+/// One attempt the upstream saw.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SeenRequest {
+    /// Milliseconds since the upstream started.
+    pub at_ms: u64,
+    /// The `X-API-Key` sent (empty when missing).
+    pub key: String,
+    /// The request path (without query).
+    pub path: String,
+    /// The status returned.
+    pub status: u16,
+    /// The worker that sent it, from the `x-worker` header, when given.
+    pub worker: Option<u32>,
+}
+
+/// A per-key token bucket in integer microseconds of refill time.
+///
+/// The level may dip below zero by at most the tolerance: an early admission is paid back
+/// out of the next refill, so the sustained rate never exceeds `rate_per_sec`.
+#[derive(Debug)]
+struct Bucket {
+    level_us: i64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn full(config: &UpstreamConfig, now: Instant) -> Self {
+        Self {
+            level_us: capacity_us(config),
+            last: now,
+        }
+    }
+
+    /// Refills up to `now`, then takes a token if one is (almost) there. Returns whether it
+    /// did, and the whole tokens left.
+    fn take(&mut self, config: &UpstreamConfig, now: Instant) -> (bool, u64) {
+        let interval = i64::try_from(config.interval_us()).unwrap_or(i64::MAX);
+        let capacity = capacity_us(config);
+        let elapsed =
+            i64::try_from(now.saturating_duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
+        self.level_us = self.level_us.saturating_add(elapsed).min(capacity);
+        self.last = now;
+        let tolerance = interval / i64::try_from(TOLERANCE_DIVISOR).unwrap_or(1);
+        let ok = capacity > 0 && self.level_us.saturating_add(tolerance) >= interval;
+        if ok {
+            self.level_us -= interval;
+        }
+        let remaining = u64::try_from(self.level_us.max(0) / interval).unwrap_or(0);
+        (ok, remaining)
+    }
+}
+
+fn capacity_us(config: &UpstreamConfig) -> i64 {
+    i64::from(config.burst).saturating_mul(i64::try_from(config.interval_us()).unwrap_or(i64::MAX))
+}
+
+#[derive(Debug)]
+struct KeyState {
+    bucket: Bucket,
+    credits_used: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    keys: HashMap<String, KeyState>,
+    log: Vec<SeenRequest>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: UpstreamConfig,
+    start: Instant,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running upstream. Dropping it stops accepting connections; [`Upstream::shutdown`] also
+/// waits for open connections to close.
+pub struct Upstream {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Upstream")
+            .field("addr", &self.addr)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Upstream ===
+
+impl Upstream {
+    /// Starts serving on `127.0.0.1:0` (a free port).
+    ///
+    /// # Errors
+    ///
+    /// Binding the listener failed.
+    pub async fn start(config: UpstreamConfig) -> std::io::Result<Upstream> {
+        Self::start_on(config, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts serving on `addr`.
+    ///
+    /// # Errors
+    ///
+    /// Binding the listener failed.
+    pub async fn start_on(config: UpstreamConfig, addr: SocketAddr) -> std::io::Result<Upstream> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let now = Instant::now();
+        let keys = config
+            .keys
+            .iter()
+            .map(|k| {
+                let state = KeyState {
+                    bucket: Bucket::full(&config, now),
+                    credits_used: 0,
+                };
+                (k.clone(), state)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            config,
+            start: now,
+            state: Mutex::new(State {
+                keys,
+                log: Vec::new(),
+            }),
+        });
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(serve(listener, shared.clone(), stopped));
+        Ok(Upstream {
+            addr,
+            shared,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL, like `http://127.0.0.1:PORT` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The URL of one event's snapshot.
+    pub fn snapshot_url(&self, event_id: &str) -> String {
+        format!("{}{}", self.url(), snapshot_path(event_id))
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &UpstreamConfig {
+        &self.shared.config
+    }
+
+    /// Every attempt seen so far, in order.
+    pub fn log(&self) -> Vec<SeenRequest> {
+        self.shared.lock().log.clone()
+    }
+
+    /// Credits `key` has spent, if it is a known key.
+    pub fn credits_used(&self, key: &str) -> Option<u64> {
+        self.shared.lock().keys.get(key).map(|k| k.credits_used)
+    }
+
+    /// Stops accepting, lets open connections finish (for up to two seconds), and returns
+    /// once the server task is done.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot::Receiver<()>) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let shared = shared.clone();
+                    let service = service_fn(move |req| {
+                        let shared = shared.clone();
+                        async move { Ok::<_, Infallible>(handle(&shared, &req)) }
+                    });
+                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+                    let conn = graceful.watch(conn);
+                    tokio::spawn(async move {
+                        // A client hanging up mid-request is not the upstream's problem.
+                        let _ = conn.await;
+                    });
+                }
+                // Out of descriptors or similar: back off a little rather than spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            _ = &mut stopped => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
+}
+
+// === request handling ===
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+fn detail(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    json(status, serde_json::json!({ "detail": message }).to_string())
+}
+
+enum Route {
+    Snapshot(String),
+    Usage,
+}
+
+fn route(path: &str) -> Option<Route> {
+    if path == USAGE_PATH {
+        return Some(Route::Usage);
+    }
+    let id = path
+        .strip_prefix("/v1/events/")?
+        .strip_suffix("/odds/snapshot")?;
+    (!id.is_empty() && !id.contains('/')).then(|| Route::Snapshot(id.to_owned()))
+}
+
+fn handle(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    let now = Instant::now();
+    let config = &shared.config;
+    let key = req
+        .headers()
+        .get(API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let worker = req
+        .headers()
+        .get(WORKER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let path = req.uri().path().to_owned();
+
+    let mut state = shared.lock();
+    let response = respond(config, &mut state, req.method(), &path, key.as_deref(), now);
+    let at_ms =
+        u64::try_from(now.saturating_duration_since(shared.start).as_millis()).unwrap_or(u64::MAX);
+    state.log.push(SeenRequest {
+        at_ms,
+        key: key.unwrap_or_default(),
+        path,
+        status: response.status().as_u16(),
+        worker,
+    });
+    response
+}
+
+fn respond(
+    config: &UpstreamConfig,
+    state: &mut State,
+    method: &Method,
+    path: &str,
+    key: Option<&str>,
+    now: Instant,
+) -> Response<Full<Bytes>> {
+    let Some(route) = route(path) else {
+        return detail(StatusCode::NOT_FOUND, "Not Found");
+    };
+    if method != Method::GET {
+        return detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+    }
+    let Some(key) = key else {
+        return detail(
+            StatusCode::UNAUTHORIZED,
+            "Missing API key: send it in the X-API-Key header",
+        );
+    };
+    let Some(account) = state.keys.get_mut(key) else {
+        return detail(StatusCode::UNAUTHORIZED, "Invalid API key");
+    };
+    let exhausted = config.quota.is_some_and(|q| account.credits_used >= q);
+
+    if exhausted && matches!(route, Route::Snapshot(_)) {
+        // Quota exhaustion: no token taken, and no Retry-After, since waiting won't help.
+        let mut res = detail(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Monthly usage credits exhausted: see /v1/usage",
+        );
+        quota_headers(&mut res, config, account.credits_used);
+        return res;
+    }
+
+    let (ok, remaining) = account.bucket.take(config, now);
+    let mut res = if !ok {
+        let mut res = detail(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Rate limit exceeded: slow down",
+        );
+        retry_after(&mut res, config.retry_after);
+        res
+    } else {
+        match route {
+            Route::Snapshot(event_id) => {
+                account.credits_used += 1;
+                let body = serde_json::json!({
+                    "event_id": event_id,
+                    "bookmakers": [
+                        { "key": "sim", "markets": [ { "key": "h2h", "outcomes": [
+                            { "name": "home", "price": 1.91 },
+                            { "name": "away", "price": 1.95 }
+                        ] } ] }
+                    ]
+                });
+                json(StatusCode::OK, body.to_string())
+            }
+            Route::Usage => {
+                let body = serde_json::json!({
+                    "api_credits_used": account.credits_used,
+                    "api_credits_limit": config.quota,
+                    "exceeded": exhausted,
+                    "period_end_utc": period_end_utc(wall_clock()),
+                });
+                json(StatusCode::OK, body.to_string())
+            }
+        }
+    };
+    let headers = res.headers_mut();
+    headers.insert("x-ratelimit-limit", config.burst.into());
+    headers.insert("x-ratelimit-remaining", remaining.into());
+    headers.insert("x-ratelimit-bucket", HeaderValue::from_static("odds"));
+    quota_headers(&mut res, config, account.credits_used);
+    res
+}
+
+fn quota_headers(res: &mut Response<Full<Bytes>>, config: &UpstreamConfig, used: u64) {
+    if let Some(quota) = config.quota {
+        let headers = res.headers_mut();
+        headers.insert("x-requests-used", used.into());
+        headers.insert("x-requests-remaining", quota.saturating_sub(used).into());
+    }
+}
+
+fn retry_after(res: &mut Response<Full<Bytes>>, mode: RetryAfterMode) {
+    match mode {
+        RetryAfterMode::Seconds(secs) => {
+            res.headers_mut().insert(header::RETRY_AFTER, secs.into());
+        }
+        RetryAfterMode::HttpDate(ahead) => {
+            // The one wall-clock read: an HTTP-date needs one. `Date` comes from the same
+            // reading, so a client computes exactly `ahead` seconds.
+            let now = wall_clock();
+            let at = now + Duration::from_secs(ahead);
+            for (name, t) in [(header::DATE, now), (header::RETRY_AFTER, at)] {
+                if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(t)) {
+                    res.headers_mut().insert(name, v);
+                }
+            }
+        }
+        RetryAfterMode::Absent => {}
+    }
+}
+
+/// The upstream's only wall-clock read, for HTTP-dates and the quota period: everything
+/// else (the buckets, the log) runs on `tokio::time`.
+#[allow(clippy::disallowed_methods)]
+fn wall_clock() -> SystemTime {
+    SystemTime::now()
+}
+
+/// The first instant of the next calendar month (UTC) after `now`, as RFC 3339.
+fn period_end_utc(now: SystemTime) -> String {
+    let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let (year, month, _day) = civil_from_days(days);
+    let (year, month) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    format!("{year:04}-{month:02}-01T00:00:00Z")
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        u32::try_from(month).unwrap_or(1),
+        u32::try_from(day).unwrap_or(1),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        assert!(matches!(route("/v1/usage"), Some(Route::Usage)));
+        assert!(
+            matches!(route("/v1/events/abc/odds/snapshot"), Some(Route::Snapshot(id)) if id == "abc")
+        );
+        assert!(route("/v1/events//odds/snapshot").is_none());
+        assert!(route("/v1/events/a/b/odds/snapshot").is_none());
+        assert!(route("/").is_none());
+    }
+
+    #[test]
+    fn calendar() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_782), (2024, 2, 29));
+        let dec = UNIX_EPOCH + Duration::from_secs(1_734_000_000); // 2024-12-12
+        assert_eq!(period_end_utc(dec), "2025-01-01T00:00:00Z");
+        let feb = UNIX_EPOCH + Duration::from_secs(19_782 * 86_400);
+        assert_eq!(period_end_utc(feb), "2024-03-01T00:00:00Z");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bucket_refills_in_integer_steps_with_a_small_tolerance() {
+        let config = UpstreamConfig::new(2, 2);
+        let t0 = Instant::now();
+        let mut b = Bucket::full(&config, t0);
+        assert_eq!(b.take(&config, t0), (true, 1));
+        assert_eq!(b.take(&config, t0), (true, 0));
+        assert_eq!(b.take(&config, t0), (false, 0));
+        // 449 ms is more than a tenth of a token short: refused.
+        assert!(!b.take(&config, t0 + Duration::from_millis(449)).0);
+        // 450 ms: within a tenth of a token, admitted, and paid back out of the next refill.
+        let mut b = Bucket::full(&config, t0);
+        b.take(&config, t0);
+        b.take(&config, t0);
+        assert!(b.take(&config, t0 + Duration::from_millis(450)).0);
+        assert!(!b.take(&config, t0 + Duration::from_millis(899)).0);
+        assert!(b.take(&config, t0 + Duration::from_millis(950)).0);
+        // A long pause refills only up to the burst.
+        let mut b = Bucket::full(&config, t0);
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(b.take(&config, later), (true, 1));
+    }
+}

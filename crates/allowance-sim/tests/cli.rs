@@ -1,0 +1,187 @@
+//! The `allowance-sim` command line: the seed's figures, shared at scale, and `http` against
+//! `serve` agreeing with `run --real`.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Command, Stdio},
+};
+
+use allowance_sim::{
+    cli::{execute, Cli},
+    scenario::seed_table,
+};
+use clap::Parser;
+use serde_json::Value;
+
+fn run(args: &[&str]) -> String {
+    let cli = Cli::try_parse_from(std::iter::once("allowance-sim").chain(args.iter().copied()))
+        .expect("valid arguments");
+    let mut out = Vec::new();
+    execute(cli, &mut out).expect("runs");
+    String::from_utf8(out).expect("utf-8")
+}
+
+fn run_json(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    serde_json::from_str(&run(&all)).expect("one JSON object")
+}
+
+fn figures(v: &Value) -> (u64, u64, u64, u64) {
+    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
+    (n("attempts"), n("rejected"), n("completed"), n("abandoned"))
+}
+
+#[test]
+fn seed_json_is_the_seed_table() {
+    let rows: Value = serde_json::from_str(&run(&["seed", "--json"])).expect("JSON");
+    let expected = serde_json::to_value(seed_table()).expect("serialisable");
+    assert_eq!(rows, expected);
+    assert_eq!(rows[0]["attempts"], 20);
+    assert_eq!(rows[1]["attempts"], 8);
+}
+
+#[test]
+fn virtual_run_matches_the_seed_figures() {
+    for (mode, want) in [
+        ("naive", (20, 12, 8, 0)),
+        ("shared", (8, 0, 8, 0)),
+        ("split:2", (14, 6, 8, 0)),
+    ] {
+        let v = run_json(&["run", "--mode", mode, "--virtual"]);
+        assert_eq!(figures(&v), want, "{mode}: {v}");
+        assert_eq!(v["clock"], "virtual");
+    }
+    // The shared run is as fast as the allowance allows: the last job at the minimum.
+    let v = run_json(&["run", "--mode", "shared", "--virtual"]);
+    assert_eq!(v["makespan_ms"], 3000);
+    assert_eq!(v["min_makespan_ms"], 3000);
+    assert_eq!(v["last_attempt_ms"], 3000);
+}
+
+#[test]
+fn virtual_run_reports_abandonments_by_reason() {
+    // Two attempts each, no budget: the naive herd leaves jobs abandoned (max_attempts).
+    let v = run_json(&["run", "--mode", "naive", "--virtual", "--max-attempts", "2"]);
+    let abandoned = v["abandoned"].as_u64().expect("count");
+    assert!(abandoned > 0, "{v}");
+    assert_eq!(v["abandoned_by_reason"]["max_attempts"], abandoned);
+}
+
+#[test]
+fn shared_at_scale_in_virtual_time() {
+    let v = run_json(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--workers",
+        "200",
+        "--jobs",
+        "1000",
+        "--burst",
+        "10",
+        "--rate",
+        "50",
+    ]);
+    let (attempts, rejected, completed, abandoned) = figures(&v);
+    assert_eq!(
+        (attempts, rejected, completed, abandoned),
+        (1000, 0, 1000, 0),
+        "{v}"
+    );
+    let min = v["min_makespan_ms"].as_u64().expect("ms");
+    assert_eq!(min, (1000 - 10) * 20);
+    let makespan = v["makespan_ms"].as_u64().expect("ms");
+    assert!(
+        makespan <= min + 20,
+        "makespan {makespan} ms, minimum {min} ms"
+    );
+}
+
+#[test]
+fn table_output_explains_itself() {
+    let out = run(&["run", "--mode", "naive", "--virtual"]);
+    assert!(out.contains("attempts"), "{out}");
+    assert!(out.contains("counted by the server"), "{out}");
+    // One lane per worker, with 429s marked.
+    assert_eq!(
+        out.lines().filter(|l| l.starts_with('w')).count(),
+        8,
+        "{out}"
+    );
+    assert!(out.contains('x'), "{out}");
+}
+
+#[test]
+fn timeline_svg_is_written() {
+    let dir = std::env::temp_dir().join(format!("allowance-sim-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("naive.svg");
+    let path_str = path.to_str().expect("utf-8 path");
+    run(&[
+        "run",
+        "--mode",
+        "naive",
+        "--virtual",
+        "--json",
+        "--timeline",
+        path_str,
+    ]);
+    let svg = std::fs::read_to_string(&path).expect("written");
+    std::fs::remove_dir_all(&dir).expect("cleaned up");
+    assert!(svg.starts_with("<svg"));
+    // 20 attempts, each a circle with a tooltip; 12 of them 429s.
+    assert_eq!(svg.matches("<circle cx").count() - 3, 20); // minus the legend's three
+    assert_eq!(svg.matches(": 429</title>").count(), 12);
+}
+
+/// `serve` in a child process, then `http` against it and `run --real`, both with the same
+/// settings: the same counts.
+#[test]
+fn http_against_serve_matches_run_real() {
+    let bin = env!("CARGO_BIN_EXE_allowance-sim");
+    let mut server = Command::new(bin)
+        .args(["serve", "--burst", "2", "--rate", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("prints its URL");
+    let url = format!("{}/v1/events/e{{job}}/odds/snapshot", line.trim());
+
+    let settings = ["--mode", "shared", "--burst", "2", "--rate", "10", "--json"];
+    let http = Command::new(bin)
+        .args(["http", "--url", &url, "--header", "X-API-Key: sim-key"])
+        .args(settings)
+        .output()
+        .expect("http runs");
+    server.kill().expect("serve stops");
+    server.wait().expect("reaped");
+    assert!(http.status.success(), "{http:?}");
+    let http: Value = serde_json::from_slice(&http.stdout).expect("JSON");
+
+    let mut real_args = vec!["run", "--real"];
+    real_args.extend(settings);
+    let real: Value = serde_json::from_str(&run(&real_args)).expect("JSON");
+
+    assert_eq!(http["counted_by"], "client");
+    assert_eq!(real["counted_by"], "server");
+    assert_eq!(figures(&http), figures(&real));
+    assert_eq!(figures(&http), (8, 0, 8, 0));
+}
+
+#[test]
+fn help_lists_the_commands() {
+    let out = Command::new(env!("CARGO_BIN_EXE_allowance-sim"))
+        .arg("--help")
+        .output()
+        .expect("runs");
+    let help = String::from_utf8(out.stdout).expect("utf-8");
+    for cmd in ["seed", "run", "serve", "http"] {
+        assert!(help.contains(cmd), "{help}");
+    }
+}
