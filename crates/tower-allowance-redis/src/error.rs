@@ -1,0 +1,194 @@
+//! Errors: connecting ([`ConnectError`], [`InvalidName`]) and one call ([`CallError`]).
+//!
+//! The Redis client's own errors are kept as the `source()` of these, never exposed as
+//! types of this crate's API, and never carry the connection URL's password.
+//!
+//! ```
+//! use tower_allowance_redis::{error::InvalidName, validate_name};
+//!
+//! let err: InvalidName = validate_name("a}b").unwrap_err();
+//! assert_eq!(err.to_string(), "invalid allowance name: only A-Z, a-z, 0-9 and _ . : - are allowed");
+//! ```
+
+use std::{error::Error, fmt, time::Duration};
+
+use tower_allowance::BoxError;
+
+/// An allowance name that could break the key's hash tag or reach another allowance's keys.
+///
+/// Names are 1 to 64 characters from `A-Z a-z 0-9 _ . : -`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InvalidName {
+    reason: &'static str,
+}
+
+impl InvalidName {
+    pub(crate) const fn new(reason: &'static str) -> Self {
+        Self { reason }
+    }
+
+    /// The rule that was broken.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for InvalidName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid allowance name: {}", self.reason)
+    }
+}
+
+impl Error for InvalidName {}
+
+/// What went wrong in [`RedisStore::connect`](crate::RedisStore::connect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConnectErrorKind {
+    /// The allowance name was refused (the source is an [`InvalidName`]).
+    InvalidName,
+    /// The URL could not be used.
+    InvalidUrl,
+    /// Redis did not answer within the connect timeout, under
+    /// [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed).
+    Unreachable,
+}
+
+/// [`RedisStore::connect`](crate::RedisStore::connect) failed.
+#[derive(Debug)]
+pub struct ConnectError {
+    kind: ConnectErrorKind,
+    source: BoxError,
+}
+
+impl ConnectError {
+    pub(crate) fn new(kind: ConnectErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            source: source.into(),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ConnectErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            ConnectErrorKind::InvalidName => "cannot use this allowance name",
+            ConnectErrorKind::InvalidUrl => "cannot use this redis url",
+            ConnectErrorKind::Unreachable => "redis is unreachable",
+        })
+    }
+}
+
+impl Error for ConnectError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// Why one store call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CallErrorKind {
+    /// No answer within the per-call timeout.
+    Timeout,
+    /// A recent call failed, and the next probe of Redis is not due yet: failed at once.
+    Unavailable,
+    /// Redis (or the connection to it) answered with an error.
+    Redis,
+    /// The script answered something other than its documented reply.
+    UnexpectedReply,
+    /// A cooldown longer than [`MAX_DELAY`](tower_allowance::MAX_DELAY) was asked for.
+    UnrepresentableDelay,
+    /// The local fallback allowance could not be built for this configuration.
+    Fallback,
+}
+
+/// One store call failed; wrapped in a [`StoreError`](tower_allowance::store::StoreError),
+/// which the layers turn into [`StoreUnavailable`](tower_allowance::error::StoreUnavailable).
+///
+/// Find it with `StoreError::source()` and `downcast_ref::<CallError>()`.
+#[derive(Debug)]
+pub struct CallError {
+    kind: CallErrorKind,
+    timeout: Option<Duration>,
+    source: Option<BoxError>,
+}
+
+impl CallError {
+    pub(crate) fn new(kind: CallErrorKind) -> Self {
+        Self {
+            kind,
+            timeout: None,
+            source: None,
+        }
+    }
+
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Self {
+            kind: CallErrorKind::Timeout,
+            timeout: Some(after),
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(kind: CallErrorKind, source: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            timeout: None,
+            source: Some(source.into()),
+        }
+    }
+
+    /// Why the call failed.
+    pub fn kind(&self) -> CallErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.kind, self.timeout) {
+            (CallErrorKind::Timeout, Some(after)) => {
+                write!(f, "redis did not answer within {after:?}")
+            }
+            (CallErrorKind::Timeout, None) => f.write_str("redis did not answer in time"),
+            (CallErrorKind::Unavailable, _) => {
+                f.write_str("redis unavailable after a recent failure; next probe not yet due")
+            }
+            (CallErrorKind::Redis, _) => f.write_str("redis call failed"),
+            (CallErrorKind::UnexpectedReply, _) => {
+                f.write_str("unexpected reply from the allowance script")
+            }
+            (CallErrorKind::UnrepresentableDelay, _) => {
+                f.write_str("cooldown delay too long to represent")
+            }
+            (CallErrorKind::Fallback, _) => {
+                f.write_str("cannot build the local fallback allowance")
+            }
+        }
+    }
+}
+
+impl Error for CallError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
+/// The Redis client's error, kept as a source without exposing its type.
+#[derive(Debug)]
+pub(crate) struct RedisCause(pub(crate) redis::RedisError);
+
+impl fmt::Display for RedisCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Error for RedisCause {}

@@ -1,0 +1,122 @@
+//! How a [`RedisStore`](crate::RedisStore) behaves: timeouts, TTLs and the failure policy.
+//!
+//! ```
+//! use std::{num::NonZeroU32, time::Duration};
+//! use tower_allowance_redis::{FailurePolicy, RedisStoreOptions};
+//!
+//! let options = RedisStoreOptions::new()
+//!     .timeout(Duration::from_millis(100))
+//!     .failure_policy(FailurePolicy::LocalFallback {
+//!         expected_processes: NonZeroU32::new(4).expect("non-zero"),
+//!     });
+//! assert_eq!(options.get_timeout(), Duration::from_millis(100));
+//! ```
+
+use std::{num::NonZeroU32, time::Duration};
+
+/// Default per-call timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// What a store call does when Redis fails (an error, a timeout, or a recent failure).
+///
+/// # Why a choice
+///
+/// Failing closed keeps every promise (the rate, the shared cooldown, the exact budget) at
+/// the cost of availability: no request is sent while Redis is down. The local fallback keeps
+/// requests flowing at a rate that cannot exceed the shared one in total, as long as no more
+/// than `expected_processes` processes share the allowance, and loses only what cannot be
+/// known without Redis: other processes' cooldowns raised during the outage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Fail the call with a [`StoreError`](tower_allowance::store::StoreError); the layers
+    /// report it as [`StoreUnavailable`](tower_allowance::error::StoreUnavailable).
+    #[default]
+    FailClosed,
+    /// Decide in this process with a conservative in-memory allowance while Redis fails:
+    /// the configured rate divided by `expected_processes` (burst too, at least 1), a
+    /// replenishing budget's floor divided likewise, and no retries from a fixed budget
+    /// (what the other processes spent is unknown, and the budget must stay exact).
+    /// A `tracing` warning is emitted when switching to it, an info event when back.
+    LocalFallback {
+        /// How many processes share the allowance.
+        expected_processes: NonZeroU32,
+    },
+}
+
+/// Options for [`RedisStore::connect`](crate::RedisStore::connect).
+///
+/// All have defaults; see each setter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisStoreOptions {
+    pub(crate) timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) probe_interval: Duration,
+    pub(crate) idle_ttl: Duration,
+    pub(crate) failure_policy: FailurePolicy,
+}
+
+impl Default for RedisStoreOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RedisStoreOptions {
+    /// The defaults: 250 ms per call, 2 s to connect, a probe every 500 ms while Redis
+    /// fails, state kept one hour past what it must cover, [`FailurePolicy::FailClosed`].
+    pub fn new() -> Self {
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+            connect_timeout: Duration::from_secs(2),
+            probe_interval: Duration::from_millis(500),
+            idle_ttl: Duration::from_secs(3600),
+            failure_policy: FailurePolicy::FailClosed,
+        }
+    }
+
+    /// The longest one call may take, round trip included (default 250 ms). Past it the
+    /// call fails (or falls back) and the command may or may not have run: a lost
+    /// admission only spends a token nobody uses, which errs on the safe side.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The longest [`connect`](crate::RedisStore::connect) waits for Redis (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// After a failure, calls skip Redis (failing or falling back at once, never waiting)
+    /// until this much time has passed; then one call probes it (default 500 ms).
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.probe_interval = interval;
+        self
+    }
+
+    /// How long the state outlives what it must remember (default one hour). Every write
+    /// sets the key's TTL to the longest of the token bucket's lead, the cooldown and a
+    /// replenishing budget's window, plus this. A fixed budget's spend count is forgotten
+    /// after this long without any admission.
+    pub fn idle_ttl(mut self, ttl: Duration) -> Self {
+        self.idle_ttl = ttl;
+        self
+    }
+
+    /// What to do when Redis fails (default [`FailurePolicy::FailClosed`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = policy;
+        self
+    }
+
+    /// The per-call timeout.
+    pub fn get_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The failure policy.
+    pub fn get_failure_policy(&self) -> FailurePolicy {
+        self.failure_policy
+    }
+}

@@ -1,0 +1,274 @@
+//! Several "processes" (separate `RedisStore` connections) sharing one allowance on a private
+//! `redis-server`: exact budget under concurrency, a cooldown seen by everyone, one round
+//! trip per admission, TTLs on every key, names that cannot escape their hash tag, and no
+//! password in Debug output or errors. Real time.
+
+use std::{error::Error, time::Duration};
+
+use tokio::time::Instant;
+use tower_allowance::{
+    store::{Admit, Decision, Store},
+    Allowance, AllowanceConfig, ReplenishingBudget, RetryBudgetConfig,
+};
+use tower_allowance_redis::{
+    error::ConnectErrorKind,
+    test_util::{unique_name, TestRedis},
+    FailurePolicy, RedisStore, RedisStoreOptions,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+async fn connect(redis: &TestRedis, name: &str) -> RedisStore {
+    RedisStore::connect(redis.url(), name, RedisStoreOptions::new())
+        .await
+        .expect("connect")
+}
+
+/// The whole chain of an error, for checks on what it says.
+fn chain(e: &(dyn Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_budget_is_exact_across_connections_and_tasks() {
+    let Some(redis) = TestRedis::start().await else {
+        return;
+    };
+    const K: u64 = 25;
+    const STORES: usize = 3;
+    const TASKS_PER_STORE: usize = 32;
+    let name = unique_name("budget");
+    // Plenty of tokens: only the budget limits.
+    let config = AllowanceConfig::per_second(1_000_000, 100_000)
+        .expect("valid")
+        .with_retry_budget(RetryBudgetConfig::fixed(K));
+    let mut stores = vec![];
+    for _ in 0..STORES {
+        stores.push(connect(&redis, &name).await);
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for store in &stores {
+        for _ in 0..TASKS_PER_STORE {
+            let (store, config) = (store.clone(), config.clone());
+            tasks.spawn(async move {
+                let (mut admitted, mut refused) = (0u64, 0u64);
+                // Each task tries several times, so tasks race for the last units.
+                for _ in 0..4 {
+                    match store.admit(&config, Admit::retry()).await.expect("redis") {
+                        Decision::Admitted { .. } => admitted += 1,
+                        Decision::BudgetExhausted => refused += 1,
+                        Decision::Wait { .. } => panic!("tokens are plentiful"),
+                    }
+                }
+                (admitted, refused)
+            });
+        }
+    }
+    let (mut admitted, mut refused) = (0, 0);
+    while let Some(result) = tasks.join_next().await {
+        let (a, r) = result.expect("task");
+        admitted += a;
+        refused += r;
+    }
+    let asked = (STORES * TASKS_PER_STORE * 4) as u64;
+    eprintln!(
+        "{asked} retries asked by {STORES} connections: {admitted} admitted, {refused} refused"
+    );
+    assert_eq!(admitted, K, "exactly the budget is spent");
+    assert_eq!(refused, asked - K);
+    let state = stores[0].state(&config).await.expect("state");
+    assert_eq!(state.retries_remaining, Some(0));
+}
+
+#[tokio::test]
+async fn a_cooldown_raised_by_one_process_holds_another() {
+    let Some(redis) = TestRedis::start().await else {
+        return;
+    };
+    let name = unique_name("cooldown");
+    let config = AllowanceConfig::per_second(10, 2).expect("valid");
+    // Two processes' views: separate connections, separate allowances, one name.
+    let a = Allowance::with_store(config.clone(), connect(&redis, &name).await);
+    let b_store = connect(&redis, &name).await;
+    let b = Allowance::with_store(config.clone(), b_store.clone());
+
+    let deferred = a.defer(2_000 * MS).await.expect("defer");
+    assert!(deferred.extended);
+    // B asks the store once, is told the cooldown's remaining time, and sleeps it.
+    let started = Instant::now();
+    let round_trips = b_store.round_trips();
+    b.acquire().await.expect("admitted after the cooldown");
+    let waited = started.elapsed();
+    eprintln!("B waited {waited:?} for A's 2 s cooldown");
+    assert!(
+        waited >= 1_950 * MS && waited <= 2_300 * MS,
+        "B waited {waited:?}, want ~2 s"
+    );
+    assert_eq!(
+        b_store.round_trips() - round_trips,
+        2,
+        "one answer to wait, one admission: no polling"
+    );
+    // A shorter Retry-After seen by B does not shorten the deadline A raised later.
+    a.defer(1_000 * MS).await.expect("defer");
+    let shorter = b.defer(100 * MS).await.expect("defer");
+    assert!(!shorter.extended);
+    assert!(shorter.blocked_for > 800 * MS);
+}
+
+#[tokio::test]
+async fn steady_state_admission_is_one_round_trip() {
+    let Some(redis) = TestRedis::start().await else {
+        return;
+    };
+    let store = connect(&redis, &unique_name("rtt")).await;
+    assert_eq!(store.round_trips(), 1, "connect preloads the scripts once");
+    let config = AllowanceConfig::per_second(100_000, 1_000).expect("valid");
+    // Through the store...
+    for i in 0..50 {
+        let before = store.round_trips();
+        let decision = store.admit(&config, Admit::first()).await.expect("redis");
+        assert!(matches!(decision, Decision::Admitted { .. }), "{i}");
+        assert_eq!(store.round_trips() - before, 1);
+    }
+    // ...and through an allowance, as the layers use it.
+    let allowance = Allowance::with_store(config, store.clone());
+    let before = store.round_trips();
+    for _ in 0..200 {
+        allowance.acquire().await.expect("admitted");
+    }
+    assert_eq!(store.round_trips() - before, 200);
+
+    // A waiting caller sleeps for the wait it was given instead of polling: at most one
+    // extra round trip per admission.
+    let counting = connect(&redis, &unique_name("rtt-wait2")).await;
+    let slow = Allowance::with_store(
+        AllowanceConfig::per_second(20, 1).expect("valid"),
+        counting.clone(),
+    );
+    let before = counting.round_trips();
+    for _ in 0..6 {
+        slow.acquire().await.expect("admitted");
+    }
+    let spent = counting.round_trips() - before;
+    eprintln!("6 metered admissions (50 ms apart): {spent} round trips");
+    assert!(spent <= 11, "{spent} round trips: polling?");
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_and_there_is_one_key() {
+    let Some(redis) = TestRedis::start().await else {
+        return;
+    };
+    let name = unique_name("ttl");
+    let store = RedisStore::connect(
+        redis.url(),
+        &name,
+        RedisStoreOptions::new().idle_ttl(Duration::from_secs(10)),
+    )
+    .await
+    .expect("connect");
+    assert_eq!(store.key(), format!("ta:{{{name}}}:s"));
+    let pttl_args = ["PTTL", store.key()];
+    let pttl = || redis.command(&pttl_args);
+    assert_eq!(pttl().await, ":-2", "no key before the first write");
+
+    let config = AllowanceConfig::per_second(10, 1).expect("valid");
+    store.admit(&config, Admit::first()).await.expect("redis");
+    let ttl = parse_int(&pttl().await);
+    assert!(ttl > 0 && ttl <= 10_100, "admission: PTTL {ttl}");
+
+    store.defer(&config, 60_000 * MS).await.expect("redis");
+    let ttl = parse_int(&pttl().await);
+    assert!(
+        ttl > 69_000 && ttl <= 70_000,
+        "cooldown of 60 s: PTTL {ttl}"
+    );
+
+    // A replenishing budget keeps its window; a second allowance on the same server.
+    let budget_store = RedisStore::connect(
+        redis.url(),
+        &unique_name("ttl-budget"),
+        RedisStoreOptions::new().idle_ttl(Duration::ZERO),
+    )
+    .await
+    .expect("connect");
+    let budget = ReplenishingBudget::new(Duration::from_secs(30), 1, 0.1).expect("valid");
+    let config = config.with_retry_budget(RetryBudgetConfig::Replenishing(budget));
+    budget_store.deposit(&config).await.expect("redis");
+    let ttl = parse_int(&redis.command(&["PTTL", budget_store.key()]).await);
+    assert!(ttl > 29_000 && ttl <= 30_000, "30 s window: PTTL {ttl}");
+
+    // Nothing else was written for either allowance, whatever the traffic.
+    for _ in 0..20 {
+        store.admit(&config, Admit::retry()).await.expect("redis");
+    }
+    let keys = redis.command(&["KEYS", &format!("ta:{{{name}}}*")]).await;
+    assert!(keys.starts_with("*1\r\n"), "one key per allowance: {keys}");
+}
+
+fn parse_int(reply: &str) -> i64 {
+    reply
+        .strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not an integer reply: {reply:?}"))
+}
+
+#[tokio::test]
+async fn names_that_could_escape_the_hash_tag_are_refused() {
+    // Refused before any connection is made: the URL does not even need a server.
+    for bad in [
+        "a}b",
+        "a b",
+        "{x}",
+        "a\u{7}b",
+        "a\nb",
+        "",
+        "ta:{other}:s",
+        "ünï",
+    ] {
+        let err = RedisStore::connect("redis://127.0.0.1:1/", bad, RedisStoreOptions::new())
+            .await
+            .expect_err(bad);
+        assert_eq!(err.kind(), ConnectErrorKind::InvalidName, "{bad:?}");
+        assert!(chain(&err).contains("invalid allowance name"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn the_password_never_shows() {
+    let Some(redis) = TestRedis::start_private().await else {
+        return;
+    };
+    // The private server has no password, so AUTH with one fails: an error path that
+    // has the URL in hand.
+    let url = redis
+        .url()
+        .replacen("redis://", "redis://user:hunter2-secret@", 1);
+    let options = RedisStoreOptions::new().connect_timeout(500 * MS);
+    let err = RedisStore::connect(&url, "pw", options.clone())
+        .await
+        .expect_err("authentication fails");
+    assert_eq!(err.kind(), ConnectErrorKind::Unreachable);
+    let text = format!("{} / {err:?}", chain(&err));
+    assert!(!text.contains("hunter2"), "{text}");
+
+    let fallback = options.failure_policy(FailurePolicy::LocalFallback {
+        expected_processes: std::num::NonZeroU32::MIN,
+    });
+    let store = RedisStore::connect(&url, "pw", fallback)
+        .await
+        .expect("a fallback store starts without redis");
+    let debug = format!("{store:?}");
+    assert!(!debug.contains("hunter2"), "{debug}");
+    assert!(debug.contains("user:***@127.0.0.1"), "{debug}");
+    let allowance = Allowance::with_store(AllowanceConfig::per_second(1, 1).expect("valid"), store);
+    assert!(!format!("{allowance:?}").contains("hunter2"));
+}
