@@ -1,33 +1,146 @@
-//! Eight workers, one API key: the seed article's table, through the real layers.
+//! Eight workers, one API key: the problem and the fix, over real sockets.
 //!
-//! Runs the seed's scenarios in virtual time against an in-process upstream with a token
-//! bucket of burst 2 refilling 2/s, whose 429s carry `Retry-After: 1`:
+//! Starts a throttling HTTP upstream on loopback (per key: bursts of 2, 2 requests/s, and
+//! `429` with `Retry-After: 1` beyond that), then runs eight jobs with eight workers twice,
+//! in real time:
+//!
+//! - **naive**: each worker honours `Retry-After` on its own (a `tower::retry::Retry` with
+//!   the library's `RetryPolicy`, nothing shared);
+//! - **shared**: all eight go through one `AllowanceLayer` over one `Allowance`.
+//!
+//! It prints the two runs side by side as the *server* counted them, an ASCII timeline of
+//! each, the seed article's table (the same scenarios in virtual time, exact), and writes
+//! `eight_workers.svg`.
 //!
 //! ```text
-//! cargo run --example eight_workers            # a table
-//! cargo run --example eight_workers -- --json  # the same rows as JSON
+//! cargo run --example eight_workers               # tables, timelines, eight_workers.svg
+//! cargo run --example eight_workers -- --json     # the rows as a JSON array
+//! cargo run --example eight_workers -- --svg docs/eight_workers.svg
 //! ```
 
-use allowance_sim::scenario::seed_table;
+use allowance_sim::{
+    live,
+    report::RunReport,
+    scenario::{seed_table, Mode, Scenario},
+    timeline,
+};
+use serde_json::{json, Value};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let rows = seed_table();
-    if std::env::args().any(|a| a == "--json") {
+fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json_out = args.iter().any(|a| a == "--json");
+    let svg_path = args
+        .iter()
+        .position(|a| a == "--svg")
+        .and_then(|i| args.get(i + 1))
+        .map_or("eight_workers.svg", String::as_str)
+        .to_owned();
+
+    if !json_out {
+        println!("Eight workers share one API key. The upstream is a real HTTP server on loopback");
+        println!(
+            "allowing, per key, bursts of 2 and 2 requests/s; beyond that it answers 429 with"
+        );
+        println!("Retry-After: 1. Eight jobs, one request each, run twice (about 3 s each)...\n");
+    }
+    let rt = tokio::runtime::Runtime::new()?;
+    let naive = rt.block_on(live::run_real(&Scenario::seed(Mode::Naive), None))?;
+    let shared = rt.block_on(live::run_real(&Scenario::seed(Mode::Shared), None))?;
+    // The seed article's table runs on its own paused-clock runtime.
+    let seed = seed_table();
+
+    let svg = timeline::svg(&[
+        ("naive: each worker retries alone", &naive),
+        ("shared: one allowance", &shared),
+    ]);
+    std::fs::write(&svg_path, svg)?;
+
+    if json_out {
+        let mut rows: Vec<Value> = vec![
+            real_row("naive: each worker retries alone (real HTTP)", &naive),
+            real_row("shared: one allowance (real HTTP)", &shared),
+        ];
+        rows.extend(seed.iter().map(|r| {
+            json!({
+                "scenario": r.scenario,
+                "clock": "virtual",
+                "attempts": r.attempts,
+                "rejected": r.rejected,
+                "completed": r.completed,
+                "abandoned": r.abandoned,
+                "last_attempt_ms": r.last_attempt_ms,
+            })
+        }));
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    println!("Eight workers share one key (upstream: burst 2, 2 req/s, 429 with Retry-After: 1)\n");
+
     println!(
-        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>14}",
+        "{:<34} {:>14} {:>14}",
+        "as the server counted", "naive", "shared"
+    );
+    let side = |label: &str, f: fn(&RunReport) -> String| {
+        println!("{:<34} {:>14} {:>14}", label, f(&naive), f(&shared));
+    };
+    side("attempts", |r| r.attempts.to_string());
+    side("429s", |r| r.rejected.to_string());
+    side("jobs completed", |r| r.completed.to_string());
+    side("jobs abandoned", |r| r.abandoned.to_string());
+    side("last job done (ms)", |r| r.makespan_ms.to_string());
+    side("theoretical minimum (ms)", |r| {
+        r.min_makespan_ms.to_string()
+    });
+    side("2xx per second after the burst", |r| {
+        format!("{:.2}", r.achieved_rate_per_sec)
+    });
+
+    let end = naive.timeline.end_ms().max(shared.timeline.end_ms());
+    println!("\nnaive: each worker honours Retry-After on its own");
+    print!("{}", timeline::ascii(&naive.timeline, end, 64));
+    println!("\nshared: one allowance admits every attempt, first tries and retries alike");
+    print!("{}", timeline::ascii(&shared.timeline, end, 64));
+    println!("\n{}", timeline::ASCII_LEGEND);
+
+    println!(
+        "\nEvery naive worker did the polite thing, and the server still saw {} attempts and {} 429s",
+        naive.attempts, naive.rejected
+    );
+    println!("for 8 jobs: one worker waiting does not make the other seven wait, and workers told");
+    println!("to wait the same second wake up together and collide again.");
+    println!(
+        "One shared allowance sent {} attempts, {} rejected, and finished in {} ms, against a",
+        shared.attempts, shared.rejected, shared.makespan_ms
+    );
+    println!(
+        "theoretical minimum of {} ms: no faster than the limit allows, and no slower.",
+        shared.min_makespan_ms
+    );
+
+    println!("\nThe seed article's table: the same upstream in virtual time (exact, instant):\n");
+    println!(
+        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
         "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
     );
-    for r in &rows {
+    for r in &seed {
         println!(
-            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>14}",
+            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
             r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
         );
     }
-    println!("\nEvery naive worker honoured Retry-After, and the group still made 20 attempts for 8 jobs.");
-    println!("One shared allowance made 8, none rejected, and finished just as early.");
+    println!("\nTimeline picture written to {svg_path}");
     Ok(())
+}
+
+fn real_row(scenario: &str, r: &RunReport) -> Value {
+    json!({
+        "scenario": scenario,
+        "clock": "real",
+        "attempts": r.attempts,
+        "rejected": r.rejected,
+        "completed": r.completed,
+        "abandoned": r.abandoned,
+        "last_attempt_ms": r.last_attempt_ms,
+        "makespan_ms": r.makespan_ms,
+        "min_makespan_ms": r.min_makespan_ms,
+    })
 }

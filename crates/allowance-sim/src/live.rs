@@ -234,6 +234,7 @@ pub async fn run_http(
         tasks.push(tokio::spawn(async move {
             let mut ends = Vec::new();
             for job in (worker..jobs).step_by(workers) {
+                let started_ms = ms_since(start);
                 let mut req = target.request(job, worker_id)?;
                 if let Some(d) = deadline {
                     req.extensions_mut().insert(Deadline::after(d));
@@ -241,6 +242,7 @@ pub async fn run_http(
                 let result = service.clone().oneshot(req).await;
                 ends.push(JobEnd::new(
                     worker_id,
+                    started_ms,
                     ms_since(start),
                     Outcome::of(&result),
                 ));

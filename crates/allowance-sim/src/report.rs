@@ -30,15 +30,17 @@ pub struct Mark {
 pub struct JobEnd {
     /// The worker that ran it.
     pub worker: u32,
-    /// Milliseconds from the start of the run.
+    /// When the worker started it, ms from the start of the run.
+    pub started_ms: u64,
+    /// When it ended, ms from the start of the run.
     pub at_ms: u64,
     /// `"completed"`, `"failed"`, or the abandonment reason (`"max_attempts"`, ...).
     pub outcome: &'static str,
 }
 
 impl JobEnd {
-    /// A job end from a stack's [`Outcome`].
-    pub fn new(worker: u32, at_ms: u64, outcome: Outcome) -> Self {
+    /// A job run by `worker` from `started_ms` to `at_ms`, ending with `outcome`.
+    pub fn new(worker: u32, started_ms: u64, at_ms: u64, outcome: Outcome) -> Self {
         let outcome = match outcome {
             Outcome::Completed => "completed",
             Outcome::Abandoned(reason) => reason.as_str(),
@@ -46,6 +48,7 @@ impl JobEnd {
         };
         Self {
             worker,
+            started_ms,
             at_ms,
             outcome,
         }
@@ -114,6 +117,28 @@ impl Timeline {
             ends,
             cooldowns,
         }
+    }
+
+    /// Stretches where a worker had a job but had not sent its first attempt yet: queued
+    /// for admission (shared and split modes), one per job that waited.
+    pub fn queued(&self) -> Vec<Window> {
+        self.ends
+            .iter()
+            .filter_map(|e| {
+                let first = self
+                    .attempts
+                    .iter()
+                    .filter(|m| m.worker == e.worker && (e.started_ms..=e.at_ms).contains(&m.at_ms))
+                    .map(|m| m.at_ms)
+                    .min()
+                    .unwrap_or(e.at_ms);
+                (first > e.started_ms).then(|| Window {
+                    workers: vec![e.worker],
+                    from_ms: e.started_ms,
+                    to_ms: first,
+                })
+            })
+            .collect()
     }
 
     /// The last moment anything happened, in ms.

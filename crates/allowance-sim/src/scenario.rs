@@ -217,15 +217,16 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
             }
         };
         tasks.push(tokio::spawn(async move {
-            let mut outcomes: Vec<(Outcome, Instant)> = Vec::new();
+            let mut outcomes: Vec<(Outcome, Instant, Instant)> = Vec::new();
             for _job in (worker..jobs).step_by(workers) {
+                let started = Instant::now();
                 let mut req = Request::new(String::new());
                 req.headers_mut().insert(WORKER_HEADER, worker_id.into());
                 if let Some(d) = deadline {
                     req.extensions_mut().insert(Deadline::after(d));
                 }
                 let result = service.clone().oneshot(req).await;
-                outcomes.push((Outcome::of(&result), Instant::now()));
+                outcomes.push((Outcome::of(&result), started, Instant::now()));
             }
             (worker_id, outcomes, Instant::now())
         }));
@@ -246,9 +247,12 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
     for task in tasks {
         let (worker, outcomes, done) = task.await?;
         finished = finished.max(done);
-        for (outcome, at) in outcomes {
-            let at_ms = u64::try_from(at.duration_since(start).as_millis()).unwrap_or(u64::MAX);
-            report.ends.push(JobEnd::new(worker, at_ms, outcome));
+        for (outcome, started, at) in outcomes {
+            let ms =
+                |t: Instant| u64::try_from(t.duration_since(start).as_millis()).unwrap_or(u64::MAX);
+            report
+                .ends
+                .push(JobEnd::new(worker, ms(started), ms(at), outcome));
             match outcome {
                 Outcome::Completed => report.completed += 1,
                 Outcome::Abandoned(reason) => {

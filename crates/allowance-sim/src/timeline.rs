@@ -2,7 +2,8 @@
 //!
 //! One lane per worker; a mark per attempt (`o` / green for 2xx, `x` / red for 429, `!` /
 //! grey for anything else), an `A` / black cross where a job was abandoned, and the cooldown
-//! windows (a 429's `Retry-After`) shaded: `-` in ASCII, amber in SVG.
+//! windows (a 429's `Retry-After`) shaded: `-` in ASCII, amber in SVG; time spent queued for
+//! the shared allowance before a job's first attempt is `.` in ASCII, blue in SVG.
 //!
 //! ```
 //! use allowance_sim::{report::RunReport, scenario::{run_virtual, Mode, Scenario}, timeline};
@@ -23,7 +24,7 @@ use crate::report::{RunReport, Timeline};
 
 /// Legend for [`ascii`].
 pub const ASCII_LEGEND: &str =
-    "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)";
+    "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)   . queued for the allowance";
 
 fn glyph_rank(c: char) -> u8 {
     match c {
@@ -31,7 +32,7 @@ fn glyph_rank(c: char) -> u8 {
         'x' => 4,
         '!' => 3,
         'o' => 2,
-        '-' => 1,
+        '-' | '.' => 1,
         _ => 0,
     }
 }
@@ -70,6 +71,13 @@ pub fn ascii(timeline: &Timeline, end_ms: u64, cols: usize) -> String {
         for &worker in &w.workers {
             for c in col(w.from_ms)..=col(w.to_ms) {
                 put(worker, c, '-');
+            }
+        }
+    }
+    for w in timeline.queued() {
+        for &worker in &w.workers {
+            for c in col(w.from_ms)..=col(w.to_ms) {
+                put(worker, c, '.');
             }
         }
     }
@@ -127,7 +135,7 @@ fn escape(s: &str) -> String {
 
 /// An SVG with one panel per `(title, report)`, stacked, on one time scale.
 pub fn svg(runs: &[(&str, &RunReport)]) -> String {
-    const LEFT: f64 = 56.0;
+    const LEFT: f64 = 76.0;
     const WIDTH: f64 = 760.0;
     const LANE: f64 = 18.0;
     const HEAD: f64 = 34.0;
@@ -161,7 +169,8 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
 <circle cx="{b}" cy="16" r="5" fill="#d62728"/><text x="{c}" y="20">429</text>
 <circle cx="{d}" cy="16" r="5" fill="#7f7f7f"/><text x="{e}" y="20">other / error</text>
 <path d="M{f0},11 l10,10 M{f0},21 l10,-10" stroke="#000" stroke-width="2"/><text x="{g}" y="20">abandoned</text>
-<rect x="{h}" y="10" width="18" height="12" fill="#f5b700" fill-opacity="0.3"/><text x="{i}" y="20">told to wait (Retry-After / cooldown)</text>
+<rect x="{h}" y="10" width="18" height="12" fill="#f5b700" fill-opacity="0.3"/><text x="{i}" y="20">told to wait (Retry-After)</text>
+<rect x="{j}" y="10" width="18" height="12" fill="#1f77b4" fill-opacity="0.2"/><text x="{k}" y="20">queued for the allowance</text>
 </g>"##,
         l = LEFT + 5.0,
         a = LEFT + 14.0,
@@ -173,6 +182,8 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
         g = LEFT + 231.0,
         h = LEFT + 310.0,
         i = LEFT + 333.0,
+        j = LEFT + 500.0,
+        k = LEFT + 523.0,
     );
     let step = [500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 300_000]
         .into_iter()
@@ -185,7 +196,7 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
         let lanes_top = top + HEAD;
         let lanes_h = t.workers as f64 * LANE;
         let summary = format!(
-            "{title}: {} attempts, {} × 429, {} completed, {} abandoned, last job done at {} ms",
+            "{title}: {} attempts, {} × 429, {} completed, {} abandoned, done at {} ms",
             r.attempts, r.rejected, r.completed, r.abandoned, r.makespan_ms
         );
         let _ = writeln!(
@@ -212,6 +223,18 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
                     r##"<rect x="{:.1}" y="{y}" width="{:.1}" height="{LANE}" fill="#f5b700" fill-opacity="0.22"/>"##,
                     x(w.from_ms),
                     (x(w.to_ms) - x(w.from_ms)).max(1.0)
+                );
+            }
+        }
+        for w in t.queued() {
+            for &worker in &w.workers {
+                let y = lanes_top + f64::from(worker) * LANE + 4.0;
+                let _ = writeln!(
+                    s,
+                    r##"<rect x="{:.1}" y="{y}" width="{:.1}" height="{}" fill="#1f77b4" fill-opacity="0.2"/>"##,
+                    x(w.from_ms),
+                    (x(w.to_ms) - x(w.from_ms)).max(1.0),
+                    LANE - 8.0
                 );
             }
         }
@@ -302,6 +325,7 @@ mod tests {
         ];
         let ends = vec![JobEnd {
             worker: 1,
+            started_ms: 0,
             at_ms: 1000,
             outcome: "max_attempts",
         }];
