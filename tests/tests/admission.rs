@@ -80,6 +80,7 @@ async fn fifo_and_one_wakeup_per_admission_with_1000_waiters() {
     // Every future is polled once to start; every later poll is a wakeup.
     let wakeups = polls.load(Ordering::Relaxed) - N;
     let admissions = N - 1; // the first one never waited
+    eprintln!("{N} waiters: {wakeups} wakeups for {admissions} queued admissions");
     assert!(
         wakeups <= admissions + 4,
         "{wakeups} wakeups for {admissions} admissions: a herd"

@@ -445,3 +445,68 @@ mod serde_configs {
         assert!(serde_json::from_str::<RetryConfig>(r#"{"max_attempts": 0}"#).is_err());
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn successes_replenish_a_replenishing_budget() {
+    // No floor; each success earns half a retry.
+    let budget =
+        tower_allowance::ReplenishingBudget::new(Duration::from_secs(10), 0, 0.5).expect("valid");
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(100, 100)
+            .expect("valid")
+            .with_retry_budget(RetryBudgetConfig::Replenishing(budget)),
+    );
+    let ok = ServiceBuilder::new()
+        .layer(AllowanceLayer::new(
+            allowance.clone(),
+            RetryConfig::default(),
+        ))
+        .service_fn(|_r: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        });
+    assert_eq!(
+        allowance
+            .store_state()
+            .await
+            .expect("state")
+            .retries_remaining,
+        Some(0)
+    );
+    for _ in 0..4 {
+        ok.clone()
+            .oneshot(Request::new(String::new()))
+            .await
+            .expect("ok");
+    }
+    assert_eq!(
+        allowance
+            .store_state()
+            .await
+            .expect("state")
+            .retries_remaining,
+        Some(2)
+    );
+    // Two retries are now possible for the group, then the budget stops the third.
+    let upstream = throttling(Some("1"));
+    let svc = stack(
+        &allowance,
+        RetryConfig::default().with_max_attempts(10).expect("valid"),
+        upstream.clone(),
+    );
+    let result = svc.oneshot(Request::new(String::new())).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::BudgetExhausted)
+    );
+    assert_eq!(upstream.calls(), 3);
+    // Deposits expire with the window.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(
+        allowance
+            .store_state()
+            .await
+            .expect("state")
+            .retries_remaining,
+        Some(0)
+    );
+}
