@@ -32,6 +32,8 @@ const SLOTS: u64 = 10;
 
 /// Shared prelude: read the clock and the state; helpers for the budget and for saving.
 const PRELUDE: &str = r#"
+-- Redis 3.2 to 6: replicate the writes, not the script (it reads TIME). A no-op since 7.
+if redis.replicate_commands then redis.replicate_commands() end
 local key = KEYS[1]
 local interval = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
@@ -45,11 +47,19 @@ local op_arg = tonumber(ARGV[8])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local FIELDS = {'tat', 'bu', 'sp', 'hd',
-  'd0', 'd1', 'd2', 'd3', 'd4', 'd5', 'd6', 'd7', 'd8', 'd9',
-  'w0', 'w1', 'w2', 'w3', 'w4', 'w5', 'w6', 'w7', 'w8', 'w9'}
+-- Only the fields this budget kind uses are read and written.
+local FIELDS = {'tat', 'bu'}
+if kind == 1 then
+  FIELDS[3] = 'sp'
+elseif kind == 2 then
+  FIELDS[3] = 'hd'
+  for i = 0, 9 do
+    FIELDS[#FIELDS + 1] = 'd' .. i
+    FIELDS[#FIELDS + 1] = 'w' .. i
+  end
+end
 local raw = redis.call('HMGET', key, unpack(FIELDS))
-local s = {}
+local s = {sp = 0, hd = 0}
 for i, f in ipairs(FIELDS) do s[f] = tonumber(raw[i]) or 0 end
 
 -- Moves the sliding window forward to now; returns the current slot index.

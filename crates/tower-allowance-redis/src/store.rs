@@ -203,7 +203,11 @@ impl RedisStore {
                 fallback,
             }),
         };
-        match store.inner.preload(store.inner.options.connect_timeout).await {
+        match store
+            .inner
+            .preload(store.inner.options.connect_timeout)
+            .await
+        {
             Ok(()) => Ok(store),
             Err(e) if store.inner.fallback.is_some() => {
                 store.inner.circuit.failed(&e, "local fallback");
@@ -436,6 +440,10 @@ impl Store for RedisStore {
     }
 
     fn deposit(&self, config: &AllowanceConfig) -> StoreFuture<()> {
+        // Only a replenishing budget counts successes: no round trip for the others.
+        if !matches!(config.retry_budget(), RetryBudgetConfig::Replenishing(_)) {
+            return Box::pin(std::future::ready(Ok(())));
+        }
         self.decide(
             config,
             Op::Deposit,
@@ -557,7 +565,7 @@ impl Circuit {
         if self.closed_until_us.load(Ordering::Acquire) != 0 {
             self.closed_until_us.store(0, Ordering::Release);
         }
-        if self.degraded.swap(false, Ordering::AcqRel) {
+        if self.degraded.load(Ordering::Acquire) && self.degraded.swap(false, Ordering::AcqRel) {
             tracing::info!("redis answers again; allowance decisions are shared again");
         }
     }

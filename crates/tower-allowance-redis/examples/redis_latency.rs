@@ -1,0 +1,131 @@
+//! Measures admission latency against a local Redis next to a plain `PING` in the same run,
+//! and admissions per second from one process with 64 concurrent tasks.
+//!
+//! ```text
+//! cargo run --release -p tower-allowance-redis --features test-util --example redis_latency
+//! ```
+//!
+//! Starts a private `redis-server` (or uses `$ALLOWANCE_REDIS_URL`).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_allowance::{
+    store::{Admit, Decision, Store},
+    Allowance, AllowanceConfig, BoxError,
+};
+use tower_allowance_redis::{
+    test_util::{unique_name, TestRedis},
+    RedisStore, RedisStoreOptions,
+};
+
+const N: usize = 5_000;
+const TASKS: usize = 64;
+const PER_TASK: usize = 200;
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |p: f64| samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)];
+    (at(0.50), at(0.99))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let Some(redis) = TestRedis::start().await else {
+        return Err("no redis".into());
+    };
+    // Never limited by tokens: this measures the store, not the rate.
+    let config = AllowanceConfig::per_second(1_000_000, 1_000_000)?;
+    let store =
+        RedisStore::connect(redis.url(), &unique_name("bench"), RedisStoreOptions::new()).await?;
+    let mut ping = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+
+    // Warm up both paths.
+    for _ in 0..500 {
+        redis::cmd("PING").query_async::<String>(&mut ping).await?;
+        store.admit(&config, Admit::first()).await?;
+    }
+    // Interleaved, so both see the same machine load.
+    let (mut pings, mut admits) = (Vec::with_capacity(N), Vec::with_capacity(N));
+    let rt_before = store.round_trips();
+    for _ in 0..N {
+        let t = Instant::now();
+        redis::cmd("PING").query_async::<String>(&mut ping).await?;
+        pings.push(t.elapsed());
+        let t = Instant::now();
+        let decision = store.admit(&config, Admit::first()).await?;
+        admits.push(t.elapsed());
+        assert!(matches!(decision, Decision::Admitted { .. }));
+    }
+    let rt = store.round_trips() - rt_before;
+    let (p50, p99) = percentiles(pings);
+    println!("interleaved: PING         p50 {p50:>10.1?}  p99 {p99:>10.1?}  (n={N})");
+    let (p50, p99) = percentiles(admits);
+    println!(
+        "interleaved: admit        p50 {p50:>10.1?}  p99 {p99:>10.1?}  (n={N}, {rt} round trips)"
+    );
+
+    // Back-to-back blocks (no interleaving): PING, admit, acquire through an Allowance (as
+    // the layers use it), PING again.
+    let allowance = Allowance::with_store(config.clone(), store.clone());
+    for round in ["PING", "admit", "acquire", "PING"] {
+        let mut samples = Vec::with_capacity(N);
+        for _ in 0..N {
+            let t = Instant::now();
+            match round {
+                "PING" => drop(redis::cmd("PING").query_async::<String>(&mut ping).await?),
+                "admit" => drop(store.admit(&config, Admit::first()).await?),
+                _ => allowance.acquire().await?,
+            }
+            samples.push(t.elapsed());
+        }
+        let (p50, p99) = percentiles(samples);
+        println!("block: {round:<8}                p50 {p50:>10.1?}  p99 {p99:>10.1?}  (n={N})");
+    }
+
+    // 64 concurrent tasks through one Allowance (its FIFO queue lets one head ask at a time).
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let allowance = allowance.clone();
+        tasks.spawn(async move {
+            for _ in 0..PER_TASK {
+                allowance.acquire().await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let took = started.elapsed();
+    let total = (TASKS * PER_TASK) as f64;
+    println!(
+        "{TASKS} tasks x {PER_TASK} via Allowance::acquire: {:.0} admissions/s ({took:.2?})",
+        total / took.as_secs_f64()
+    );
+
+    // 64 concurrent tasks on the store directly (pipelined on one multiplexed connection).
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let (store, config) = (store.clone(), config.clone());
+        tasks.spawn(async move {
+            for _ in 0..PER_TASK {
+                store.admit(&config, Admit::first()).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let took = started.elapsed();
+    println!(
+        "{TASKS} tasks x {PER_TASK} via RedisStore::admit: {:.0} admissions/s ({took:.2?})",
+        total / took.as_secs_f64()
+    );
+    Ok(())
+}
