@@ -1,0 +1,162 @@
+//! An axum app whose handler fetches from a rate-limited upstream through one shared stack
+//! kept in the app's state: many concurrent inbound requests, one outbound allowance.
+//!
+//! `GET /odds/{event_id}` on the app fetches `/v1/events/{event_id}/odds/snapshot` from the
+//! upstream. However many requests arrive at once, the upstream sees at most what the
+//! allowance admits; a request that cannot be served in time gets a 503 with
+//! `Retry-After`, never a silent hang.
+//!
+//! ```text
+//! cargo run --example axum_proxy
+//! ```
+
+use std::time::Duration;
+
+use allowance_sim::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{header, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+    routing::get,
+    Router,
+};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::TokioExecutor,
+};
+use tower::{Layer, ServiceExt};
+use tower_allowance::{
+    retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline, Outcome,
+};
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// The outbound stack: Retry -> Cooldown -> Admission -> hyper's client.
+type Odds = <AllowanceLayer as Layer<HttpClient>>::Service;
+
+/// The app's state: one stack (one allowance) for every handler invocation.
+///
+/// Cloning the state clones the stack, which shares the allowance: no new bucket.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    odds: Odds,
+    upstream: String,
+    key: String,
+    /// How long an inbound request may wait for the upstream.
+    patience: Duration,
+}
+
+/// The app, fetching from `upstream` (a base URL) with `key` through `allowance`.
+pub(crate) fn app(
+    upstream: String,
+    key: String,
+    allowance: Allowance,
+    patience: Duration,
+) -> Result<Router, BoxError> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let retry = RetryConfig::default().with_max_attempts(4)?;
+    let odds = AllowanceLayer::new(allowance, retry).layer(client);
+    let state = AppState {
+        odds,
+        upstream,
+        key,
+        patience,
+    };
+    Ok(Router::new()
+        .route("/odds/{event_id}", get(odds_snapshot))
+        .with_state(state))
+}
+
+async fn odds_snapshot(State(state): State<AppState>, Path(event_id): Path<String>) -> Response {
+    match fetch(&state, &event_id).await {
+        Ok(response) => response,
+        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
+
+async fn fetch(state: &AppState, event_id: &str) -> Result<Response, BoxError> {
+    let mut request = Request::get(format!(
+        "{}/v1/events/{event_id}/odds/snapshot",
+        state.upstream
+    ))
+    .header(API_KEY_HEADER, &state.key)
+    .body(Empty::<Bytes>::new())?;
+    request
+        .extensions_mut()
+        .insert(Deadline::after(state.patience));
+    let result = state.odds.clone().oneshot(request).await;
+    match Outcome::of(&result) {
+        Outcome::Completed => {
+            let upstream = result?;
+            let status = upstream.status();
+            let body = upstream.into_body().collect().await?.to_bytes();
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() = status;
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            Ok(response)
+        }
+        // Given up on (deadline, budget, quota...): tell our caller, honestly.
+        Outcome::Abandoned(reason) => {
+            let mut response = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("upstream allowance: request abandoned ({reason})"),
+            )
+                .into_response();
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            Ok(response)
+        }
+        Outcome::Failed => Err(result.err().unwrap_or_else(|| "failed".into())),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let upstream = Upstream::start(UpstreamConfig::new(2, 4)).await?;
+    let allowance = Allowance::new(AllowanceConfig::per_second(4, 2)?);
+    let router = app(
+        upstream.url(),
+        DEFAULT_KEY.to_owned(),
+        allowance,
+        Duration::from_secs(5),
+    )?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+    println!(
+        "proxy on http://{addr}, upstream {} (burst 2, 4 req/s)",
+        upstream.url()
+    );
+
+    // Twelve inbound requests at once.
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut inbound = Vec::new();
+    for i in 0..12 {
+        let client = client.clone();
+        let uri = format!("http://{addr}/odds/e{i}");
+        inbound.push(tokio::spawn(async move {
+            let res = client.get(uri.parse()?).await?;
+            Ok::<_, BoxError>(res.status())
+        }));
+    }
+    for (i, task) in inbound.into_iter().enumerate() {
+        println!("inbound /odds/e{i}: {}", task.await??);
+    }
+    let log = upstream.log();
+    println!(
+        "\nThe upstream saw {} requests, {} of them 429.",
+        log.len(),
+        log.iter().filter(|r| r.status == 429).count()
+    );
+    server.abort();
+    upstream.shutdown().await;
+    Ok(())
+}

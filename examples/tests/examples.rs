@@ -1,0 +1,149 @@
+//! Each example's main logic, run against the throttling upstream (or its in-process
+//! provider): the examples are compiled into this test as modules, so what is tested is
+//! exactly what a reader runs.
+
+#[path = "../hyper_client.rs"]
+#[allow(dead_code)]
+mod hyper_client;
+
+#[path = "../axum_proxy.rs"]
+#[allow(dead_code)]
+mod axum_proxy;
+
+#[path = "../custom_classifier.rs"]
+#[allow(dead_code)]
+mod custom_classifier;
+
+use std::time::Duration;
+
+use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
+use axum::body::Body;
+use http::{Request, StatusCode};
+use tower::ServiceExt;
+use tower_allowance::{error::AbandonReason, Allowance, AllowanceConfig, Outcome};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hyper_client_shares_one_allowance_across_concurrent_fetches() {
+    // Burst 2 at 10/s: six fetches take about 0.4 s.
+    let upstream = Upstream::start(UpstreamConfig::new(2, 10))
+        .await
+        .expect("binds");
+    let (allowance, stack) = hyper_client::stack(10, 2).expect("valid");
+    let events = ["e1", "e2", "e3", "e4", "e5", "e6"];
+    let fetched = hyper_client::fetch_snapshots(&stack, &upstream.url(), DEFAULT_KEY, &events)
+        .await
+        .expect("fetches");
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    assert_eq!(fetched.len(), 6);
+    for f in &fetched {
+        assert_eq!(
+            (f.outcome, f.status),
+            (Outcome::Completed, Some(200)),
+            "{f:?}"
+        );
+        let body = std::str::from_utf8(&f.body).expect("utf-8");
+        assert!(
+            body.contains(&format!("\"event_id\":\"{}\"", f.event_id)),
+            "{body}"
+        );
+    }
+    assert_eq!(log.len(), 6, "{log:?}");
+    assert!(log.iter().all(|r| r.status == 200), "{log:?}");
+    assert_eq!(allowance.snapshot().admitted, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_proxy_many_inbound_one_outbound_allowance() {
+    let upstream = Upstream::start(UpstreamConfig::new(2, 10))
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 2).expect("valid"));
+    let app = axum_proxy::app(
+        upstream.url(),
+        DEFAULT_KEY.to_owned(),
+        allowance.clone(),
+        Duration::from_secs(5),
+    )
+    .expect("valid");
+
+    // Eight inbound requests at once, each served by a clone of the same router and state.
+    let mut inbound = Vec::new();
+    for i in 0..8 {
+        let app = app.clone();
+        inbound.push(tokio::spawn(async move {
+            let req = Request::get(format!("/odds/e{i}"))
+                .body(Body::empty())
+                .expect("request");
+            app.oneshot(req).await.expect("infallible").status()
+        }));
+    }
+    for task in inbound {
+        assert_eq!(task.await.expect("joins"), StatusCode::OK);
+    }
+    let log = upstream.log();
+    upstream.shutdown().await;
+    assert_eq!(log.len(), 8, "{log:?}");
+    assert!(log.iter().all(|r| r.status == 200), "{log:?}");
+    assert_eq!(allowance.snapshot().admitted, 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_proxy_answers_503_when_the_wait_would_pass_its_patience() {
+    let upstream = Upstream::start(UpstreamConfig::new(1, 1))
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+    // 100 ms of patience at one request per second: the second caller cannot be served.
+    let app = axum_proxy::app(
+        upstream.url(),
+        DEFAULT_KEY.to_owned(),
+        allowance,
+        Duration::from_millis(100),
+    )
+    .expect("valid");
+    let get = |i: u32| {
+        let app = app.clone();
+        async move {
+            let req = Request::get(format!("/odds/e{i}"))
+                .body(Body::empty())
+                .expect("request");
+            app.oneshot(req).await.expect("infallible")
+        }
+    };
+    assert_eq!(get(1).await.status(), StatusCode::OK);
+    let refused = get(2).await;
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(refused.headers().contains_key("retry-after"));
+    let log = upstream.log();
+    upstream.shutdown().await;
+    // The refused request never reached the upstream.
+    assert_eq!(log.len(), 1, "{log:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn custom_classifier_retries_only_the_marked_503() {
+    use custom_classifier::{demo, Summary, ThrottleHeader};
+
+    let custom = demo(ThrottleHeader).await.expect("runs");
+    assert_eq!(
+        custom,
+        Summary {
+            // One marked 503, then a 200 after its Retry-After; maintenance once, as is.
+            provider_calls: (2, 1),
+            throttled: (Outcome::Completed, 200, 2000),
+            maintenance: (Outcome::Completed, 503),
+        }
+    );
+
+    let default = demo(tower_allowance::classify::StatusClassifier::default())
+        .await
+        .expect("runs");
+    // The default rule retries maintenance until max_attempts: three calls, abandoned.
+    assert_eq!(default.provider_calls.1, 3);
+    assert_eq!(
+        default.maintenance.0,
+        Outcome::Abandoned(AbandonReason::MaxAttempts)
+    );
+}
