@@ -10,6 +10,10 @@ mod hyper_client;
 #[allow(dead_code)]
 mod axum_proxy;
 
+#[path = "../quota_exhausted.rs"]
+#[allow(dead_code)]
+mod quota_exhausted;
+
 #[path = "../custom_classifier.rs"]
 #[allow(dead_code)]
 mod custom_classifier;
@@ -146,4 +150,50 @@ async fn custom_classifier_retries_only_the_marked_503() {
         default.maintenance.0,
         Outcome::Abandoned(AbandonReason::MaxAttempts)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_exhausted_one_probe_no_polling_all_abandoned() {
+    let upstream = Upstream::start(UpstreamConfig::new(2, 2).with_quota(0))
+        .await
+        .expect("binds");
+    let url = upstream.url();
+    let (allowance, stack) = quota_exhausted::stack(&url, DEFAULT_KEY).expect("valid");
+
+    let first = quota_exhausted::run(&url, DEFAULT_KEY, &allowance, &stack, 8)
+        .await
+        .expect("runs");
+    assert_eq!(
+        first.outcomes,
+        vec![Outcome::Abandoned(AbandonReason::QuotaExhausted); 8],
+        "all eight abandoned for the quota, none successful"
+    );
+    assert_eq!(first.probes, 1);
+    // Until the end of the month (at most 31 days), measured on the server's clock.
+    let left = first.reopens_in.expect("the error says when");
+    assert!(left > Duration::ZERO && left <= Duration::from_secs(31 * 86_400));
+
+    // After the verdict nothing reaches the server: new calls fail at once.
+    let seen = upstream.log();
+    let again = quota_exhausted::run(&url, DEFAULT_KEY, &allowance, &stack, 8)
+        .await
+        .expect("runs");
+    assert_eq!(
+        again.outcomes,
+        vec![Outcome::Abandoned(AbandonReason::QuotaExhausted); 8]
+    );
+    let log = upstream.log();
+    upstream.shutdown().await;
+    assert_eq!(log, seen, "no request after the verdict");
+    let usage: Vec<_> = log.iter().filter(|r| r.path == "/v1/usage").collect();
+    assert_eq!(usage.len(), 1, "exactly one /v1/usage request: {log:?}");
+    assert_eq!(usage[0].status, 200);
+    // The snapshot attempts before the verdict: the allowance's burst, no more.
+    let snapshots = log.len() - 1;
+    assert!((1..=2).contains(&snapshots), "{log:?}");
+    assert!(log
+        .iter()
+        .filter(|r| r.path != "/v1/usage")
+        .all(|r| r.status == 429));
+    assert_eq!(again.probes, 1, "the probe did not run again");
 }
