@@ -111,10 +111,12 @@ pub(crate) struct QuotaRun {
     pub(crate) probes: u64,
 }
 
-/// An allowance (2/s, bursts of 2) with the usage probe, and the stack over hyper's client.
+/// An allowance (`rate_per_sec`, bursts of 2) with the usage probe, and the stack over
+/// hyper's client.
 pub(crate) fn stack(
     upstream_url: &str,
     key: &str,
+    rate_per_sec: u32,
 ) -> Result<(Allowance, <AllowanceLayer as Layer<HttpClient>>::Service), BoxError> {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let probe = UsageProbe {
@@ -122,7 +124,7 @@ pub(crate) fn stack(
         url: format!("{upstream_url}/v1/usage"),
         key: key.to_owned(),
     };
-    let allowance = Allowance::builder(AllowanceConfig::per_second(2, 2)?)
+    let allowance = Allowance::builder(AllowanceConfig::per_second(rate_per_sec, 2)?)
         .quota_probe(probe, QuotaTrigger::after_consecutive(1)?)
         .build();
     let retry = RetryConfig::default().with_max_attempts(5)?;
@@ -173,7 +175,7 @@ pub(crate) async fn run(
 async fn main() -> Result<(), BoxError> {
     // A quota of zero credits: already spent for this month.
     let upstream = Upstream::start(UpstreamConfig::new(2, 2).with_quota(0)).await?;
-    let (allowance, stack) = stack(&upstream.url(), DEFAULT_KEY)?;
+    let (allowance, stack) = stack(&upstream.url(), DEFAULT_KEY, 2)?;
     println!(
         "Eight workers, one key whose monthly quota is spent ({}).\n",
         upstream.url()

@@ -158,7 +158,7 @@ async fn quota_exhausted_one_probe_no_polling_all_abandoned() {
         .await
         .expect("binds");
     let url = upstream.url();
-    let (allowance, stack) = quota_exhausted::stack(&url, DEFAULT_KEY).expect("valid");
+    let (allowance, stack) = quota_exhausted::stack(&url, DEFAULT_KEY, 2).expect("valid");
 
     let first = quota_exhausted::run(&url, DEFAULT_KEY, &allowance, &stack, 8)
         .await
@@ -196,4 +196,40 @@ async fn quota_exhausted_one_probe_no_polling_all_abandoned() {
         .filter(|r| r.path != "/v1/usage")
         .all(|r| r.status == 429));
     assert_eq!(again.probes, 1, "the probe did not run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttled_quota_probe_backs_off_instead_of_looping() {
+    // A bucket of zero: every call is throttled, /v1/usage included (with Retry-After), and
+    // the quota is spent (snapshots: 429 without Retry-After).
+    let upstream = Upstream::start(UpstreamConfig::new(0, 2).with_quota(0))
+        .await
+        .expect("binds");
+    let url = upstream.url();
+    let (allowance, stack) = quota_exhausted::stack(&url, DEFAULT_KEY, 20).expect("valid");
+    let start = tokio::time::Instant::now();
+    let run = quota_exhausted::run(&url, DEFAULT_KEY, &allowance, &stack, 8)
+        .await
+        .expect("runs");
+    let elapsed = start.elapsed();
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    // No verdict could be had, so the jobs ran out of attempts: abandoned, never successful.
+    assert_eq!(
+        run.outcomes,
+        vec![Outcome::Abandoned(AbandonReason::MaxAttempts); 8],
+        "{log:?}"
+    );
+    let usage = log.iter().filter(|r| r.path == "/v1/usage").count();
+    let snapshots = log.len() - usage;
+    assert_eq!(snapshots, 8 * 5, "five attempts each");
+    // The probe backs off 1 s, 2 s, 4 s, ... after each failure: one probe, plus one per
+    // backoff step that fits in the run, however many 429s arrived meanwhile.
+    let steps = 1 + (elapsed.as_secs_f64() + 1.0).log2().floor() as usize;
+    assert!(
+        (1..=steps).contains(&usage),
+        "{usage} usage probes in {elapsed:?}"
+    );
+    assert_eq!(allowance.quota_probes(), usage as u64);
 }
