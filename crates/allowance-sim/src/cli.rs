@@ -391,7 +391,9 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
         let upstream = Upstream::start_on(config, addr).await?;
         writeln!(out, "{}", upstream.url())?;
-        writeln!(
+        out.flush()?;
+        // The URL is what scripts read; if they stop reading after it, keep serving.
+        let _ = writeln!(
             out,
             "serving: burst {} at {}/s per key, 429s with {}, keys {:?}{}; Ctrl-C to stop",
             args.burst,
@@ -400,32 +402,33 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
             args.keys,
             args.quota
                 .map_or(String::new(), |q| format!(", quota {q} credits")),
-        )?;
-        writeln!(
+        );
+        let _ = writeln!(
             out,
             "try: curl -i -H 'X-API-Key: {}' {}",
             args.keys.first().map_or(DEFAULT_KEY, String::as_str),
             upstream.snapshot_url("e1")
-        )?;
-        out.flush()?;
+        );
+        let _ = out.flush();
         tokio::signal::ctrl_c().await?;
         let log = upstream.log();
         upstream.shutdown().await;
         let rejected = log.iter().filter(|r| r.status == 429).count();
-        writeln!(
+        let _ = writeln!(
             out,
             "stopped: saw {} requests, {} of them 429",
             log.len(),
             rejected
-        )?;
+        );
         Ok(())
     })
 }
 
-/// A one-line progress display on stderr, for real-time runs on a terminal that will take
-/// more than a couple of seconds. Stops (and clears its line) on drop.
+/// A progress bar on stderr, for real-time runs on a terminal that will take more than a
+/// couple of seconds. Stops (and clears itself) on drop.
 struct Progress {
     done: Arc<AtomicUsize>,
+    bar: indicatif::ProgressBar,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -434,32 +437,31 @@ impl Progress {
         if !terminal || live::expected_duration(s) < Duration::from_secs(2) {
             return None;
         }
+        let total = u64::try_from(s.jobs).unwrap_or(u64::MAX);
+        let style = indicatif::ProgressStyle::with_template(
+            "{spinner} [{bar:30}] {pos}/{len} jobs done, {elapsed}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("#>-");
+        let bar = indicatif::ProgressBar::new(total).with_style(style);
         let done = Arc::new(AtomicUsize::new(0));
-        let (counter, total) = (done.clone(), s.jobs.max(1));
+        let (counter, shown) = (done.clone(), bar.clone());
         let task = rt.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(100));
             loop {
                 tick.tick().await;
-                let n = counter.load(Ordering::Relaxed).min(total);
-                let filled = n * 30 / total;
-                let mut err = std::io::stderr();
-                let _ = write!(
-                    err,
-                    "\r[{}{}] {n}/{total} jobs",
-                    "#".repeat(filled),
-                    " ".repeat(30 - filled)
-                );
-                let _ = err.flush();
+                let n = counter.load(Ordering::Relaxed);
+                shown.set_position(u64::try_from(n).unwrap_or(u64::MAX));
             }
         });
-        Some(Self { done, task })
+        Some(Self { done, bar, task })
     }
 }
 
 impl Drop for Progress {
     fn drop(&mut self) {
         self.task.abort();
-        let _ = write!(std::io::stderr(), "\r{}\r", " ".repeat(50));
+        self.bar.finish_and_clear();
     }
 }
 

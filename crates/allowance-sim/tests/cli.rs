@@ -148,9 +148,10 @@ fn http_against_serve_matches_run_real() {
         .spawn()
         .expect("serve starts");
     let mut line = String::new();
-    BufReader::new(server.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("prints its URL");
+    // Keep reading the rest of its output (so it never writes to a closed pipe).
+    let mut server_out = BufReader::new(server.stdout.take().expect("stdout"));
+    server_out.read_line(&mut line).expect("prints its URL");
+    let drain = std::thread::spawn(move || std::io::copy(&mut server_out, &mut std::io::sink()));
     let url = format!("{}/v1/events/e{{job}}/odds/snapshot", line.trim());
 
     let settings = ["--mode", "shared", "--burst", "2", "--rate", "10", "--json"];
@@ -161,6 +162,7 @@ fn http_against_serve_matches_run_real() {
         .expect("http runs");
     server.kill().expect("serve stops");
     server.wait().expect("reaped");
+    drain.join().expect("drained").expect("read");
     assert!(http.status.success(), "{http:?}");
     let http: Value = serde_json::from_slice(&http.stdout).expect("JSON");
 
