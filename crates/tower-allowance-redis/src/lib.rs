@@ -48,7 +48,9 @@
 //! [`FailurePolicy`] decides: fail closed (the layers return
 //! [`StoreUnavailable`](tower_allowance::error::StoreUnavailable)) or fall back to a
 //! conservative in-process allowance. The connection reconnects by itself, and a
-//! `SCRIPT FLUSH` or a Redis restart only costs a transparent script reload.
+//! `SCRIPT FLUSH` or a Redis restart only costs a transparent script reload. A restart of a
+//! Redis without persistence (or an eviction of the key) forgets the state: the next
+//! admissions see a full bucket, no cooldown and a full retry budget.
 
 mod options;
 mod scripts;

@@ -75,8 +75,10 @@ impl RedisStoreOptions {
     }
 
     /// The longest one call may take, round trip included (default 250 ms). Past it the
-    /// call fails (or falls back) and the command may or may not have run: a lost
-    /// admission only spends a token nobody uses, which errs on the safe side.
+    /// call fails (or falls back), and the script may or may not have run on the server:
+    /// a token (or a unit of retry budget) may then be spent that nobody uses, which errs
+    /// on the side of sending less. Under [`FailurePolicy::LocalFallback`] the same call is
+    /// then also decided locally.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self

@@ -2,7 +2,12 @@
 //! call answers within its timeout, as the failure policy says, and coordination resumes by
 //! itself. Each test owns a private `redis-server` it can kill. Real time.
 
-use std::{error::Error, num::NonZeroU32, time::Duration};
+use std::{
+    error::Error,
+    num::NonZeroU32,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 use tower_allowance::{
@@ -239,4 +244,69 @@ async fn script_flush_mid_run_is_invisible() {
     assert!(flushes > 1);
     assert_eq!(allowance.snapshot().admitted, 800);
     assert!(!store.is_degraded());
+}
+
+/// Records this crate's events (level only), for the switch-over warnings.
+#[derive(Default)]
+struct Events(Mutex<Vec<tracing::Level>>);
+
+impl Events {
+    fn count(&self, level: tracing::Level) -> usize {
+        let events = self.0.lock().expect("lock");
+        events.iter().filter(|l| **l == level).count()
+    }
+}
+
+impl tracing::Subscriber for Events {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target().starts_with("tower_allowance_redis")
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        self.0.lock().expect("lock").push(*event.metadata().level());
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn switching_to_the_fallback_warns_once_and_back_informs_once() {
+    let Some(mut redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let events = Arc::new(Events::default());
+    // This thread runs the whole test (and the store's background probes).
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let policy = FailurePolicy::LocalFallback {
+        expected_processes: NonZeroU32::new(2).expect("non-zero"),
+    };
+    let store = RedisStore::connect(redis.url(), &unique_name("warn"), options(policy))
+        .await
+        .expect("connect");
+    let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
+    store.admit(&config, Admit::first()).await.expect("up");
+    assert_eq!(events.count(tracing::Level::WARN), 0);
+
+    redis.kill();
+    for _ in 0..5 {
+        let decision = store.admit(&config, Admit::first()).await;
+        assert!(
+            matches!(decision, Ok(Decision::Admitted { .. })),
+            "{decision:?}"
+        );
+    }
+    assert_eq!(
+        events.count(tracing::Level::WARN),
+        1,
+        "one warning per switch"
+    );
+
+    redis.restart().await;
+    until_redis_answers(&store, &config).await;
+    assert_eq!(events.count(tracing::Level::INFO), 1, "one event when back");
+    assert_eq!(events.count(tracing::Level::WARN), 1);
 }
