@@ -1,8 +1,14 @@
 //! A throttling upstream and a scenario runner for `tower-allowance`.
 //!
-//! [`fake::FakeUpstream`] is an in-process `Service` with its own token bucket, shaped like
-//! the seed article's fake server; [`scenario`] runs workers against it through the real
-//! layers in virtual time and reports what the *server* saw.
+//! - [`upstream::Upstream`]: a real HTTP/1.1 server on loopback shaped like the odds API the
+//!   seed uses (per-key token bucket, 429 with `Retry-After`, a monthly quota, `/v1/usage`),
+//!   logging every attempt it sees.
+//! - [`fake::FakeUpstream`]: the same idea as an in-process `Service`, for virtual time.
+//! - [`scenario`] runs workers (`naive`, `shared`, `split:N`) through the real layers in
+//!   virtual time; [`live`] runs the same workers over real HTTP in real time.
+//! - [`report`] and [`timeline`]: what a run reports (from the *server's* view), as a table,
+//!   JSON, an ASCII timeline or an SVG.
+//! - [`cli`]: the `allowance-sim` command line (`seed`, `run`, `serve`, `http`).
 //!
 //! ```
 //! use allowance_sim::scenario::{seed_table, SeedRow};
