@@ -210,7 +210,7 @@ impl RedisStore {
         {
             Ok(()) => Ok(store),
             Err(e) if store.inner.fallback.is_some() => {
-                store.inner.circuit.failed(&e, "local fallback");
+                store.inner.circuit.failed(&e, store.inner.policy_name());
                 Ok(store)
             }
             Err(e) => Err(ConnectError::new(ConnectErrorKind::Unreachable, e)),
@@ -272,18 +272,15 @@ impl RedisStore {
                     Ok(value)
                 }
                 Err(e) => {
-                    let (fallback, config) = match (&inner.fallback, &config) {
-                        (Some((processes, store)), Some(config)) => ((*processes, store), config),
-                        _ => {
-                            inner.circuit.failed(&e, "fail closed");
-                            return Err(StoreError::new(e));
-                        }
+                    inner.circuit.failed(&e, inner.policy_name());
+                    let (Some((processes, local_store)), Some(config)) = (&inner.fallback, &config)
+                    else {
+                        return Err(StoreError::new(e));
                     };
-                    inner.circuit.failed(&e, "local fallback");
-                    let local_config = fallback_config(config, fallback.0).map_err(|c| {
+                    let local_config = fallback_config(config, *processes).map_err(|c| {
                         StoreError::new(CallError::with_source(CallErrorKind::Fallback, c))
                     })?;
-                    local(fallback.1, &local_config).await
+                    local(local_store, &local_config).await
                 }
             }
         })
