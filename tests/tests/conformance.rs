@@ -5,9 +5,18 @@
 //! Real time, not paused: Redis keeps its own clock. Every wait a store returns is checked to
 //! be at most the exact value and at least the exact value minus a small margin for the time
 //! that passed between the calls.
+//!
+//! And one differential property: random sequences of decisions, replayed at exact instants
+//! against the memory store (on a paused clock) and the Redis scripts (on a test clock passed
+//! instead of `TIME`), must get identical answers, durations included, to the microsecond.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use proptest::{
+    collection::vec,
+    prelude::*,
+    test_runner::{Config as ProptestConfig, TestRunner},
+};
 use tower_allowance::{
     store::{Admit, Decision, MemoryStore, Store},
     AllowanceConfig, ReplenishingBudget, RetryBudgetConfig,
@@ -258,4 +267,131 @@ async fn redis_store_conforms() {
         50 * MS,
     )
     .await;
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit,
+    Retry,
+    Defer(u64),
+    Deposit,
+    State,
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => Just(Op::Admit),
+        3 => Just(Op::Retry),
+        1 => (0u64..3_000_000).prop_map(Op::Defer),
+        2 => Just(Op::Deposit),
+        1 => Just(Op::State),
+        4 => (0u64..700_000).prop_map(Op::Advance),
+    ]
+}
+
+fn any_config() -> impl Strategy<Value = AllowanceConfig> {
+    let budget = prop_oneof![
+        Just(RetryBudgetConfig::Unlimited),
+        (0u64..6).prop_map(RetryBudgetConfig::fixed),
+        (10u64..3_000, 0u32..20, 0u32..2_000).prop_map(|(window_ms, floor, per_mille)| {
+            let window = Duration::from_millis(window_ms);
+            let ratio = f64::from(per_mille) / 1000.0;
+            RetryBudgetConfig::Replenishing(
+                ReplenishingBudget::new(window, floor, ratio).expect("valid budget"),
+            )
+        }),
+    ];
+    (1u32..50, 1u32..6, budget).prop_map(|(rate, burst, budget)| {
+        AllowanceConfig::per_second(rate, burst)
+            .expect("valid")
+            .with_retry_budget(budget)
+    })
+}
+
+#[test]
+fn redis_scripts_decide_exactly_as_the_memory_store() {
+    let real = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let paused = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let Some(redis) = real.block_on(TestRedis::start()) else {
+        return;
+    };
+    let mut runner = TestRunner::new(ProptestConfig {
+        cases: 48,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let strategy = (any_config(), vec(op(), 1..60));
+    let result = runner.run(&strategy, |(config, ops)| {
+        let shared = real.block_on(RedisStore::connect(
+            redis.url(),
+            &unique_name("differential"),
+            RedisStoreOptions::new(),
+        ));
+        let shared = shared.expect("connect");
+        shared.set_test_clock(Some(Duration::ZERO));
+        let memory = paused.block_on(async { MemoryStore::new() });
+        let mut now = Duration::ZERO;
+        for (i, op) in ops.iter().enumerate() {
+            let (m, r) = match op {
+                Op::Advance(us) => {
+                    now += Duration::from_micros(*us);
+                    paused.block_on(tokio::time::advance(Duration::from_micros(*us)));
+                    shared.set_test_clock(Some(now));
+                    continue;
+                }
+                Op::Admit | Op::Retry => {
+                    let ask = if matches!(op, Op::Retry) {
+                        Admit::retry()
+                    } else {
+                        Admit::first()
+                    };
+                    let m = paused.block_on(async { memory.admit(&config, ask).await });
+                    let r = real.block_on(shared.admit(&config, ask));
+                    (
+                        format!("{:?}", m.expect("memory")),
+                        format!("{:?}", r.expect("redis")),
+                    )
+                }
+                Op::Defer(us) => {
+                    let delay = Duration::from_micros(*us);
+                    let m = paused.block_on(async { memory.defer(&config, delay).await });
+                    let r = real.block_on(shared.defer(&config, delay));
+                    (
+                        format!("{:?}", m.expect("memory")),
+                        format!("{:?}", r.expect("redis")),
+                    )
+                }
+                Op::Deposit => {
+                    let m = paused.block_on(async { memory.deposit(&config).await });
+                    let r = real.block_on(shared.deposit(&config));
+                    (
+                        format!("{:?}", m.expect("memory")),
+                        format!("{:?}", r.expect("redis")),
+                    )
+                }
+                Op::State => {
+                    let m = paused.block_on(async { memory.state(&config).await });
+                    let r = real.block_on(shared.state(&config));
+                    (
+                        format!("{:?}", m.expect("memory")),
+                        format!("{:?}", r.expect("redis")),
+                    )
+                }
+            };
+            prop_assert_eq!(m, r, "op {} ({:?}) at {:?}", i, op, now);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("redis and memory stores disagree: {e}");
+    }
 }

@@ -14,6 +14,7 @@
 //! | 6 | replenishing: retries earned per 1,000 successes |
 //! | 7 | idle TTL in milliseconds, added to the time the state must be kept |
 //! | 8 | the operation's own argument (admit: 1 for a retry; defer: delay in microseconds) |
+//! | 9 | optional, tests only: the clock in microseconds, instead of `TIME` |
 //!
 //! Replies are arrays of integers, durations in microseconds; see [`AdmitReply`] and friends.
 //! Lua numbers are doubles: every value here (server time in microseconds is about 2^51
@@ -44,8 +45,14 @@ local b3 = tonumber(ARGV[6])
 local idle_ms = tonumber(ARGV[7])
 local op_arg = tonumber(ARGV[8])
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local now
+if ARGV[9] then
+  -- Test support only (`RedisStore::set_test_clock`): a given clock instead of TIME.
+  now = tonumber(ARGV[9])
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
 
 -- Only the fields this budget kind uses are read and written.
 local FIELDS = {'tat', 'bu'}
@@ -243,8 +250,9 @@ impl Params {
         }
     }
 
-    pub(crate) fn argv(&self, op_arg: u64) -> [u64; 8] {
-        [
+    /// The script's ARGV and how many of them to send (9 with a test clock, else 8).
+    pub(crate) fn argv(&self, op_arg: u64, test_clock_us: Option<u64>) -> ([u64; 9], usize) {
+        let args = [
             self.interval_us,
             self.tolerance_us,
             self.kind,
@@ -253,7 +261,9 @@ impl Params {
             self.b3,
             self.idle_ms,
             op_arg,
-        ]
+            test_clock_us.unwrap_or(0),
+        ];
+        (args, if test_clock_us.is_some() { 9 } else { 8 })
     }
 }
 

@@ -27,6 +27,9 @@ use crate::{
     FailurePolicy, RedisStoreOptions,
 };
 
+/// `Inner::test_clock_us` when no test clock is set.
+const NO_TEST_CLOCK: u64 = u64::MAX;
+
 /// Longest allowance name.
 const MAX_NAME_LEN: usize = 64;
 
@@ -136,6 +139,8 @@ struct Inner {
     conn: ConnectionManager,
     scripts: Scripts,
     round_trips: Arc<AtomicU64>,
+    /// A clock for the scripts instead of `TIME` (tests only); `NO_TEST_CLOCK` when unset.
+    test_clock_us: AtomicU64,
     circuit: Circuit,
     /// The local allowance used under [`FailurePolicy::LocalFallback`].
     fallback: Option<(NonZeroU32, MemoryStore)>,
@@ -200,6 +205,7 @@ impl RedisStore {
                 conn,
                 scripts: Scripts::new(),
                 round_trips: Arc::new(AtomicU64::new(0)),
+                test_clock_us: AtomicU64::new(NO_TEST_CLOCK),
                 fallback,
             }),
         };
@@ -236,6 +242,19 @@ impl RedisStore {
     /// Whether the last call failed (and calls are failing or falling back).
     pub fn is_degraded(&self) -> bool {
         self.inner.circuit.degraded.load(Ordering::Relaxed)
+    }
+
+    /// Test support: the scripts decide as if the Redis server's clock read `now`
+    /// (microseconds since any epoch) instead of reading `TIME`; `None` restores `TIME`.
+    ///
+    /// With it, a test replays one sequence of decisions at exact instants against this
+    /// store and a [`MemoryStore`] on a paused clock, and compares every answer.
+    #[cfg(feature = "test-util")]
+    pub fn set_test_clock(&self, now: Option<Duration>) {
+        let us = now.map_or(NO_TEST_CLOCK, |d| {
+            u64::try_from(d.as_micros()).unwrap_or(NO_TEST_CLOCK - 1)
+        });
+        self.inner.test_clock_us.store(us, Ordering::Relaxed);
     }
 
     /// Runs one decision: Redis when it is expected to answer, else the failure policy.
@@ -306,12 +325,13 @@ impl Inner {
         decode: fn(&[i64]) -> Result<T, BadReply>,
     ) -> Result<T, CallError> {
         let (script, source) = self.scripts.get(op);
-        let argv = params.argv(op_arg);
+        let test_clock = self.test_clock_us.load(Ordering::Relaxed);
+        let (args, count) =
+            params.argv(op_arg, (test_clock != NO_TEST_CLOCK).then_some(test_clock));
+        let argv = &args[..count];
         let mut invocation = script.prepare_invoke();
         invocation.key(&self.key);
-        for arg in argv {
-            invocation.arg(arg);
-        }
+        invocation.arg(argv);
         let mut conn = self.connection();
         let call = async {
             match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
@@ -320,7 +340,7 @@ impl Inner {
                         .arg(source)
                         .arg(1)
                         .arg(&self.key)
-                        .arg(&argv[..])
+                        .arg(argv)
                         .query_async::<Vec<i64>>(&mut conn)
                         .await
                 }
