@@ -442,3 +442,26 @@ fn replenishing_budget_is_never_overdrawn_by_many_threads() {
     // Floor: 10 per second over a 10 s window = 100 retries, and no successes deposited.
     assert_eq!(admitted.load(Ordering::Relaxed), 100);
 }
+
+#[tokio::test(start_paused = true)]
+async fn deadline_before_the_heads_next_token_fails_at_once_behind_a_queue() {
+    let allowance = allowance(1, 1);
+    allowance.acquire().await.expect("burst");
+    let start = Instant::now();
+    let head = tokio::spawn({
+        let a = allowance.clone();
+        async move {
+            a.acquire().await.expect("head");
+            ms_since(start)
+        }
+    });
+    tokio::task::yield_now().await;
+    // The head waits for the token at 1000 ms: nobody can be admitted before then.
+    let err = allowance
+        .acquire_with(AcquireOptions::new().deadline(start + Duration::from_millis(500)))
+        .await
+        .expect_err("cannot make it");
+    assert_eq!(err.abandon_reason(), Some(AbandonReason::Deadline));
+    assert_eq!(ms_since(start), 0, "failed at once");
+    assert_eq!(head.await.expect("head"), 1000);
+}

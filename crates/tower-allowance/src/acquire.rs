@@ -108,8 +108,16 @@ impl WaitQueue {
         wakers.into_iter().for_each(Waker::wake);
     }
 
-    fn known_cooldown(&self) -> Option<Instant> {
-        self.lock().cooldown_until
+    /// The earliest instant anyone could be admitted, as far as this process knows for
+    /// certain: the end of a known cooldown, or the next token the head is waiting for.
+    /// (Waiters ahead may still leave the queue, so their number is not counted.)
+    fn earliest_admission(&self, now: Instant) -> Option<Instant> {
+        let q = self.lock();
+        let waiting_for_token = q.not_before.filter(|nb| *nb > now && !q.waiters.is_empty());
+        match (q.cooldown_until.filter(|c| *c > now), waiting_for_token) {
+            (Some(c), Some(t)) => Some(c.max(t)),
+            (c, t) => c.or(t),
+        }
     }
 
     /// Leaves the queue; wakes the new head if `id` was the head.
@@ -327,7 +335,7 @@ impl Future for Acquire {
                         return Poll::Ready(Err(e));
                     }
                     if let Some(d) = deadline {
-                        let cooling = shared.queue.known_cooldown().is_some_and(|c| c > d);
+                        let cooling = shared.queue.earliest_admission(now).is_some_and(|e| e > d);
                         if d <= now || cooling {
                             *this.state = State::Done;
                             return Poll::Ready(Err(abandon(shared, AbandonReason::Deadline)));
