@@ -1,0 +1,173 @@
+//! A bounded soak over real HTTP and real time: 200 tasks share one allowance against the
+//! `allowance-sim` upstream, with random deadlines and cancellations, for 15 s.
+//!
+//! The upstream's own log must show no 429 (coordination never overshoots) and no window
+//! over the allowance; memory must stay flat.
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use allowance_sim::{
+    live::http_client,
+    upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+};
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Empty;
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_allowance::{
+    retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome,
+};
+
+const TASKS: usize = 200;
+const RUN: Duration = Duration::from_secs(15);
+const BURST: u32 = 10;
+const RATE: u32 = 50;
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_200_tasks_real_http() {
+    let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
+        .await
+        .expect("upstream");
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(RATE, BURST)
+            .expect("valid")
+            .with_max_waiters(TASKS),
+    );
+    let client = http_client();
+    let stack = ServiceBuilder::new()
+        .layer(AllowanceLayer::new(
+            allowance.clone(),
+            RetryConfig::default(),
+        ))
+        .service(client.map_response(|r| r.map(|_| ())));
+    let url = upstream.snapshot_url("e1");
+    let completed = Arc::new(AtomicU64::new(0));
+    let abandoned = Arc::new(AtomicU64::new(0));
+    let cancelled = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let rss_start = rss_kib();
+    let mut rss_mid = 0;
+
+    let mut tasks = Vec::new();
+    for task in 0..TASKS {
+        let (stack, url) = (stack.clone(), url.clone());
+        let (completed, abandoned, cancelled) =
+            (completed.clone(), abandoned.clone(), cancelled.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng =
+                0x9e37_79b9_7f4a_7c15u64 ^ (task as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            while start.elapsed() < RUN {
+                let mut req = Request::get(&url)
+                    .header(API_KEY_HEADER, DEFAULT_KEY)
+                    .body(Empty::<Bytes>::new())
+                    .expect("request");
+                req.extensions_mut()
+                    .insert(Deadline::after(Duration::from_millis(100 + next() % 4_000)));
+                let call = stack.clone().oneshot(req);
+                // One call in five is cancelled at a random moment.
+                if next() % 5 == 0 {
+                    let patience = Duration::from_millis(next() % 2_000);
+                    match tokio::time::timeout(patience, call).await {
+                        Ok(result) => count(&result, &completed, &abandoned),
+                        Err(_) => {
+                            cancelled.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                } else {
+                    count(&call.await, &completed, &abandoned);
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(RUN / 3).await;
+    rss_mid = rss_mid.max(rss_kib());
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let rss_end = rss_kib();
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    let rejected = log.iter().filter(|s| s.status == 429).count();
+    // The server's own view: no window over the allowance (1 ms clock resolution).
+    let times: Vec<u64> = log.iter().map(|s| s.at_ms).collect();
+    let interval_ms = 1_000 / u64::from(RATE);
+    let mut worst_excess = 0i64;
+    let mut j = 0;
+    for i in 0..times.len() {
+        // Windows starting at each arrival, up to 2 s long.
+        while j < times.len() && times[j] <= times[i] + 2_000 {
+            j += 1;
+        }
+        for k in i..j {
+            let w = times[k] - times[i];
+            let bound = u64::from(BURST) + (w + 1) / interval_ms;
+            worst_excess = worst_excess.max((k - i + 1) as i64 - bound as i64);
+        }
+    }
+    let (c, a, x) = (
+        completed.load(Ordering::Relaxed),
+        abandoned.load(Ordering::Relaxed),
+        cancelled.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "soak: {} attempts seen by the server, {rejected} 429s, worst window excess {worst_excess}; \
+         {c} completed, {a} abandoned, {x} cancelled; RSS {rss_start} KiB at start, {rss_mid} KiB \
+         at {:?}, {rss_end} KiB at end; {} waiting",
+        log.len(),
+        RUN / 3,
+        allowance.snapshot().waiting,
+    );
+    assert_eq!(rejected, 0, "coordination let a 429 through");
+    assert!(
+        worst_excess <= 0,
+        "a window exceeded the allowance by {worst_excess}"
+    );
+    assert!(
+        c >= u64::from(RATE) * RUN.as_secs() * 9 / 10,
+        "throughput held: {c}"
+    );
+    assert!(a > 0 && x > 0, "deadlines and cancellations were exercised");
+    assert_eq!(allowance.snapshot().waiting, 0);
+    assert!(
+        rss_end < rss_mid + 16 * 1024,
+        "memory grew from {rss_mid} KiB to {rss_end} KiB"
+    );
+}
+
+fn count(
+    result: &Result<http::Response<()>, tower_allowance::BoxError>,
+    completed: &AtomicU64,
+    abandoned: &AtomicU64,
+) {
+    match Outcome::of(result) {
+        Outcome::Completed => completed.fetch_add(1, Ordering::Relaxed),
+        Outcome::Abandoned(_) => abandoned.fetch_add(1, Ordering::Relaxed),
+        Outcome::Failed => panic!("unexpected failure: {:?}", result.as_ref().err()),
+    };
+}
