@@ -310,3 +310,32 @@ async fn switching_to_the_fallback_warns_once_and_back_informs_once() {
     assert_eq!(events.count(tracing::Level::INFO), 1, "one event when back");
     assert_eq!(events.count(tracing::Level::WARN), 1);
 }
+
+#[tokio::test]
+async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
+    let Some(mut redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let policy = FailurePolicy::LocalFallback {
+        expected_processes: NonZeroU32::new(4).expect("non-zero"),
+    };
+    let store = RedisStore::connect(redis.url(), &unique_name("fb-cooldown"), options(policy))
+        .await
+        .expect("connect");
+    let config = AllowanceConfig::per_second(100, 10).expect("valid");
+    let deferred = store.defer(&config, 2_000 * MS).await.expect("redis is up");
+    assert!(deferred.extended);
+    redis.kill();
+    match store
+        .admit(&config, Admit::first())
+        .await
+        .expect("fallback")
+    {
+        Decision::Wait { wait, cooldown } => {
+            assert!(cooldown, "the local fallback knows the shared cooldown");
+            assert!(wait > 1_500 * MS && wait <= 2_000 * MS, "{wait:?}");
+        }
+        d => panic!("admitted during a cooldown: {d:?}"),
+    }
+    assert!(store.is_degraded());
+}
