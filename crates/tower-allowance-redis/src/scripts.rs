@@ -16,7 +16,8 @@
 //! | 8 | the operation's own argument (admit: 1 for a retry; defer: delay in microseconds) |
 //! | 9 | optional, tests only: the clock in microseconds, instead of `TIME` |
 //!
-//! Replies are arrays of integers, durations in microseconds; see [`AdmitReply`] and friends.
+//! Replies are arrays of integers, durations in microseconds; each script documents its own
+//! and a `decode_*` function here checks its shape.
 //! Lua numbers are doubles: every value here (server time in microseconds is about 2^51
 //! today) is an integer below 2^53 and so exact.
 
