@@ -39,7 +39,9 @@
 //!
 //! The clock is the Redis server's `TIME`, read inside each script, in microseconds. Deadlines
 //! stay in server time and travel to clients only as durations to wait, so no two machines'
-//! clocks are ever compared.
+//! clocks are ever compared. Run it on real time: under a paused tokio clock
+//! (`start_paused`), the runtime auto-advances to the per-call timeout as soon as it idles
+//! waiting on the socket, and every call would time out.
 //!
 //! # When Redis fails
 //!
