@@ -1,6 +1,6 @@
 //! Errors the layers add to a service's own.
 //!
-//! The layers return [`BoxError`](crate::BoxError); downcast to these types to tell them
+//! The layers return [`BoxError`]; downcast to these types to tell them
 //! apart, or use [`Outcome::of`](crate::Outcome::of), which does it for you.
 //!
 //! ```

@@ -44,7 +44,7 @@ use crate::{algorithm::MAX_DELAY, error::UnrepresentableDelay, RateLimitObservat
 ///
 /// # Errors
 ///
-/// [`UnrepresentableDelay`] when a value exceeds [`MAX_DELAY`](crate::MAX_DELAY).
+/// [`UnrepresentableDelay`] when a value exceeds [`MAX_DELAY`].
 pub fn retry_after(headers: &HeaderMap) -> Result<Option<Duration>, UnrepresentableDelay> {
     retry_after_at(headers, wall_clock)
 }
