@@ -28,7 +28,8 @@ use tower_allowance::BoxError;
 
 use crate::{
     fake::FakeConfig,
-    live::{self, Target},
+    live::{self, Share, StoreChoice, Target},
+    multi,
     report::RunReport,
     scenario::{self, Mode, Scenario},
     timeline,
@@ -74,6 +75,32 @@ pub enum Command {
     /// Counts come from the responses the workers received. `{job}` in the URL is replaced
     /// by the job's number.
     Http(HttpArgs),
+    /// One process of a `--processes N` run (started by the tool itself).
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+/// Arguments of the hidden `worker` subcommand: one process's share of a run.
+#[derive(Clone, Debug, Args)]
+pub struct WorkerArgs {
+    /// The URL template.
+    #[arg(long)]
+    pub url: String,
+    /// Headers, as 'Name: value'.
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// The workers of this process and the allowance.
+    #[command(flatten)]
+    pub workload: Workload,
+    /// This process's first worker, globally.
+    #[arg(long, default_value_t = 0)]
+    pub worker_offset: usize,
+    /// Workers across all processes.
+    #[arg(long)]
+    pub total_workers: usize,
+    /// The shared allowance's name in Redis.
+    #[arg(long, default_value = "sim")]
+    pub name: String,
 }
 
 /// The workers and the allowance they use.
@@ -110,6 +137,28 @@ pub struct Workload {
     /// Also draw the run to this SVG file: one lane per worker.
     #[arg(long, value_name = "FILE.svg")]
     pub timeline: Option<PathBuf>,
+    /// Keep the allowance in Redis at this URL (shared and split modes), so that every
+    /// process of the run spends the same one, e.g. redis://127.0.0.1:6379/.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Run the workers in this many OS processes (the tool starts itself N times). With
+    /// --redis they share one allowance; without, each process has its own, as separate
+    /// services on one key would.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub processes: u32,
+}
+
+impl Workload {
+    /// Where the allowances live for this run (a fresh Redis name per run).
+    pub fn store(&self) -> StoreChoice {
+        match &self.redis {
+            Some(url) => StoreChoice::Redis {
+                url: url.clone(),
+                name: multi::run_name(),
+            },
+            None => StoreChoice::Memory,
+        }
+    }
 }
 
 /// Arguments of `run`.
@@ -235,7 +284,14 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
         Command::Seed { json } => seed(json, out),
         Command::Run(args) => {
             let s = args.workload.scenario(args.retry_after);
-            let report = if args.real {
+            let spread = args.workload.processes > 1 || args.workload.redis.is_some();
+            if spread && !args.real {
+                return Err("--processes and --redis need real time: add --real".into());
+            }
+            let report = if spread {
+                let rt = real_runtime()?;
+                rt.block_on(run_real_spread(&s, &args))?
+            } else if args.real {
                 let rt = real_runtime()?;
                 let progress = Progress::maybe(&rt, &s, out_is_terminal());
                 let counter = progress.as_ref().map(|p| p.done.clone());
@@ -269,10 +325,22 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 target = target.header_line(line)?;
             }
             let rt = real_runtime()?;
-            let progress = Progress::maybe(&rt, &s, out_is_terminal());
-            let counter = progress.as_ref().map(|p| p.done.clone());
-            let report = rt.block_on(live::run_http(&s, &target, counter));
-            drop(progress);
+            let report = if args.workload.processes > 1 || args.workload.redis.is_some() {
+                rt.block_on(multi::run_processes(
+                    &std::env::current_exe()?,
+                    &s,
+                    &args.url,
+                    &args.headers,
+                    &args.workload.store(),
+                    args.workload.processes as usize,
+                ))
+            } else {
+                let progress = Progress::maybe(&rt, &s, out_is_terminal());
+                let counter = progress.as_ref().map(|p| p.done.clone());
+                let report = rt.block_on(live::run_http(&s, &target, counter));
+                drop(progress);
+                report
+            };
             let upstream = format!("target: GET {}", args.url);
             print_report(
                 &report?,
@@ -283,7 +351,72 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             )
         }
         Command::Serve(args) => serve(args, out),
+        Command::Worker(args) => {
+            let s = args.workload.scenario(RetryAfterMode::Absent);
+            let mut target = Target::new(args.url.clone());
+            for line in &args.headers {
+                target = target.header_line(line)?;
+            }
+            let store = match &args.workload.redis {
+                Some(url) => StoreChoice::Redis {
+                    url: url.clone(),
+                    name: args.name.clone(),
+                },
+                None => StoreChoice::Memory,
+            };
+            let share = Share {
+                offset: args.worker_offset,
+                total_workers: args.total_workers,
+            };
+            let rt = real_runtime()?;
+            let line = rt.block_on(multi::run_child(&s, &target, &store, share))?;
+            writeln!(out, "{line}")?;
+            Ok(())
+        }
     }
+}
+
+/// `run --real` over several processes and/or a Redis allowance: starts the upstream here,
+/// the workers in child processes, and counts attempts from the upstream's log.
+async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxError> {
+    let mut config = live::upstream_config(&s.upstream);
+    config.retry_after = args.retry_after;
+    let upstream = Upstream::start(config).await?;
+    let template = upstream.snapshot_url("e{job}");
+    let headers = vec![format!(
+        "{}: {DEFAULT_KEY}",
+        crate::upstream::API_KEY_HEADER
+    )];
+    let result = multi::run_processes(
+        &std::env::current_exe()?,
+        s,
+        &template,
+        &headers,
+        &args.workload.store(),
+        args.workload.processes as usize,
+    )
+    .await;
+    let seen = upstream.log();
+    upstream.shutdown().await;
+    let mut report = result?;
+    report.counted_by = "server";
+    report.attempts = seen.len();
+    report.rejected = seen.iter().filter(|r| r.status == 429).count();
+    Ok(report)
+}
+
+/// Parses `args` (the first being the program name) and runs them, as the binary does.
+///
+/// # Errors
+///
+/// Arguments that do not parse (with clap's message), or as [`execute`].
+pub fn run_args<I, T>(args: I, out: &mut dyn Write) -> Result<(), BoxError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args)?;
+    execute(cli, out)
 }
 
 fn out_is_terminal() -> bool {

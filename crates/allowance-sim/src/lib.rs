@@ -21,6 +21,7 @@
 pub mod cli;
 pub mod fake;
 pub mod live;
+pub mod multi;
 pub mod report;
 pub mod scenario;
 pub mod timeline;

@@ -37,6 +37,7 @@ use tower_allowance::{
     headers, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig, AllowanceLayer,
     BoxError, Deadline, Outcome, RetryBudgetConfig,
 };
+use tower_allowance_redis::{RedisStore, RedisStoreOptions};
 
 use crate::{
     fake::{FakeConfig, WORKER_HEADER},
@@ -171,14 +172,65 @@ fn observed(client: HttpClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) ->
     }))
 }
 
-fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
+/// Where a run's allowances live.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// In this process's memory: each process has its own allowance.
+    #[default]
+    Memory,
+    /// In Redis at `url`, under the allowance name `name` (`name-1`, `name-2`, ... for the
+    /// further allowances of `split:N`): every process using the same name shares it.
+    Redis {
+        /// The Redis URL.
+        url: String,
+        /// The allowance's name (letters, digits, `_.:-`).
+        name: String,
+    },
+}
+
+/// Which part of a run this process takes: the workers `offset..offset + s.workers` of
+/// `total_workers`, each running the jobs `worker, worker + total_workers, ...`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// The first worker's global number.
+    pub offset: usize,
+    /// Workers across all processes.
+    pub total_workers: usize,
+}
+
+impl Share {
+    /// The whole run in this process.
+    pub fn whole(s: &Scenario) -> Self {
+        Self {
+            offset: 0,
+            total_workers: s.workers,
+        }
+    }
+}
+
+async fn allowance_for(
+    s: &Scenario,
+    store: &StoreChoice,
+    index: usize,
+) -> Result<Allowance, BoxError> {
     let budget = s
         .retry_budget
         .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
     let config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
         .with_retry_budget(budget)
         .with_max_waiters(s.workers.max(1));
-    Ok(Allowance::new(config))
+    Ok(match store {
+        StoreChoice::Memory => Allowance::new(config),
+        StoreChoice::Redis { url, name } => {
+            let name = if index == 0 {
+                name.clone()
+            } else {
+                format!("{name}-{index}")
+            };
+            let store = RedisStore::connect(url, &name, RedisStoreOptions::new()).await?;
+            Allowance::with_store(config, store)
+        }
+    })
 }
 
 /// Runs `s`'s workers against `target` in real time; attempts are counted as the client
@@ -194,6 +246,22 @@ pub async fn run_http(
     target: &Target,
     progress: Option<Arc<AtomicUsize>>,
 ) -> Result<RunReport, BoxError> {
+    run_http_with(s, target, progress, &StoreChoice::Memory, Share::whole(s)).await
+}
+
+/// [`run_http`] with the allowances in `store`, running `share` of a larger run (the part of
+/// one process of a multi-process run; see [`crate::multi`]).
+///
+/// # Errors
+///
+/// As [`run_http`], or a Redis that cannot be reached.
+pub async fn run_http_with(
+    s: &Scenario,
+    target: &Target,
+    progress: Option<Arc<AtomicUsize>>,
+    store: &StoreChoice,
+    share: Share,
+) -> Result<RunReport, BoxError> {
     // Fail early on a bad URL rather than once per job.
     target.request(0, 0)?;
     let retry = RetryConfig::default()
@@ -201,22 +269,30 @@ pub async fn run_http(
         .with_jitter_seed(1);
     let allowances: Vec<Allowance> = match s.mode {
         Mode::Naive => Vec::new(),
-        Mode::Shared => vec![allowance_for(s)?],
-        Mode::Split(n) => (0..n.max(1))
-            .map(|_| allowance_for(s))
-            .collect::<Result<_, _>>()?,
+        Mode::Shared => vec![allowance_for(s, store, 0).await?],
+        Mode::Split(n) => {
+            let mut all = Vec::with_capacity(n.max(1));
+            for i in 0..n.max(1) {
+                all.push(allowance_for(s, store, i).await?);
+            }
+            all
+        }
     };
     let marks = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let inner = observed(http_client(), marks.clone(), start);
 
     let mut tasks = Vec::with_capacity(s.workers);
-    for worker in 0..s.workers {
+    for local in 0..s.workers {
+        let worker = share.offset + local;
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         let service = match s.mode {
             // Its own retry loop honouring Retry-After, and nothing shared.
             Mode::Naive => Svc::new(Retry::new(
-                RetryPolicy::new(allowance_for(s)?, retry.clone()),
+                RetryPolicy::new(
+                    allowance_for(s, &StoreChoice::Memory, 0).await?,
+                    retry.clone(),
+                ),
                 inner.clone(),
             )),
             Mode::Shared | Mode::Split(_) => Svc::new(
@@ -229,7 +305,7 @@ pub async fn run_http(
             ),
         };
         let target = target.clone();
-        let (jobs, workers, deadline) = (s.jobs, s.workers, s.deadline);
+        let (jobs, workers, deadline) = (s.jobs, share.total_workers.max(1), s.deadline);
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let mut ends = Vec::new();

@@ -13,7 +13,7 @@ use crate::scenario::{Mode, Report, Scenario};
 
 /// One attempt, as seen by the server (virtual runs, runs against [`crate::upstream`]) or by
 /// the client (runs against any other endpoint).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mark {
     /// The worker that sent it.
     pub worker: u32,
@@ -278,7 +278,7 @@ impl RunReport {
     /// One line of figures for a table.
     pub fn row(&self) -> String {
         format!(
-            "{:<10} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
             self.scenario,
             self.attempts,
             self.rejected,
@@ -293,7 +293,7 @@ impl RunReport {
     /// The header matching [`RunReport::row`].
     pub fn header() -> String {
         format!(
-            "{:<10} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
             "mode",
             "attempts",
             "429s",

@@ -3,7 +3,7 @@
 //! with an in-memory allowance per process it runs four times over.
 //!
 //! ```text
-//! cargo run -p tower-allowance-redis --features test-util --example multi_process [REDIS_URL]
+//! cargo run -p tower-allowance-redis --features test-util --example store_across_processes [REDIS_URL]
 //! ```
 //!
 //! Without a URL it starts a private `redis-server`. The example spawns itself as the

@@ -1,0 +1,274 @@
+//! Runs spread over several OS processes: the tool spawns itself.
+//!
+//! `--processes N` splits the workers over `N` child processes (`allowance-sim worker ...`),
+//! each with its own stack. With `--redis URL` they all use one allowance kept in Redis (one
+//! authority for the key); without it each process has its own in-memory allowance, which is
+//! what several processes with local gates amount to: independent allowances on one key.
+//!
+//! The children report their jobs and attempts as JSON on stdout; the parent merges them
+//! (times shifted by when each child was started) and, for `run --real`, counts attempts
+//! and 429s from its upstream's own log.
+
+use std::{
+    path::Path,
+    process::Stdio,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use tokio::time::Instant;
+use tower_allowance::{error::AbandonReason, BoxError, Outcome};
+
+use crate::{
+    live::{self, Share, StoreChoice, Target},
+    report::{JobEnd, Mark, RunReport, Timeline},
+    scenario::{Mode, Scenario},
+};
+
+/// One child's findings, as printed by `allowance-sim worker`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChildReport {
+    /// Attempts as the child's client saw them, ms from the child's start.
+    pub attempts: Vec<Mark>,
+    /// Jobs, ms from the child's start.
+    pub ends: Vec<ChildEnd>,
+}
+
+/// One job's end, as a child reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChildEnd {
+    /// Global worker number.
+    pub worker: u32,
+    /// Started, ms.
+    pub started_ms: u64,
+    /// Ended, ms.
+    pub at_ms: u64,
+    /// `completed`, `failed` or an abandonment reason.
+    pub outcome: String,
+}
+
+impl ChildReport {
+    /// The child's part of a run, from its report.
+    pub fn from_report(report: &RunReport) -> Self {
+        Self {
+            attempts: report.timeline.attempts.clone(),
+            ends: report
+                .timeline
+                .ends
+                .iter()
+                .map(|e| ChildEnd {
+                    worker: e.worker,
+                    started_ms: e.started_ms,
+                    at_ms: e.at_ms,
+                    outcome: e.outcome.to_owned(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn outcome_of(s: &str) -> Outcome {
+    match s {
+        "completed" => Outcome::Completed,
+        "failed" => Outcome::Failed,
+        reason => AbandonReason::ALL
+            .iter()
+            .find(|r| r.as_str() == reason)
+            .map_or(Outcome::Failed, |r| Outcome::Abandoned(*r)),
+    }
+}
+
+/// A fresh allowance name for one run, so concurrent runs never share state by accident.
+pub fn run_name() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("sim-{}-{nanos}", std::process::id())
+}
+
+/// The arguments of the `worker` child for process `index` of `processes`.
+fn child_args(
+    s: &Scenario,
+    target_url: &str,
+    headers: &[String],
+    store: &StoreChoice,
+    index: usize,
+    processes: usize,
+) -> (Vec<String>, usize) {
+    let base = s.workers / processes;
+    let extra = s.workers % processes;
+    let workers = base + usize::from(index < extra);
+    let offset = index * base + index.min(extra);
+    let mut args = vec![
+        "worker".to_owned(),
+        "--url".to_owned(),
+        target_url.to_owned(),
+        "--mode".to_owned(),
+        s.mode.to_string(),
+        "--workers".to_owned(),
+        workers.to_string(),
+        "--worker-offset".to_owned(),
+        offset.to_string(),
+        "--total-workers".to_owned(),
+        s.workers.to_string(),
+        "--jobs".to_owned(),
+        s.jobs.to_string(),
+        "--burst".to_owned(),
+        s.burst.to_string(),
+        "--rate".to_owned(),
+        s.rate_per_sec.to_string(),
+        "--max-attempts".to_owned(),
+        s.max_attempts.to_string(),
+    ];
+    if let Some(k) = s.retry_budget {
+        args.extend(["--retry-budget".to_owned(), k.to_string()]);
+    }
+    if let Some(d) = s.deadline {
+        args.extend(["--deadline".to_owned(), format!("{}ms", d.as_millis())]);
+    }
+    for h in headers {
+        args.extend(["--header".to_owned(), h.clone()]);
+    }
+    if let StoreChoice::Redis { url, name } = store {
+        args.extend([
+            "--redis".to_owned(),
+            url.clone(),
+            "--name".to_owned(),
+            name.clone(),
+        ]);
+    }
+    (args, workers)
+}
+
+/// Runs `s` in `processes` child processes of `exe` against `target_url`, and merges what
+/// they report into one report counted by the clients (`counted_by: "client"`).
+///
+/// # Errors
+///
+/// A child that cannot be started, fails, or prints something that is not its report.
+pub async fn run_processes(
+    exe: &Path,
+    s: &Scenario,
+    target_url: &str,
+    headers: &[String],
+    store: &StoreChoice,
+    processes: usize,
+) -> Result<RunReport, BoxError> {
+    let processes = processes.clamp(1, s.workers.max(1));
+    let start = Instant::now();
+    let mut children = Vec::with_capacity(processes);
+    for index in 0..processes {
+        let (args, _) = child_args(s, target_url, headers, store, index, processes);
+        let started = start.elapsed();
+        let child = tokio::process::Command::new(exe)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
+        children.push((started, child));
+    }
+    let mut attempts = Vec::new();
+    let mut ends = Vec::new();
+    for (started, child) in children {
+        let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
+            .await
+            .map_err(|_| "a worker process did not finish in time")??;
+        if !output.status.success() {
+            return Err(format!(
+                "a worker process failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into());
+        }
+        let part: ChildReport = serde_json::from_slice(&output.stdout)
+            .map_err(|e| format!("a worker process printed no report: {e}"))?;
+        let shift = u64::try_from(started.as_millis()).unwrap_or(0);
+        attempts.extend(part.attempts.into_iter().map(|mut m| {
+            m.at_ms += shift;
+            m
+        }));
+        ends.extend(part.ends.into_iter().map(|e| {
+            JobEnd::new(
+                e.worker,
+                e.started_ms + shift,
+                e.at_ms + shift,
+                outcome_of(&e.outcome),
+            )
+        }));
+    }
+    let makespan = start.elapsed();
+    attempts.sort_by_key(|m| m.at_ms);
+    let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
+    let mut report = RunReport::new(s, "real", "client", timeline, makespan);
+    report.scenario = format!("{} x{processes} {}", report.scenario, store.describe());
+    Ok(report)
+}
+
+impl StoreChoice {
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Redis { .. } => "redis",
+        }
+    }
+}
+
+/// The child's side: runs its share and returns the JSON report for stdout.
+///
+/// # Errors
+///
+/// As [`live::run_http_with`].
+pub async fn run_child(
+    s: &Scenario,
+    target: &Target,
+    store: &StoreChoice,
+    share: Share,
+) -> Result<String, BoxError> {
+    let report = live::run_http_with(s, target, None, store, share).await?;
+    Ok(serde_json::to_string(&ChildReport::from_report(&report))?)
+}
+
+/// Whether a mode coordinates through allowances that a store could hold.
+pub fn uses_allowances(mode: Mode) -> bool {
+    !matches!(mode, Mode::Naive)
+}
+
+/// How long to wait for a child at most: generous, so a hung child cannot hang the tool.
+fn child_timeout(s: &Scenario) -> Duration {
+    live::expected_duration(s).saturating_mul(4) + Duration::from_secs(60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_are_split_without_gaps_or_overlaps() {
+        let s = Scenario {
+            workers: 10,
+            ..Scenario::seed(Mode::Shared)
+        };
+        let mut covered = Vec::new();
+        for i in 0..4 {
+            let (args, n) = child_args(&s, "http://x/{job}", &[], &StoreChoice::Memory, i, 4);
+            let at = args
+                .iter()
+                .position(|a| a == "--worker-offset")
+                .expect("offset");
+            let offset: usize = args[at + 1].parse().expect("number");
+            covered.extend(offset..offset + n);
+        }
+        assert_eq!(covered, (0..10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn outcomes_round_trip() {
+        for reason in AbandonReason::ALL {
+            assert_eq!(outcome_of(reason.as_str()), Outcome::Abandoned(reason));
+        }
+        assert_eq!(outcome_of("completed"), Outcome::Completed);
+    }
+}
