@@ -54,3 +54,9 @@ impl CountedService {
         self.calls.load(Ordering::SeqCst)
     }
 }
+
+/// The README's examples, compiled and run as doctests (here, where every crate they use is
+/// a dependency).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -76,10 +76,5 @@ pub use crate::{
     outcome::Outcome,
 };
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
-
 /// The boxed error type the layers return, as in tower.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
