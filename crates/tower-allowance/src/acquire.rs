@@ -270,13 +270,15 @@ pub(crate) fn try_admit_now(
     if shared.queue.len() != 0 || options.deadline.is_some() {
         return None;
     }
-    if let Some(e) = quota_closed(shared, Instant::now()) {
+    // The one clock read of this admission, for the quota (if any) and the store.
+    let now = Instant::now();
+    if let Some(e) = quota_closed(shared, now) {
         return Some(Err(e));
     }
     let ask = Admit {
         spend_retry: options.spend_retry,
     };
-    match store.admit_now(&shared.config, ask) {
+    match store.admit_at(now, &shared.config, ask) {
         Decision::Admitted { .. } => {
             count_admission(shared, options, false);
             Some(Ok(()))
@@ -287,7 +289,9 @@ pub(crate) fn try_admit_now(
     }
 }
 
-/// The quota-exhausted error, if the allowance is closed.
+/// The quota-exhausted error, if the allowance is closed. Without a quota probe this is
+/// one branch: `now` is a clock read the caller needs anyway.
+#[inline]
 fn quota_closed(shared: &Shared, now: Instant) -> Option<AcquireError> {
     let until = shared.quota.as_ref()?.exhausted_until(now)?;
     shared.stats.abandon(AbandonReason::QuotaExhausted);
@@ -295,14 +299,10 @@ fn quota_closed(shared: &Shared, now: Instant) -> Option<AcquireError> {
 }
 
 fn count_admission(shared: &Shared, options: &AcquireOptions, waited: bool) {
-    let stats = &shared.stats;
-    stats.admitted.fetch_add(1, Ordering::Relaxed);
-    if waited {
-        stats.waited.fetch_add(1, Ordering::Relaxed);
-    }
-    if options.spend_retry {
-        stats.retries_spent.fetch_add(1, Ordering::Relaxed);
-    }
+    shared
+        .stats
+        .admissions
+        .record(waited, options.spend_retry);
 }
 
 fn abandon(shared: &Shared, reason: AbandonReason) -> AcquireError {
@@ -353,7 +353,7 @@ impl Future for Acquire {
                     }
                     match &shared.backend {
                         Backend::Memory(m) => {
-                            let decision = m.admit_now(&shared.config, ask);
+                            let decision = m.admit_at(now, &shared.config, ask);
                             if let Next::Ready(r) = fresh_decision(
                                 shared,
                                 this.options,
@@ -435,7 +435,7 @@ impl Future for Acquire {
                     drop(q);
                     match &shared.backend {
                         Backend::Memory(m) => {
-                            let decision = m.admit_now(&shared.config, ask);
+                            let decision = m.admit_at(now, &shared.config, ask);
                             if let Next::Ready(r) = head_decision(
                                 shared,
                                 this.options,

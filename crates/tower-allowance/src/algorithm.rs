@@ -8,6 +8,11 @@
 //! number, the theoretical arrival time (`tat`), advanced by one emission interval per
 //! admission. An attempt is conforming when `max(tat, now) + interval - now <= burst * interval`.
 //! No floating point is involved, so there is no drift over long runs.
+//!
+//! The steps are [`gcra_step`] (the token), [`cooling`] (the cooldown), and the budget
+//! functions, checked in the order budget → cooldown → token. [`admit`] composes them on one
+//! plain [`State`]: it is the reference model (test-only) that the memory store's atomic
+//! cell is property-tested against, and that the Redis store's Lua script mirrors.
 
 use std::time::Duration;
 
@@ -76,6 +81,7 @@ pub(crate) struct BudgetState {
     pub(crate) withdrawals: [u64; SLOTS],
 }
 
+#[cfg(test)]
 /// Everything one allowance remembers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct State {
@@ -133,41 +139,94 @@ impl Params {
     }
 }
 
+/// One GCRA token step at `now_us` from the theoretical arrival time `tat_us`.
+///
+/// The one token rule every store applies (the memory store's atomic cell in a
+/// compare-and-swap loop, [`admit`] under its caller's exclusive access, the Redis store's
+/// Lua script as a mirror of it). It ignores the cooldown and the retry budget.
+pub(crate) fn gcra_step(tat_us: u64, now_us: u64, params: &Params) -> Result<Step, Refused> {
+    let start = tat_us.max(now_us);
+    // `start - now_us <= tolerance <= 2^53` and `interval <= 2^53`: no overflow.
+    let new_tat_us = start.saturating_add(params.interval_us);
+    let ahead = new_tat_us - now_us;
+    if ahead > params.tolerance_us {
+        return Err(Refused {
+            wait_us: ahead - params.tolerance_us,
+        });
+    }
+    // The next attempt conforms once `new_tat + interval - t <= tolerance`.
+    let next_in_us = (new_tat_us + params.interval_us)
+        .saturating_sub(params.tolerance_us)
+        .saturating_sub(now_us);
+    Ok(Step {
+        new_tat_us,
+        next_in_us,
+    })
+}
+
+/// A conforming [`gcra_step`]: store `new_tat_us` to take the token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Step {
+    /// The theoretical arrival time after this admission.
+    pub(crate) new_tat_us: u64,
+    /// When the next token is available, from now.
+    pub(crate) next_in_us: u64,
+}
+
+/// A non-conforming [`gcra_step`]: no token before `wait_us` from now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// Microseconds until the attempt would conform.
+    pub(crate) wait_us: u64,
+}
+
+/// The cooldown verdict at `now_us`, if `blocked_until_us` is still ahead.
+pub(crate) fn cooling(blocked_until_us: u64, now_us: u64) -> Option<Verdict> {
+    (now_us < blocked_until_us).then(|| Verdict::Wait {
+        wait_us: blocked_until_us - now_us,
+        cooldown: true,
+    })
+}
+
+#[cfg(test)]
 /// Decides one admission at `now_us`, updating `state` only when it admits.
+///
+/// The order of the checks is part of the rule: the retry budget first, then the cooldown,
+/// then the token ([`gcra_step`]).
 pub(crate) fn admit(state: &mut State, now_us: u64, params: &Params, ask: Ask) -> Verdict {
     if ask.spend_retry && !budget_available(&mut state.budget, now_us, &params.budget) {
         return Verdict::BudgetExhausted;
     }
-    if now_us < state.blocked_until_us {
-        return Verdict::Wait {
-            wait_us: state.blocked_until_us - now_us,
-            cooldown: true,
-        };
+    if let Some(wait) = cooling(state.blocked_until_us, now_us) {
+        return wait;
     }
-    let start = state.tat_us.max(now_us);
-    // `start - now_us <= tolerance <= 2^53` and `interval <= 2^53`: no overflow.
-    let new_tat = start.saturating_add(params.interval_us);
-    let ahead = new_tat - now_us;
-    if ahead > params.tolerance_us {
-        return Verdict::Wait {
-            wait_us: ahead - params.tolerance_us,
+    match gcra_step(state.tat_us, now_us, params) {
+        Err(Refused { wait_us }) => Verdict::Wait {
+            wait_us,
             cooldown: false,
-        };
+        },
+        Ok(Step {
+            new_tat_us,
+            next_in_us,
+        }) => {
+            state.tat_us = new_tat_us;
+            if ask.spend_retry {
+                spend(&mut state.budget, now_us, &params.budget);
+            }
+            Verdict::Admitted { next_in_us }
+        }
     }
-    state.tat_us = new_tat;
-    if ask.spend_retry {
-        spend(&mut state.budget, now_us, &params.budget);
-    }
-    // The next attempt conforms once `new_tat + interval - t <= tolerance`.
-    let next_in_us = (new_tat + params.interval_us)
-        .saturating_sub(params.tolerance_us)
-        .saturating_sub(now_us);
-    Verdict::Admitted { next_in_us }
 }
 
+/// The cooldown deadline asked for by a defer of `delay_us` at `now_us`.
+pub(crate) fn cooldown_until(now_us: u64, delay_us: u64) -> u64 {
+    now_us.saturating_add(delay_us.min(MAX_DELAY_US))
+}
+
+#[cfg(test)]
 /// Extends the cooldown to `now + delay` (max semantics). Returns whether it moved.
 pub(crate) fn defer(state: &mut State, now_us: u64, delay_us: u64) -> bool {
-    let until = now_us.saturating_add(delay_us.min(MAX_DELAY_US));
+    let until = cooldown_until(now_us, delay_us);
     if until > state.blocked_until_us {
         state.blocked_until_us = until;
         true
@@ -176,24 +235,37 @@ pub(crate) fn defer(state: &mut State, now_us: u64, delay_us: u64) -> bool {
     }
 }
 
+#[cfg(test)]
 /// Records one successful request for a replenishing budget.
 pub(crate) fn deposit(state: &mut State, now_us: u64, params: &Params) {
-    if let BudgetParams::Replenishing { slot_us, .. } = params.budget {
-        let slot = advance(&mut state.budget, now_us, slot_us);
-        state.budget.deposits[slot] = state.budget.deposits[slot].saturating_add(1);
+    deposit_budget(&mut state.budget, now_us, &params.budget);
+}
+
+/// [`deposit`] on the budget alone.
+pub(crate) fn deposit_budget(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) {
+    if let BudgetParams::Replenishing { slot_us, .. } = *params {
+        let slot = advance(budget, now_us, slot_us);
+        budget.deposits[slot] = budget.deposits[slot].saturating_add(1);
     }
 }
 
+#[cfg(test)]
 /// Retries that could be spent right now (`u64::MAX` when unlimited).
 pub(crate) fn budget_remaining(state: &mut State, now_us: u64, params: &Params) -> u64 {
     remaining(&mut state.budget, now_us, &params.budget)
 }
 
-fn budget_available(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) -> bool {
+/// Whether one retry could be spent now.
+pub(crate) fn budget_available(
+    budget: &mut BudgetState,
+    now_us: u64,
+    params: &BudgetParams,
+) -> bool {
     remaining(budget, now_us, params) >= 1
 }
 
-fn remaining(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) -> u64 {
+/// Retries that could be spent now from `budget` (`u64::MAX` when unlimited).
+pub(crate) fn remaining(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) -> u64 {
     match *params {
         BudgetParams::Unlimited => u64::MAX,
         BudgetParams::Fixed { retries } => retries.saturating_sub(budget.spent),
@@ -214,7 +286,8 @@ fn remaining(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) -> u6
     }
 }
 
-fn spend(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) {
+/// Spends one retry (the caller checked [`budget_available`] in the same atomic step).
+pub(crate) fn spend(budget: &mut BudgetState, now_us: u64, params: &BudgetParams) {
     match *params {
         BudgetParams::Unlimited => {}
         BudgetParams::Fixed { .. } => budget.spent = budget.spent.saturating_add(1),

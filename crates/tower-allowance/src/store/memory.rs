@@ -1,20 +1,19 @@
-use std::{
-    sync::{Mutex, PoisonError},
-    time::Duration,
-};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Admit, Decision, Deferred, Store, StoreError, StoreFuture, StoreState};
+use super::{cell::Cell, Admit, Decision, Deferred, Store, StoreError, StoreFuture, StoreState};
 use crate::{
-    algorithm::{self, Ask, State, Verdict},
+    algorithm::{self, Ask, Verdict},
     AllowanceConfig,
 };
 
-/// An allowance's state in this process: the pure decision applied under a mutex.
+/// An allowance's state in this process: the pure decision applied atomically.
 ///
-/// Its clock is `tokio::time::Instant`, so paused-time tests drive it exactly. The
-/// admission fast path takes the lock once and does not allocate.
+/// Its clock is `tokio::time::Instant`, so paused-time tests drive it exactly. A first
+/// attempt is lock-free (one compare-and-swap on the token bucket, one load of the
+/// cooldown deadline) and does not allocate; a retry also locks the retry budget, so that
+/// the budget check, the token and the spend are one atomic step.
 ///
 /// # Clone
 ///
@@ -22,7 +21,7 @@ use crate::{
 #[derive(Debug)]
 pub struct MemoryStore {
     epoch: Instant,
-    state: Mutex<State>,
+    cell: Cell,
 }
 
 impl Default for MemoryStore {
@@ -36,34 +35,25 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             epoch: Instant::now(),
-            state: Mutex::new(State::default()),
+            cell: Cell::new(),
         }
     }
 
-    fn now_us(&self) -> u64 {
-        // Microseconds since creation; u64 covers 584,000 years.
-        u64::try_from(
-            Instant::now()
-                .saturating_duration_since(self.epoch)
-                .as_micros(),
-        )
-        .unwrap_or(u64::MAX)
+    /// Microseconds from creation to `now`: `u64` arithmetic, no `u128` (u64 microseconds
+    /// cover 584,000 years; the multiplication saturates rather than wraps past that).
+    fn micros(&self, now: Instant) -> u64 {
+        let d = now.saturating_duration_since(self.epoch);
+        d.as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(d.subsec_micros()))
     }
 
-    fn with_state<T>(&self, f: impl FnOnce(&mut State, u64) -> T) -> T {
-        // The critical sections are pure arithmetic that cannot panic, so a poisoned lock
-        // still guards consistent state.
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = self.now_us();
-        f(&mut state, now)
-    }
-
-    pub(crate) fn admit_now(&self, config: &AllowanceConfig, ask: Admit) -> Decision {
+    /// Decides one admission at `now`, a clock read the caller already made.
+    pub(crate) fn admit_at(&self, now: Instant, config: &AllowanceConfig, ask: Admit) -> Decision {
         let ask = Ask {
             spend_retry: ask.spend_retry,
         };
-        let verdict = self.with_state(|s, now| algorithm::admit(s, now, &config.params, ask));
-        match verdict {
+        match self.cell.admit(self.micros(now), &config.params, ask) {
             Verdict::Admitted { next_in_us } => Decision::Admitted {
                 next_in: Duration::from_micros(next_in_us),
             },
@@ -75,29 +65,31 @@ impl MemoryStore {
         }
     }
 
-    /// `delay_us` must already be within `MAX_DELAY`.
-    pub(crate) fn defer_now(&self, delay_us: u64) -> Deferred {
-        self.with_state(|s, now| {
-            let extended = algorithm::defer(s, now, delay_us);
-            Deferred {
-                extended,
-                blocked_for: Duration::from_micros(s.blocked_until_us.saturating_sub(now)),
-            }
-        })
+    fn admit_now(&self, config: &AllowanceConfig, ask: Admit) -> Decision {
+        self.admit_at(Instant::now(), config, ask)
+    }
+
+    /// Raises the cooldown from `now`; `delay_us` must already be within `MAX_DELAY`.
+    pub(crate) fn defer_at(&self, now: Instant, delay_us: u64) -> Deferred {
+        let now_us = self.micros(now);
+        let (extended, until) = self.cell.defer(now_us, delay_us);
+        Deferred {
+            extended,
+            blocked_for: Duration::from_micros(until.saturating_sub(now_us)),
+        }
     }
 
     pub(crate) fn deposit_now(&self, config: &AllowanceConfig) {
-        self.with_state(|s, now| algorithm::deposit(s, now, &config.params));
+        self.cell.deposit(self.micros(Instant::now()), &config.params);
     }
 
     pub(crate) fn state_now(&self, config: &AllowanceConfig) -> StoreState {
-        self.with_state(|s, now| {
-            let remaining = algorithm::budget_remaining(s, now, &config.params);
-            StoreState {
-                blocked_for: Duration::from_micros(s.blocked_until_us.saturating_sub(now)),
-                retries_remaining: (remaining != u64::MAX).then_some(remaining),
-            }
-        })
+        let now = self.micros(Instant::now());
+        let remaining = self.cell.budget_remaining(now, &config.params);
+        StoreState {
+            blocked_for: Duration::from_micros(self.cell.blocked_until_us().saturating_sub(now)),
+            retries_remaining: (remaining != u64::MAX).then_some(remaining),
+        }
     }
 }
 
@@ -114,7 +106,7 @@ impl Store for MemoryStore {
 
     fn defer(&self, _config: &AllowanceConfig, delay: Duration) -> StoreFuture<Deferred> {
         match algorithm::micros_ceil(delay) {
-            Some(us) => ready(self.defer_now(us)),
+            Some(us) => ready(self.defer_at(Instant::now(), us)),
             None => Box::pin(std::future::ready(Err(StoreError::new(
                 crate::error::UnrepresentableDelay::new(format!("{delay:?}")),
             )))),

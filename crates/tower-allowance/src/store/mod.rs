@@ -1,8 +1,8 @@
 //! Where an allowance's state lives: in this process, or in a shared authority.
 //!
 //! The decision rules live in one place (the crate's pure algorithm); a store only applies
-//! them atomically against its own clock. [`MemoryStore`] keeps the state behind a mutex in
-//! this process and is what [`Allowance::new`](crate::Allowance::new) uses. A shared store
+//! them atomically against its own clock. [`MemoryStore`] keeps the state in atomics (and
+//! the retry budget behind a mutex) in this process and is what [`Allowance::new`](crate::Allowance::new) uses. A shared store
 //! (the `tower-allowance-redis` crate) implements [`Store`] so that several processes spend
 //! one allowance; it plugs into the same layers unchanged through
 //! [`Allowance::with_store`](crate::Allowance::with_store).
@@ -30,6 +30,7 @@ use std::{fmt, future::Future, pin::Pin, time::Duration};
 
 use crate::{AllowanceConfig, BoxError};
 
+pub(crate) mod cell;
 mod memory;
 
 pub use memory::MemoryStore;
