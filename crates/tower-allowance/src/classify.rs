@@ -16,6 +16,8 @@
 //! assert_eq!(classifier.classify(StatusCode::OK, &headers), Classification::Success);
 //! ```
 
+use std::fmt;
+
 use http::{HeaderMap, StatusCode};
 
 /// What a response means to the allowance.
@@ -45,55 +47,127 @@ pub trait Classify: Clone + Send + Sync + 'static {
 
 /// The default classifier: 429 and 503 are throttling, 2xx and 3xx success, everything
 /// else a failure, unless listed as transient.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// # Clone
+///
+/// `Copy`: the status lists are bitsets over 100..=999 held inline, so the copies tower
+/// makes per request (the retry policy, the cooldown future) never allocate.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct StatusClassifier {
-    throttled: Vec<StatusCode>,
-    transient: Vec<StatusCode>,
+    throttled: StatusSet,
+    transient: StatusSet,
 }
 
 impl Default for StatusClassifier {
     fn default() -> Self {
         Self {
-            throttled: vec![
-                StatusCode::TOO_MANY_REQUESTS,
-                StatusCode::SERVICE_UNAVAILABLE,
-            ],
-            transient: Vec::new(),
+            throttled: StatusSet::from_codes([429, 503]),
+            transient: StatusSet::EMPTY,
         }
+    }
+}
+
+impl fmt::Debug for StatusClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatusClassifier")
+            .field("throttled", &self.throttled)
+            .field("transient", &self.transient)
+            .finish()
     }
 }
 
 impl StatusClassifier {
     /// Replaces the throttling statuses (default 429 and 503). Invalid codes are ignored.
     pub fn throttled(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
-        self.throttled = statuses
-            .into_iter()
-            .filter_map(|s| StatusCode::from_u16(s).ok())
-            .collect();
+        self.throttled = StatusSet::from_codes(statuses);
         self
     }
 
     /// Sets statuses to retry without cooling the allowance down (such as 502, 504).
     /// Invalid codes are ignored.
     pub fn transient(mut self, statuses: impl IntoIterator<Item = u16>) -> Self {
-        self.transient = statuses
-            .into_iter()
-            .filter_map(|s| StatusCode::from_u16(s).ok())
-            .collect();
+        self.transient = StatusSet::from_codes(statuses);
         self
+    }
+}
+
+/// A set of status codes: one bit for each valid code, 100..=999.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct StatusSet([u64; StatusSet::WORDS]);
+
+impl StatusSet {
+    const FIRST: u16 = 100;
+    const WORDS: usize = (999 - Self::FIRST as usize) / 64 + 1;
+    const EMPTY: Self = Self([0; Self::WORDS]);
+
+    /// The valid codes among `codes` (what `StatusCode::from_u16` accepts).
+    fn from_codes(codes: impl IntoIterator<Item = u16>) -> Self {
+        let mut set = Self::EMPTY;
+        for code in codes {
+            if let Ok(status) = StatusCode::from_u16(code) {
+                let bit = usize::from(status.as_u16() - Self::FIRST);
+                set.0[bit / 64] |= 1 << (bit % 64);
+            }
+        }
+        set
+    }
+
+    #[inline]
+    fn contains(&self, status: StatusCode) -> bool {
+        // Every `StatusCode` is within 100..=999.
+        let bit = usize::from(status.as_u16().wrapping_sub(Self::FIRST));
+        self.0
+            .get(bit / 64)
+            .is_some_and(|word| word & (1 << (bit % 64)) != 0)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u16> + '_ {
+        (Self::FIRST..=999).filter(|code| {
+            let bit = usize::from(code - Self::FIRST);
+            self.0[bit / 64] & (1 << (bit % 64)) != 0
+        })
+    }
+}
+
+impl fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
 impl Classify for StatusClassifier {
     fn classify(&self, status: StatusCode, _headers: &HeaderMap) -> Classification {
-        if self.throttled.contains(&status) {
+        if self.throttled.contains(status) {
             Classification::Throttled
-        } else if self.transient.contains(&status) {
+        } else if self.transient.contains(status) {
             Classification::Transient
         } else if status.is_success() || status.is_redirection() || status.is_informational() {
             Classification::Success
         } else {
             Classification::Failure
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_valid_code_round_trips_and_invalid_ones_are_ignored() {
+        let h = HeaderMap::new();
+        for code in 100..=999u16 {
+            let status = StatusCode::from_u16(code).expect("valid");
+            let c = StatusClassifier::default().throttled([]).transient([code]);
+            assert_eq!(c.classify(status, &h), Classification::Transient, "{code}");
+            let c = StatusClassifier::default().throttled([code]).transient([code]);
+            assert_eq!(c.classify(status, &h), Classification::Throttled, "{code}");
+        }
+        let c = StatusClassifier::default().transient([0, 99, 1000, u16::MAX, 502]);
+        assert_eq!(c.transient.iter().collect::<Vec<_>>(), [502]);
+        assert_eq!(
+            format!("{:?}", StatusClassifier::default()),
+            "StatusClassifier { throttled: [429, 503], transient: [] }"
+        );
     }
 }
