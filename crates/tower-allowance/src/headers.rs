@@ -33,7 +33,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::{header, HeaderMap, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue};
 
 use crate::{algorithm::MAX_DELAY, error::UnrepresentableDelay, RateLimitObservation};
 
@@ -110,6 +110,11 @@ fn parse_one(
     Ok(Some(delay))
 }
 
+// Names built at compile time: `HeaderMap::get(&str)` would parse the name on every call.
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
+
 /// The `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Bucket` headers, if
 /// any is present and well formed.
 ///
@@ -129,17 +134,21 @@ fn parse_one(
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn rate_limit(headers: &HeaderMap) -> Option<RateLimitObservation> {
-    let number = |name: &str| {
+    // Most responses carry none of these: answer without hashing three names.
+    if headers.is_empty() {
+        return None;
+    }
+    let number = |name: &HeaderName| {
         let v = headers.get(name)?.to_str().ok()?.trim_matches([' ', '\t']);
         if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         v.parse::<u64>().ok()
     };
-    let limit = number("x-ratelimit-limit");
-    let remaining = number("x-ratelimit-remaining");
+    let limit = number(&X_RATELIMIT_LIMIT);
+    let remaining = number(&X_RATELIMIT_REMAINING);
     let bucket = headers
-        .get("x-ratelimit-bucket")
+        .get(&X_RATELIMIT_BUCKET)
         .and_then(|v| v.to_str().ok())
         .map(|v| v.trim_matches([' ', '\t']))
         .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
