@@ -32,7 +32,7 @@ use crate::{
     multi,
     report::RunReport,
     scenario::{self, Mode, Scenario},
-    timeline,
+    sweep, timeline,
     upstream::{RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
 };
 
@@ -75,9 +75,40 @@ pub enum Command {
     /// Counts come from the responses the workers received. `{job}` in the URL is replaced
     /// by the job's number.
     Http(HttpArgs),
+    /// The coordination-efficiency sweep: naive, split:4 and shared over a grid of workers,
+    /// jobs and upstream buckets (virtual time), plus shared on Redis across 4 processes
+    /// (real time) with --redis. Prints a Markdown table.
+    Sweep(SweepArgs),
     /// One process of a `--processes N` run (started by the tool itself).
     #[command(hide = true)]
     Worker(WorkerArgs),
+}
+
+/// Arguments of `sweep`.
+#[derive(Clone, Debug, Args)]
+pub struct SweepArgs {
+    /// Also run shared on one Redis allowance across 4 processes, in real time.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Real-time runs only where the theoretical minimum makespan is at most this long.
+    #[arg(long, default_value = "25s", value_parser = parse_duration)]
+    pub max_real: Duration,
+    /// Tokens of the upstream's burst the Redis allowance keeps in reserve for delivery
+    /// jitter across processes (0: exactly the upstream's bucket).
+    #[arg(long, default_value_t = 1)]
+    pub headroom: u32,
+    /// Write the Markdown table here too.
+    #[arg(long, value_name = "FILE.md")]
+    pub markdown: Option<PathBuf>,
+    /// Draw the chart (attempts per job, makespan / minimum) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub svg: Option<PathBuf>,
+    /// Print the rows as JSON instead.
+    #[arg(long)]
+    pub json: bool,
+    /// A smaller grid (workers 8 and 64, 100 jobs), for a quick look.
+    #[arg(long)]
+    pub quick: bool,
 }
 
 /// Arguments of the hidden `worker` subcommand: one process's share of a run.
@@ -351,6 +382,43 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             )
         }
         Command::Serve(args) => serve(args, out),
+        Command::Sweep(args) => {
+            let grid = if args.quick {
+                sweep::Grid {
+                    workers: vec![8, 64],
+                    jobs: vec![100],
+                    ..sweep::Grid::default()
+                }
+            } else {
+                sweep::Grid::default()
+            };
+            let mut rows = sweep::run_virtual_grid(&grid)?;
+            if let Some(url) = &args.redis {
+                let rt = real_runtime()?;
+                let max_ms = u64::try_from(args.max_real.as_millis()).unwrap_or(u64::MAX);
+                rows.extend(rt.block_on(sweep::run_redis_grid(
+                    &std::env::current_exe()?,
+                    &grid,
+                    url,
+                    max_ms,
+                    args.headroom,
+                ))?);
+            }
+            rows.sort_by_key(|r| (r.burst, r.rate_per_sec, r.jobs, r.workers));
+            let table = sweep::markdown(&rows);
+            if let Some(path) = &args.markdown {
+                std::fs::write(path, &table)?;
+            }
+            if let Some(path) = &args.svg {
+                std::fs::write(path, sweep::svg(&rows))?;
+            }
+            if args.json {
+                writeln!(out, "{}", serde_json::to_string(&rows)?)?;
+            } else {
+                write!(out, "{table}")?;
+            }
+            Ok(())
+        }
         Command::Worker(args) => {
             let s = args.workload.scenario(RetryAfterMode::Absent);
             let mut target = Target::new(args.url.clone());

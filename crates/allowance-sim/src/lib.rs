@@ -24,5 +24,6 @@ pub mod live;
 pub mod multi;
 pub mod report;
 pub mod scenario;
+pub mod sweep;
 pub mod timeline;
 pub mod upstream;

@@ -9,11 +9,7 @@
 //! (times shifted by when each child was started) and, for `run --real`, counts attempts
 //! and 429s from its upstream's own log.
 
-use std::{
-    path::Path,
-    process::Stdio,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{path::Path, process::Stdio, time::Duration};
 
 use tokio::time::Instant;
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
@@ -79,10 +75,10 @@ fn outcome_of(s: &str) -> Outcome {
 
 /// A fresh allowance name for one run, so concurrent runs never share state by accident.
 pub fn run_name() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("sim-{}-{nanos}", std::process::id())
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded randomly per process (and per call after the first).
+    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    format!("sim-{}-{random:016x}", std::process::id())
 }
 
 /// The arguments of the `worker` child for process `index` of `processes`.

@@ -288,7 +288,7 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
 }
 
 fn format_secs(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         (ms / 1000).to_string()
     } else {
         format!("{:.1}", ms as f64 / 1000.0)

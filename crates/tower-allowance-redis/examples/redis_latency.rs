@@ -1,5 +1,7 @@
 //! Measures admission latency against a local Redis next to a plain `PING` in the same run,
-//! and admissions per second from one process with 64 concurrent tasks.
+//! and admissions per second from one process with 64 concurrent tasks next to a trivial
+//! `EVALSHA` (`return 1`) at the same concurrency. Prints the two ratios the issue targets:
+//! admission p50 / PING p50 (<= 2) and admissions/s / trivial EVALSHA/s (>= 0.5).
 //!
 //! ```text
 //! cargo run --release -p tower-allowance-redis --features test-util --example redis_latency
@@ -60,11 +62,15 @@ async fn main() -> Result<(), BoxError> {
         assert!(matches!(decision, Decision::Admitted { .. }));
     }
     let rt = store.round_trips() - rt_before;
-    let (p50, p99) = percentiles(pings);
-    println!("interleaved: PING         p50 {p50:>10.1?}  p99 {p99:>10.1?}  (n={N})");
-    let (p50, p99) = percentiles(admits);
+    let (ping_p50, p99) = percentiles(pings);
+    println!("interleaved: PING         p50 {ping_p50:>10.1?}  p99 {p99:>10.1?}  (n={N})");
+    let (admit_p50, p99) = percentiles(admits);
     println!(
-        "interleaved: admit        p50 {p50:>10.1?}  p99 {p99:>10.1?}  (n={N}, {rt} round trips)"
+        "interleaved: admit        p50 {admit_p50:>10.1?}  p99 {p99:>10.1?}  (n={N}, {rt} round trips)"
+    );
+    println!(
+        "ratio: admit p50 / PING p50 = {:.2} (target <= 2)",
+        admit_p50.as_secs_f64() / ping_p50.as_secs_f64()
     );
 
     // Back-to-back blocks (no interleaving): PING, admit, acquire through an Allowance (as
@@ -102,10 +108,8 @@ async fn main() -> Result<(), BoxError> {
     }
     let took = started.elapsed();
     let total = (TASKS * PER_TASK) as f64;
-    println!(
-        "{TASKS} tasks x {PER_TASK} via Allowance::acquire: {:.0} admissions/s ({took:.2?})",
-        total / took.as_secs_f64()
-    );
+    let via_allowance = total / took.as_secs_f64();
+    println!("{TASKS} tasks x {PER_TASK} via Allowance::acquire: {via_allowance:.0} admissions/s ({took:.2?})");
 
     // 64 concurrent tasks on the store directly (pipelined on one multiplexed connection).
     let started = Instant::now();
@@ -126,6 +130,32 @@ async fn main() -> Result<(), BoxError> {
     println!(
         "{TASKS} tasks x {PER_TASK} via RedisStore::admit: {:.0} admissions/s ({took:.2?})",
         total / took.as_secs_f64()
+    );
+
+    // The reference: a trivial script at the same concurrency, on one multiplexed connection.
+    let trivial = redis::Script::new("return 1");
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(redis.url())?).await?;
+    let _: i64 = trivial.invoke_async(&mut conn.clone()).await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..TASKS {
+        let (trivial, mut conn) = (trivial.clone(), conn.clone());
+        tasks.spawn(async move {
+            for _ in 0..PER_TASK {
+                let _: i64 = trivial.invoke_async(&mut conn).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let took = started.elapsed();
+    let evalsha = total / took.as_secs_f64();
+    println!("{TASKS} tasks x {PER_TASK} trivial EVALSHA: {evalsha:.0} calls/s ({took:.2?})");
+    println!(
+        "ratio: Allowance admissions/s / trivial EVALSHA/s = {:.2} (target >= 0.5)",
+        via_allowance / evalsha
     );
     Ok(())
 }
