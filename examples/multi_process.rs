@@ -15,18 +15,17 @@ use std::io::Write;
 
 use allowance_sim::{
     cli::run_args,
-    live::StoreChoice,
+    live::{counted_by_upstream, StoreChoice},
     multi::{run_name, run_processes},
     report::RunReport,
     scenario::{Mode, Scenario},
-    upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    upstream::{UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 use tower_allowance::BoxError;
 
 const PROCESSES: usize = 4;
 
 async fn run(store: &StoreChoice) -> Result<RunReport, BoxError> {
-    let upstream = Upstream::start(UpstreamConfig::new(4, 40)).await?;
     let s = Scenario {
         workers: 32,
         jobs: 96,
@@ -35,24 +34,13 @@ async fn run(store: &StoreChoice) -> Result<RunReport, BoxError> {
         rate_per_sec: 40,
         ..Scenario::seed(Mode::Shared)
     };
-    let headers = [format!("{API_KEY_HEADER}: {DEFAULT_KEY}")];
-    let exe = std::env::current_exe()?;
-    let result = run_processes(
-        &exe,
-        &s,
-        &upstream.snapshot_url("e{job}"),
-        &headers,
-        store,
-        PROCESSES,
-    )
-    .await;
-    let seen = upstream.log();
-    upstream.shutdown().await;
-    let mut report = result?;
-    report.counted_by = "server";
-    report.attempts = seen.len();
-    report.rejected = seen.iter().filter(|r| r.status == 429).count();
-    Ok(report)
+    counted_by_upstream(UpstreamConfig::new(4, 40), |upstream| async move {
+        let headers = [format!("{API_KEY_HEADER}: {DEFAULT_KEY}")];
+        let exe = std::env::current_exe()?;
+        let template = upstream.snapshot_url("e{job}");
+        run_processes(&exe, &s, &template, &headers, store, PROCESSES).await
+    })
+    .await
 }
 
 fn main() -> Result<(), BoxError> {

@@ -449,28 +449,22 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
 async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxError> {
     let mut config = live::upstream_config(&s.upstream);
     config.retry_after = args.retry_after;
-    let upstream = Upstream::start(config).await?;
-    let template = upstream.snapshot_url("e{job}");
-    let headers = vec![format!(
-        "{}: {DEFAULT_KEY}",
-        crate::upstream::API_KEY_HEADER
-    )];
-    let result = multi::run_processes(
-        &std::env::current_exe()?,
-        s,
-        &template,
-        &headers,
-        &args.workload.store(),
-        args.workload.processes as usize,
-    )
-    .await;
-    let seen = upstream.log();
-    upstream.shutdown().await;
-    let mut report = result?;
-    report.counted_by = "server";
-    report.attempts = seen.len();
-    report.rejected = seen.iter().filter(|r| r.status == 429).count();
-    Ok(report)
+    live::counted_by_upstream(config, |upstream| async move {
+        let headers = [format!(
+            "{}: {DEFAULT_KEY}",
+            crate::upstream::API_KEY_HEADER
+        )];
+        multi::run_processes(
+            &std::env::current_exe()?,
+            s,
+            &upstream.snapshot_url("e{job}"),
+            &headers,
+            &args.workload.store(),
+            args.workload.processes as usize,
+        )
+        .await
+    })
+    .await
 }
 
 /// Parses `args` (the first being the program name) and runs them, as the binary does.

@@ -34,8 +34,8 @@ use hyper_util::{
 use tokio::time::Instant;
 use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    headers, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig, AllowanceLayer,
-    BoxError, Deadline, Outcome, RetryBudgetConfig,
+    headers, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceLayer, BoxError, Deadline,
+    Outcome,
 };
 use tower_allowance_redis::{RedisStore, RedisStoreOptions};
 
@@ -213,12 +213,7 @@ async fn allowance_for(
     store: &StoreChoice,
     index: usize,
 ) -> Result<Allowance, BoxError> {
-    let budget = s
-        .retry_budget
-        .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
-    let config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
-        .with_retry_budget(budget)
-        .with_max_waiters(s.workers.max(1));
+    let config = crate::scenario::allowance_config(s)?;
     Ok(match store {
         StoreChoice::Memory => Allowance::new(config),
         StoreChoice::Redis { url, name } => {
@@ -382,11 +377,33 @@ pub async fn run_real_with_progress(
     if let Some(mode) = retry_after {
         config.retry_after = mode;
     }
-    let upstream = Upstream::start(config).await?;
-    let target = Target::upstream(&upstream, DEFAULT_KEY)?;
-    let result = run_http(s, &target, progress).await;
+    counted_by_upstream(config, |upstream| async move {
+        let target = Target::upstream(&upstream, DEFAULT_KEY)?;
+        run_http(s, &target, progress).await
+    })
+    .await
+}
+
+/// Starts an [`Upstream`] with `config`, runs `run` against it, stops it, and replaces the
+/// report's attempt and 429 counts with the upstream's own (`counted_by: "server"`).
+///
+/// # Errors
+///
+/// The upstream could not bind, or `run` failed.
+pub async fn counted_by_upstream<F, Fut>(
+    config: UpstreamConfig,
+    run: F,
+) -> Result<RunReport, BoxError>
+where
+    F: FnOnce(Arc<Upstream>) -> Fut,
+    Fut: std::future::Future<Output = Result<RunReport, BoxError>>,
+{
+    let upstream = Arc::new(Upstream::start(config).await?);
+    let result = run(upstream.clone()).await;
     let seen = upstream.log();
-    upstream.shutdown().await;
+    if let Ok(upstream) = Arc::try_unwrap(upstream) {
+        upstream.shutdown().await;
+    }
     let mut report = result?;
     report.counted_by = "server";
     report.attempts = seen.len();

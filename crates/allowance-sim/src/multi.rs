@@ -77,7 +77,9 @@ fn outcome_of(s: &str) -> Outcome {
 pub fn run_name() -> String {
     use std::hash::{BuildHasher, Hasher};
     // RandomState is seeded randomly per process (and per call after the first).
-    let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
     format!("sim-{}-{random:016x}", std::process::id())
 }
 

@@ -156,14 +156,23 @@ impl Report {
     }
 }
 
-fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
+/// The allowance configuration a scenario's workers share: its burst and rate, its batch
+/// retry budget, and room in the queue for every worker.
+///
+/// # Errors
+///
+/// A configuration the library rejects (a zero rate or burst).
+pub fn allowance_config(s: &Scenario) -> Result<AllowanceConfig, BoxError> {
     let budget = s
         .retry_budget
         .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
-    let config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
+    Ok(AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
         .with_retry_budget(budget)
-        .with_max_waiters(s.workers.max(1));
-    Ok(Allowance::new(config))
+        .with_max_waiters(s.workers.max(1)))
+}
+
+fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
+    Ok(Allowance::new(allowance_config(s)?))
 }
 
 type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;

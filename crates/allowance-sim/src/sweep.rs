@@ -22,11 +22,11 @@ use tower_allowance::BoxError;
 
 use crate::{
     fake::FakeConfig,
-    live::StoreChoice,
+    live::{self, StoreChoice},
     multi,
     report::{min_makespan_ms, RunReport},
     scenario::{self, Mode, Scenario},
-    upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    upstream::{UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 
 /// The parameters swept.
@@ -191,26 +191,18 @@ pub async fn run_redis_grid(
             for &workers in &grid.workers {
                 let mut s = scenario(Mode::Shared, workers, jobs, bucket);
                 s.burst = bucket.0.saturating_sub(headroom).max(1);
-                let upstream = Upstream::start(UpstreamConfig::new(bucket.0, bucket.1)).await?;
                 let store = StoreChoice::Redis {
                     url: redis_url.to_owned(),
                     name: multi::run_name(),
                 };
-                let headers = [format!("{API_KEY_HEADER}: {DEFAULT_KEY}")];
-                let result = multi::run_processes(
-                    exe,
-                    &s,
-                    &upstream.snapshot_url("e{job}"),
-                    &headers,
-                    &store,
-                    4,
-                )
-                .await;
-                let seen = upstream.log();
-                upstream.shutdown().await;
-                let mut report = result?;
-                report.attempts = seen.len();
-                report.rejected = seen.iter().filter(|r| r.status == 429).count();
+                let config = UpstreamConfig::new(bucket.0, bucket.1);
+                let (scenario_ref, store_ref) = (&s, &store);
+                let report = live::counted_by_upstream(config, |upstream| async move {
+                    let headers = [format!("{API_KEY_HEADER}: {DEFAULT_KEY}")];
+                    let template = upstream.snapshot_url("e{job}");
+                    multi::run_processes(exe, scenario_ref, &template, &headers, store_ref, 4).await
+                })
+                .await?;
                 let mode = if headroom == 0 {
                     "shared-redis-4p".to_owned()
                 } else {
