@@ -55,17 +55,19 @@ else
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
--- Only the fields this budget kind uses are read and written.
-local FIELDS = {'tat', 'bu'}
+-- Only the fields this budget kind uses are read; `ex` is the expiry last set (ms).
+local FIELDS = {'tat', 'bu', 'ex'}
+local BUDGET = {}
 if kind == 1 then
-  FIELDS[3] = 'sp'
+  BUDGET = {'sp'}
 elseif kind == 2 then
-  FIELDS[3] = 'hd'
+  BUDGET = {'hd'}
   for i = 0, 9 do
-    FIELDS[#FIELDS + 1] = 'd' .. i
-    FIELDS[#FIELDS + 1] = 'w' .. i
+    BUDGET[#BUDGET + 1] = 'd' .. i
+    BUDGET[#BUDGET + 1] = 'w' .. i
   end
 end
+for _, f in ipairs(BUDGET) do FIELDS[#FIELDS + 1] = f end
 local raw = redis.call('HMGET', key, unpack(FIELDS))
 local s = {sp = 0, hd = 0}
 for i, f in ipairs(FIELDS) do s[f] = tonumber(raw[i]) or 0 end
@@ -102,17 +104,30 @@ local function remaining()
   return -1
 end
 
--- Writes the state back and sets a TTL covering everything it holds, plus the idle TTL.
-local function save()
+-- Writes the given fields back, and keeps a TTL covering everything the key holds plus at
+-- least half the idle TTL: the expiry is pushed to (what it must cover + the idle TTL) only
+-- when it would otherwise fall short of (what it must cover + half the idle TTL), so in the
+-- steady state an admission writes one field and sets no TTL.
+local function save(fields)
+  local keep_us = math.max(s.tat - now, s.bu - now, 0)
+  if kind == 2 then keep_us = math.max(keep_us, b1 * 10) end
+  local now_ms = math.floor(now / 1000)
+  local keep_ms = math.ceil(keep_us / 1000)
+  local refresh = s.ex - now_ms < keep_ms + math.floor(idle_ms / 2)
   local args = {}
-  for _, f in ipairs(FIELDS) do
+  for _, f in ipairs(fields) do
     args[#args + 1] = f
     args[#args + 1] = string.format('%.0f', s[f])
   end
+  if refresh then
+    s.ex = now_ms + keep_ms + idle_ms
+    args[#args + 1] = 'ex'
+    args[#args + 1] = string.format('%.0f', s.ex)
+  end
   redis.call('HSET', key, unpack(args))
-  local keep_us = math.max(s.tat - now, s.bu - now, 0)
-  if kind == 2 then keep_us = math.max(keep_us, b1 * 10) end
-  redis.call('PEXPIRE', key, string.format('%.0f', math.ceil(keep_us / 1000) + idle_ms))
+  if refresh then
+    redis.call('PEXPIRE', key, string.format('%.0f', keep_ms + idle_ms))
+  end
 end
 "#;
 
@@ -126,15 +141,19 @@ local new_tat = math.max(s.tat, now) + interval
 local ahead = new_tat - now
 if ahead > tolerance then return {1, ahead - tolerance, 0} end
 s.tat = new_tat
-if spend then
+if spend and kind ~= 0 then
   if kind == 1 then
     s.sp = s.sp + 1
-  elseif kind == 2 then
+  else
     local i = advance()
     s['w' .. i] = s['w' .. i] + 1
   end
+  local fields = {'tat'}
+  for _, f in ipairs(BUDGET) do fields[#fields + 1] = f end
+  save(fields)
+else
+  save({'tat'})
 end
-save()
 return {0, math.max(new_tat + interval - tolerance - now, 0)}
 "#;
 
@@ -145,7 +164,7 @@ local extended = 0
 if until_us > s.bu then
   s.bu = until_us
   extended = 1
-  save()
+  save({'bu'})
 end
 return {extended, math.max(s.bu - now, 0)}
 "#;
@@ -155,7 +174,7 @@ const DEPOSIT: &str = r#"
 if kind == 2 then
   local i = advance()
   s['d' .. i] = s['d' .. i] + 1
-  save()
+  save(BUDGET)
 end
 return {0}
 "#;
