@@ -7,7 +7,7 @@ use crate::{
     admission::Admission,
     classify::{Classify, StatusClassifier},
     cooldown::Cooldown,
-    retry::{RetryConfig, RetryPolicy},
+    retry::{policy::PolicyShared, RetryConfig, RetryPolicy},
     Allowance,
 };
 
@@ -47,7 +47,8 @@ use crate::{
 #[derive(Clone, Debug)]
 pub struct AllowanceLayer<C = StatusClassifier> {
     allowance: Allowance,
-    retry: Arc<RetryConfig>,
+    /// The allowance and the retry config, shared by every policy (one `Arc` per clone).
+    policy: Arc<PolicyShared>,
     classifier: C,
 }
 
@@ -55,8 +56,8 @@ impl AllowanceLayer {
     /// The full stack over `allowance`, retrying by `retry`.
     pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
         Self {
+            policy: PolicyShared::new(allowance.clone(), retry),
             allowance,
-            retry: Arc::new(retry),
             classifier: StatusClassifier::default(),
         }
     }
@@ -67,7 +68,7 @@ impl<C> AllowanceLayer<C> {
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> AllowanceLayer<C2> {
         AllowanceLayer {
             allowance: self.allowance,
-            retry: self.retry,
+            policy: self.policy,
             classifier,
         }
     }
@@ -79,11 +80,7 @@ impl<S, C: Classify> Layer<S> for AllowanceLayer<C> {
     fn layer(&self, inner: S) -> Self::Service {
         let admission = Admission::new(inner, self.allowance.clone());
         let cooldown = Cooldown::new(admission, self.allowance.clone(), self.classifier.clone());
-        let policy = RetryPolicy::from_shared(
-            self.allowance.clone(),
-            self.retry.clone(),
-            self.classifier.clone(),
-        );
+        let policy = RetryPolicy::from_shared(self.policy.clone(), self.classifier.clone());
         Retry::new(policy, cooldown)
     }
 }

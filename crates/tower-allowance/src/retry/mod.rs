@@ -62,6 +62,6 @@
 //! ```
 
 mod config;
-mod policy;
+pub(crate) mod policy;
 
 pub use self::{config::RetryConfig, policy::RetryPolicy};

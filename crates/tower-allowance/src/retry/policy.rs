@@ -23,15 +23,29 @@ use crate::{
 /// # Clone
 ///
 /// Tower clones the policy for every request, to count that request's attempts. The
-/// allowance (and so the budget) and the config are shared through `Arc`s, never copied.
+/// allowance (and so the budget) and the config are shared through one `Arc`, never
+/// copied: a clone is one reference-count increment, and it does not touch the
+/// allowance's own count, which every other layer's per-request clone increments.
 #[derive(Clone, Debug)]
 pub struct RetryPolicy<C = StatusClassifier> {
-    allowance: Allowance,
-    config: Arc<RetryConfig>,
+    shared: Arc<PolicyShared>,
     classifier: C,
     /// Attempts made by this request so far.
     attempts: u32,
     rng: Option<fastrand::Rng>,
+}
+
+/// What every clone of one policy shares, behind one `Arc`.
+#[derive(Debug)]
+pub(crate) struct PolicyShared {
+    pub(crate) allowance: Allowance,
+    pub(crate) config: RetryConfig,
+}
+
+impl PolicyShared {
+    pub(crate) fn new(allowance: Allowance, config: RetryConfig) -> Arc<Self> {
+        Arc::new(Self { allowance, config })
+    }
 }
 
 /// What the policy decided for one response.
@@ -53,31 +67,34 @@ impl RetryPolicy {
 impl<C: Classify> RetryPolicy<C> {
     /// A policy with a custom classifier.
     pub fn with_classifier(allowance: Allowance, config: RetryConfig, classifier: C) -> Self {
-        Self::from_shared(allowance, Arc::new(config), classifier)
+        Self::from_shared(PolicyShared::new(allowance, config), classifier)
     }
 
-    pub(crate) fn from_shared(
-        allowance: Allowance,
-        config: Arc<RetryConfig>,
-        classifier: C,
-    ) -> Self {
+    pub(crate) fn from_shared(shared: Arc<PolicyShared>, classifier: C) -> Self {
         Self {
-            allowance,
-            config,
+            shared,
             classifier,
             attempts: 0,
             rng: None,
         }
     }
 
+    fn allowance(&self) -> &Allowance {
+        &self.shared.allowance
+    }
+
+    fn config(&self) -> &RetryConfig {
+        &self.shared.config
+    }
+
     fn replayable<B>(&self, req: &Request<B>) -> bool {
-        self.config.replayable_methods.contains(req.method())
-            || (self.config.idempotency_key && req.headers().contains_key("idempotency-key"))
+        self.config().replayable_methods.contains(req.method())
+            || (self.config().idempotency_key && req.headers().contains_key(&IDEMPOTENCY_KEY))
     }
 
     fn jitter(&mut self, cap: Duration) -> Duration {
-        let allowance = &self.allowance;
-        let seed = self.config.jitter_seed;
+        let allowance = &self.shared.allowance;
+        let seed = self.shared.config.jitter_seed;
         let rng = self.rng.get_or_insert_with(|| {
             // One stream per request: concurrent retries must not share a jitter sequence.
             let stream = allowance.next_jitter_seed();
@@ -93,14 +110,14 @@ impl<C: Classify> RetryPolicy<C> {
         if !self.replayable(req) {
             return Decision::Abandon(AbandonReason::NotReplayable);
         }
-        if self.attempts >= self.config.max_attempts.get() {
+        if self.attempts >= self.config().max_attempts.get() {
             return Decision::Abandon(AbandonReason::MaxAttempts);
         }
         // The server's delay is honoured as is; only our own backoff is capped.
         let delay = match server_delay {
             Some(d) => d,
             None => {
-                let cap = self.config.backoff_cap(self.attempts);
+                let cap = self.config().backoff_cap(self.attempts);
                 self.jitter(cap)
             }
         };
@@ -114,7 +131,7 @@ impl<C: Classify> RetryPolicy<C> {
                 return Decision::Abandon(AbandonReason::Deadline);
             }
         }
-        if !self.allowance.retry_budget_left() {
+        if !self.allowance().retry_budget_left() {
             return Decision::Abandon(AbandonReason::BudgetExhausted);
         }
         Decision::Retry(at)
@@ -125,6 +142,8 @@ impl<C: Classify> RetryPolicy<C> {
         sleep_until(at)
     }
 }
+
+const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
 /// The layers' own failures are final: retrying them would only repeat them.
 fn is_own_error(e: &BoxError) -> bool {
@@ -151,7 +170,7 @@ where
         let decision = match result {
             Ok(res) => match self.classifier.classify(res.status(), res.headers()) {
                 Classification::Success => {
-                    self.allowance.record_success();
+                    self.allowance().record_success();
                     Decision::Stop
                 }
                 Classification::Failure => Decision::Stop,
@@ -162,14 +181,14 @@ where
                     }
                 }
             },
-            Err(e) if is_own_error(e) || !self.config.retry_transport_errors => Decision::Stop,
+            Err(e) if is_own_error(e) || !self.config().retry_transport_errors => Decision::Stop,
             Err(_) => self.decide(req, None),
         };
         match decision {
             Decision::Retry(at) => Some(self.schedule(req, at)),
             Decision::Stop => None,
             Decision::Abandon(reason) => {
-                self.allowance.stats().abandon(reason);
+                self.allowance().stats().abandon(reason);
                 if let Ok(res) = result {
                     res.extensions_mut().insert(Abandoned::new(reason));
                 }
