@@ -41,6 +41,7 @@ impl MemoryStore {
 
     /// Microseconds from creation to `now`: `u64` arithmetic, no `u128` (u64 microseconds
     /// cover 584,000 years; the multiplication saturates rather than wraps past that).
+    #[inline]
     fn micros(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.epoch);
         d.as_secs()
@@ -49,6 +50,7 @@ impl MemoryStore {
     }
 
     /// Decides one admission at `now`, a clock read the caller already made.
+    #[inline]
     pub(crate) fn admit_at(&self, now: Instant, config: &AllowanceConfig, ask: Admit) -> Decision {
         let ask = Ask {
             spend_retry: ask.spend_retry,
