@@ -3,7 +3,8 @@
 //!
 //! Ours twice: `acquire()` polled once (clones the allowance's `Arc` per call), and a call
 //! through each thread's own clone of one `AdmissionLayer` service (includes building the
-//! request, about 40 ns alone: see `layer_overhead/bare`).
+//! request, about 40 ns alone: see `layer_overhead/bare`), and a call through each thread's
+//! own clone of one full `AllowanceLayer` service (empty `String` body).
 //!
 //! One iteration is one admission on each thread (throughput counts 2 elements); each
 //! sample starts both threads behind a barrier and takes the slower thread's time. Flat
@@ -29,7 +30,7 @@ use http::{Request, Response};
 // keep std's Instant out of the code.
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service};
-use tower_allowance::admission::AdmissionLayer;
+use tower_allowance::{admission::AdmissionLayer, retry::RetryConfig, AllowanceLayer};
 
 mod common;
 
@@ -99,6 +100,29 @@ fn contention(c: &mut Criterion) {
                     let mut cx = Context::from_waker(Waker::noop());
                     assert!(service.poll_ready(&mut cx).is_ready());
                     let fut = pin!(service.call(Request::new(())));
+                    common::poll_once(fut).expect("admitted");
+                }
+            })
+        })
+    });
+
+    // The full stack (tower `Retry` → `Cooldown` → `Admission`), each thread with its own
+    // clone of one service: tower clones the policy and the inner stack per call, so this
+    // is where per-call `Arc` clones of the allowance meet under contention.
+    let stack = AllowanceLayer::new(common::unreachable_allowance(), RetryConfig::default())
+        .layer(service_fn(
+            |_req: Request<String>| -> Ready<Result<Response<()>, Infallible>> {
+                ready(Ok(Response::new(())))
+            },
+        ));
+    group.bench_function("ours/allowance_stack_call", |b| {
+        b.iter_custom(|iters| {
+            hammer(iters, &|| {
+                let mut service = stack.clone();
+                move || {
+                    let mut cx = Context::from_waker(Waker::noop());
+                    assert!(service.poll_ready(&mut cx).is_ready());
+                    let fut = pin!(service.call(Request::new(String::new())));
                     common::poll_once(fut).expect("admitted");
                 }
             })
