@@ -441,9 +441,9 @@ const OWNED_SLOTS: usize = 8;
 
 /// Admission counters in cache-line-padded slots, summed by [`Allowance::snapshot`].
 ///
-/// The first [`OWNED_SLOTS`] threads of the process to count an admission each own a slot
-/// for good: one writer, so a plain load and store (no locked read-modify-write, no line
-/// shared with another writer). Later threads share the last slot with `fetch_add`. So two
+/// Up to [`OWNED_SLOTS`] live threads each own a slot (handed on when the thread exits):
+/// one writer, so a plain load and store (no locked read-modify-write, no line shared with
+/// another writer). Threads beyond those share the last slot with `fetch_add`. So two
 /// threads admitting at once write two different lines instead of bouncing one between
 /// their caches. (1.1 KiB per allowance.)
 #[derive(Default)]
@@ -495,27 +495,53 @@ impl Admissions {
     }
 }
 
-/// This thread's number, assigned on first use and never reused (unique per thread, so a
-/// number below [`OWNED_SLOTS`] names a slot with a single writer in every allowance).
+/// This thread's slot number: below [`OWNED_SLOTS`] it is owned by this thread alone (in
+/// every allowance) until the thread exits and hands it on; [`OWNED_SLOTS`] is the shared
+/// slot, for threads beyond the first [`OWNED_SLOTS`] alive at once.
 #[inline]
 fn thread_slot() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
-        static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(usize::MAX) };
+        static SLOT: SlotClaim = SlotClaim::claim();
     }
-    SLOT.with(|s| {
-        let mut id = s.get();
-        if id == usize::MAX {
-            // Saturates at OWNED_SLOTS: every later thread shares the last slot.
-            id = NEXT
+    // During thread teardown the claim may be gone already: use the shared slot.
+    SLOT.try_with(|s| s.0).unwrap_or(OWNED_SLOTS)
+}
+
+/// Owned slot numbers handed back by exited threads.
+static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The next owned slot number never handed out.
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread's claim on a slot number, returned when the thread exits. The hand-over goes
+/// through the `FREE_SLOTS` mutex, so the next owner sees the last owner's stores.
+struct SlotClaim(usize);
+
+impl SlotClaim {
+    fn claim() -> Self {
+        let freed = FREE_SLOTS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        Self(freed.unwrap_or_else(|| {
+            // Saturates at OWNED_SLOTS: the shared slot.
+            NEXT_SLOT
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     Some(n.saturating_add(1).min(OWNED_SLOTS))
                 })
-                .unwrap_or(OWNED_SLOTS);
-            s.set(id);
+                .unwrap_or(OWNED_SLOTS)
+        }))
+    }
+}
+
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        if self.0 < OWNED_SLOTS {
+            FREE_SLOTS
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(self.0);
         }
-        id
-    })
+    }
 }
 
 impl Stats {
@@ -579,6 +605,28 @@ pub struct RateLimitObservation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_stay_exact_as_threads_come_and_go() {
+        let counts = Arc::new(Admissions::default());
+        // Far more threads over time than slots, a few alive at once: all counted exactly.
+        for _ in 0..(OWNED_SLOTS * 4) {
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let counts = counts.clone();
+                    std::thread::spawn(move || {
+                        for _ in 0..100 {
+                            counts.record(false, false);
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().expect("thread");
+            }
+        }
+        assert_eq!(counts.totals().0, (OWNED_SLOTS * 4 * 2 * 100) as u64);
+    }
 
     #[test]
     fn admission_counts_are_exact_across_more_threads_than_slots() {
