@@ -53,11 +53,12 @@ fn full_stack_fast_path_does_not_allocate() {
     // Never runs dry: every call takes the fast path (token available, nobody waiting).
     let config = AllowanceConfig::per_second(1_000_000, NonZeroU32::MAX.get()).expect("valid");
     let allowance = Allowance::new(config);
-    let mut service = AllowanceLayer::new(allowance.clone(), RetryConfig::default()).layer(
-        service_fn(|_req: Request<String>| -> Ready<Result<Response<()>, Infallible>> {
-            ready(Ok(Response::new(())))
-        }),
-    );
+    let mut service =
+        AllowanceLayer::new(allowance.clone(), RetryConfig::default()).layer(service_fn(
+            |_req: Request<String>| -> Ready<Result<Response<()>, Infallible>> {
+                ready(Ok(Response::new(())))
+            },
+        ));
     let mut cx = Context::from_waker(Waker::noop());
 
     // Warm-up (lazy statics, thread-locals), then count over requests built beforehand,
@@ -65,8 +66,7 @@ fn full_stack_fast_path_does_not_allocate() {
     for _ in 0..10 {
         call_once(&mut service, &mut cx, Request::new(String::new()));
     }
-    let requests: Vec<Request<String>> =
-        (0..CALLS).map(|_| Request::new(String::new())).collect();
+    let requests: Vec<Request<String>> = (0..CALLS).map(|_| Request::new(String::new())).collect();
     let region = Region::new(GLOBAL);
     for req in requests {
         call_once(&mut service, &mut cx, req);

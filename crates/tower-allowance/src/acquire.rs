@@ -299,10 +299,7 @@ fn quota_closed(shared: &Shared, now: Instant) -> Option<AcquireError> {
 }
 
 fn count_admission(shared: &Shared, options: &AcquireOptions, waited: bool) {
-    shared
-        .stats
-        .admissions
-        .record(waited, options.spend_retry);
+    shared.stats.admissions.record(waited, options.spend_retry);
 }
 
 fn abandon(shared: &Shared, reason: AbandonReason) -> AcquireError {

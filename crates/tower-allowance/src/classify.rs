@@ -160,7 +160,9 @@ mod tests {
             let status = StatusCode::from_u16(code).expect("valid");
             let c = StatusClassifier::default().throttled([]).transient([code]);
             assert_eq!(c.classify(status, &h), Classification::Transient, "{code}");
-            let c = StatusClassifier::default().throttled([code]).transient([code]);
+            let c = StatusClassifier::default()
+                .throttled([code])
+                .transient([code]);
             assert_eq!(c.classify(status, &h), Classification::Throttled, "{code}");
         }
         let c = StatusClassifier::default().transient([0, 99, 1000, u16::MAX, 502]);

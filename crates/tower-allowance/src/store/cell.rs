@@ -162,9 +162,16 @@ mod tests {
             per_sec in 1u32..50,
             burst in 1u32..5,
             retries in 0u64..4,
+            replenishing in any::<bool>(),
             ops in proptest::collection::vec((0u64..300_000, 0u8..4, 0u64..2_000_000), 1..200),
         ) {
-            let p = params(per_sec, burst, BudgetParams::Fixed { retries });
+            let budget = if replenishing {
+                // A 1 s window in 100 ms slots: deposits and withdrawals expire during a run.
+                BudgetParams::Replenishing { slot_us: 100_000, reserve: retries, per_mille: 500 }
+            } else {
+                BudgetParams::Fixed { retries }
+            };
+            let p = params(per_sec, burst, budget);
             let cell = Cell::new();
             let mut state = State::default();
             let mut now = 0;
@@ -298,7 +305,9 @@ mod loom_tests {
             assert_eq!(refused, Verdict::BudgetExhausted);
             assert_eq!(cell.budget_remaining(0, &p), 0);
             // The refused retry took no token: nine of the burst of ten are left.
-            let left = (0..10).filter(|_| admitted(cell.admit(0, &p, FIRST))).count();
+            let left = (0..10)
+                .filter(|_| admitted(cell.admit(0, &p, FIRST)))
+                .count();
             assert_eq!(left, 9);
         });
     }

@@ -82,7 +82,8 @@ impl MemoryStore {
     }
 
     pub(crate) fn deposit_now(&self, config: &AllowanceConfig) {
-        self.cell.deposit(self.micros(Instant::now()), &config.params);
+        self.cell
+            .deposit(self.micros(Instant::now()), &config.params);
     }
 
     pub(crate) fn state_now(&self, config: &AllowanceConfig) -> StoreState {

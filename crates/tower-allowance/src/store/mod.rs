@@ -2,8 +2,9 @@
 //!
 //! The decision rules live in one place (the crate's pure algorithm); a store only applies
 //! them atomically against its own clock. [`MemoryStore`] keeps the state in atomics (and
-//! the retry budget behind a mutex) in this process and is what [`Allowance::new`](crate::Allowance::new) uses. A shared store
-//! (the `tower-allowance-redis` crate) implements [`Store`] so that several processes spend
+//! the retry budget behind a mutex) in this process and is what
+//! [`Allowance::new`](crate::Allowance::new) uses. A shared store (the
+//! `tower-allowance-redis` crate) implements [`Store`] so that several processes spend
 //! one allowance; it plugs into the same layers unchanged through
 //! [`Allowance::with_store`](crate::Allowance::with_store).
 //!
