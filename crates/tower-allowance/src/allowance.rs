@@ -30,6 +30,13 @@ use crate::{
 /// Cloning is cheap (an `Arc`) and never creates a new bucket: all clones share one state.
 /// Build one `Allowance` per credential and hand clones to every service that uses it.
 ///
+/// # Runtime
+///
+/// Waiting uses Tokio timers: the wait queue's one shared timer is created on the runtime
+/// of the first caller that has to wait. Use an allowance from one Tokio runtime (any
+/// number of its worker threads); to coordinate several runtimes or processes, give each
+/// its own `Allowance` over one shared [`Store`] (such as Redis).
+///
 /// ```
 /// use tower_allowance::{Allowance, AllowanceConfig};
 ///

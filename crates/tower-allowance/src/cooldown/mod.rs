@@ -26,7 +26,7 @@
 //!     .service_fn(|_req: Request<()>| async {
 //!         let mut res = Response::new("slow down");
 //!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-//!         res.headers_mut().insert("retry-after", "30".parse().unwrap());
+//!         res.headers_mut().insert("retry-after", http::HeaderValue::from_static("30"));
 //!         Ok::<_, Infallible>(res)
 //!     });
 //!

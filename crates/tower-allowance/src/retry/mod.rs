@@ -49,7 +49,7 @@
 //!     .service_fn(|_req: Request<String>| async {
 //!         let mut res = Response::new(String::new());
 //!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-//!         res.headers_mut().insert("retry-after", "1".parse().unwrap());
+//!         res.headers_mut().insert("retry-after", http::HeaderValue::from_static("1"));
 //!         Ok::<_, Infallible>(res)
 //!     });
 //!
