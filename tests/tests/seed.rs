@@ -1,9 +1,6 @@
 //! The seed article's figures, reproduced through the real layers in virtual time.
 
-use allowance_sim::{
-    fake::FakeConfig,
-    scenario::{abandoned, run, Mode, Scenario},
-};
+use allowance_sim::scenario::{abandoned, run, Mode, Scenario};
 use tower_allowance::error::AbandonReason;
 
 #[tokio::test(start_paused = true)]
@@ -29,28 +26,16 @@ async fn scenario_3_two_independent_allowances() {
     assert_eq!((r.attempts, r.rejected, r.completed), (14, 6, 8));
 }
 
-fn always_429(budget: Option<u64>) -> Scenario {
-    Scenario {
-        upstream: FakeConfig {
-            always_reject: true,
-            ..FakeConfig::seed()
-        },
-        max_attempts: 3,
-        retry_budget: budget,
-        ..Scenario::seed(Mode::Shared)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn scenario_4_per_request_cap_without_budget() {
-    let r = run(&always_429(None)).await.expect("runs");
+    let r = run(&Scenario::always_429(None)).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total(), r.completed), (24, 8, 0));
     assert_eq!(abandoned(&r, AbandonReason::MaxAttempts), 8);
 }
 
 #[tokio::test(start_paused = true)]
 async fn scenario_4_shared_budget_bounds_the_group() {
-    let r = run(&always_429(Some(4))).await.expect("runs");
+    let r = run(&Scenario::always_429(Some(4))).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total(), r.completed), (12, 8, 0));
     assert_eq!(abandoned(&r, AbandonReason::BudgetExhausted), 8);
 }
@@ -60,7 +45,7 @@ async fn scenario_4_budget_holds_for_naive_split_too() {
     // Two allowances with a budget of 2 each: still 8 + 4 attempts in total.
     let s = Scenario {
         mode: Mode::Split(2),
-        ..always_429(Some(2))
+        ..Scenario::always_429(Some(2))
     };
     let r = run(&s).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total()), (12, 8));

@@ -105,6 +105,21 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// The seed's persistent failure: an upstream that always answers 429 (with
+    /// `Retry-After: 1`), one shared allowance, 3 attempts per job, and `budget` retries for
+    /// the whole group (`None`: unlimited).
+    pub fn always_429(budget: Option<u64>) -> Self {
+        Self {
+            upstream: FakeConfig {
+                always_reject: true,
+                ..FakeConfig::seed()
+            },
+            max_attempts: 3,
+            retry_budget: budget,
+            ..Self::seed(Mode::Shared)
+        }
+    }
+
     /// The seed's setting: 8 workers, 8 jobs, burst 2 at 2/s on both sides, 10 attempts.
     pub fn seed(mode: Mode) -> Self {
         Self {
@@ -325,15 +340,6 @@ impl SeedRow {
 
 /// The seed's scenarios 1–4, by name.
 pub fn seed_scenarios() -> Vec<(&'static str, Scenario)> {
-    let always_429 = |budget| Scenario {
-        upstream: FakeConfig {
-            always_reject: true,
-            ..FakeConfig::seed()
-        },
-        max_attempts: 3,
-        retry_budget: budget,
-        ..Scenario::seed(Mode::Shared)
-    };
     vec![
         (
             "1 naive: each worker retries alone",
@@ -341,8 +347,14 @@ pub fn seed_scenarios() -> Vec<(&'static str, Scenario)> {
         ),
         ("2 shared: one allowance", Scenario::seed(Mode::Shared)),
         ("3 split: two allowances", Scenario::seed(Mode::Split(2))),
-        ("4a always 429, 3 attempts, no budget", always_429(None)),
-        ("4b always 429, 3 attempts, budget 4", always_429(Some(4))),
+        (
+            "4a always 429, 3 attempts, no budget",
+            Scenario::always_429(None),
+        ),
+        (
+            "4b always 429, 3 attempts, budget 4",
+            Scenario::always_429(Some(4)),
+        ),
     ]
 }
 
