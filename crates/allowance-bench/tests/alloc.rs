@@ -1,52 +1,20 @@
 //! Zero heap allocations on the admission fast path, counted by a global allocator.
-//!
-//! Its own test binary with a single test, so nothing else allocates while it counts.
+
+mod common;
 
 use std::{
     convert::Infallible,
-    future::{ready, Future, Ready},
-    hint::black_box,
+    future::{ready, Ready},
     num::NonZeroU32,
-    pin::pin,
-    task::{Context, Poll, Waker},
 };
 
+use common::{allocations_over_calls, CALLS, WARM_UP};
 use http::{Request, Response};
-use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
-use tower::{service_fn, Layer, Service};
+use tower::{service_fn, Layer};
 use tower_allowance::{admission::AdmissionLayer, Allowance, AllowanceConfig};
-
-#[global_allocator]
-static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
-
-const CALLS: usize = 1_000;
-
-/// `poll_ready`, `call`, one poll of the response future, which must be ready.
-fn call_once<S>(service: &mut S, cx: &mut Context<'_>, req: Request<()>)
-where
-    S: Service<Request<()>, Response = Response<()>>,
-    S::Error: std::fmt::Display,
-{
-    assert!(service.poll_ready(cx).is_ready());
-    let fut = pin!(service.call(req));
-    match fut.poll(cx) {
-        Poll::Ready(Ok(response)) => drop(black_box(response)),
-        Poll::Ready(Err(e)) => panic!("refused: {e}"),
-        Poll::Pending => panic!("the fast path returned Pending"),
-    }
-}
 
 #[test]
 fn admission_fast_path_does_not_allocate() {
-    // Control: the counter sees an allocation made inside a region.
-    let region = Region::new(GLOBAL);
-    black_box(Box::new(black_box(7u64)));
-    assert_eq!(
-        region.change().allocations,
-        1,
-        "the allocation counter works"
-    );
-
     // Never runs dry: every call takes the fast path (token available, nobody waiting).
     let config = AllowanceConfig::per_second(1_000_000, NonZeroU32::MAX.get()).expect("valid");
     let allowance = Allowance::new(config);
@@ -55,21 +23,10 @@ fn admission_fast_path_does_not_allocate() {
             ready(Ok(Response::new(())))
         },
     ));
-    let mut cx = Context::from_waker(Waker::noop());
-
-    // Warm-up (lazy statics, thread-locals), then count over requests built beforehand.
-    for _ in 0..10 {
-        call_once(&mut service, &mut cx, Request::new(()));
-    }
-    let requests: Vec<Request<()>> = (0..CALLS).map(|_| Request::new(())).collect();
-    let region = Region::new(GLOBAL);
-    for req in requests {
-        call_once(&mut service, &mut cx, req);
-    }
-    let change = region.change();
+    let change = allocations_over_calls(&mut service, || Request::new(()));
 
     let snapshot = allowance.snapshot();
-    assert_eq!(snapshot.admitted, (CALLS + 10) as u64);
+    assert_eq!(snapshot.admitted, (CALLS + WARM_UP) as u64);
     assert_eq!(snapshot.waited, 0, "every call took the fast path");
     assert_eq!(
         (change.allocations, change.reallocations),

@@ -1,0 +1,67 @@
+//! The harness both zero-allocation test binaries share. Each binary is its own process
+//! with this module's counting global allocator and a single test, so nothing else
+//! allocates while it counts.
+
+use std::{
+    future::Future,
+    hint::black_box,
+    pin::pin,
+    task::{Context, Poll, Waker},
+};
+
+use http::{Request, Response};
+use stats_alloc::{Region, Stats, StatsAlloc, INSTRUMENTED_SYSTEM};
+use tower::Service;
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+/// Calls counted after warm-up.
+pub(crate) const CALLS: usize = 1_000;
+/// Warm-up calls (lazy statics, thread-locals) before counting.
+pub(crate) const WARM_UP: usize = 10;
+
+/// `poll_ready`, `call`, one poll of the response future, which must be ready.
+fn call_once<S, B>(service: &mut S, cx: &mut Context<'_>, req: Request<B>)
+where
+    S: Service<Request<B>, Response = Response<()>>,
+    S::Error: std::fmt::Display,
+{
+    assert!(service.poll_ready(cx).is_ready());
+    let fut = pin!(service.call(req));
+    match fut.poll(cx) {
+        Poll::Ready(Ok(response)) => drop(black_box(response)),
+        Poll::Ready(Err(e)) => panic!("refused: {e}"),
+        Poll::Pending => panic!("the fast path returned Pending"),
+    }
+}
+
+/// Checks the counter sees an allocation, warms `service` up, then returns the heap
+/// activity of [`CALLS`] fast-path calls on requests built beforehand by `request`.
+pub(crate) fn allocations_over_calls<S, B>(
+    service: &mut S,
+    request: impl Fn() -> Request<B>,
+) -> Stats
+where
+    S: Service<Request<B>, Response = Response<()>>,
+    S::Error: std::fmt::Display,
+{
+    let region = Region::new(GLOBAL);
+    black_box(Box::new(black_box(7u64)));
+    assert_eq!(
+        region.change().allocations,
+        1,
+        "the allocation counter works"
+    );
+
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..WARM_UP {
+        call_once(service, &mut cx, request());
+    }
+    let requests: Vec<Request<B>> = (0..CALLS).map(|_| request()).collect();
+    let region = Region::new(GLOBAL);
+    for req in requests {
+        call_once(service, &mut cx, req);
+    }
+    region.change()
+}
