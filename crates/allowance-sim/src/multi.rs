@@ -66,10 +66,9 @@ fn outcome_of(s: &str) -> Outcome {
     match s {
         "completed" => Outcome::Completed,
         "failed" => Outcome::Failed,
-        reason => AbandonReason::ALL
-            .iter()
-            .find(|r| r.as_str() == reason)
-            .map_or(Outcome::Failed, |r| Outcome::Abandoned(*r)),
+        reason => reason
+            .parse::<AbandonReason>()
+            .map_or(Outcome::Failed, Outcome::Abandoned),
     }
 }
 
@@ -264,7 +263,9 @@ mod tests {
 
     #[test]
     fn outcomes_round_trip() {
-        for reason in AbandonReason::ALL {
+        for reason in ["max_attempts", "deadline", "quota_exhausted"]
+            .map(|r| r.parse::<AbandonReason>().expect("a reason"))
+        {
             assert_eq!(outcome_of(reason.as_str()), Outcome::Abandoned(reason));
         }
         assert_eq!(outcome_of("completed"), Outcome::Completed);

@@ -44,7 +44,7 @@ impl JobEnd {
         let outcome = match outcome {
             Outcome::Completed => "completed",
             Outcome::Abandoned(reason) => reason.as_str(),
-            Outcome::Failed => "failed",
+            _ => "failed",
         };
         Self {
             worker,

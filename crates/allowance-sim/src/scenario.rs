@@ -282,7 +282,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                 Outcome::Abandoned(reason) => {
                     *report.abandoned.entry(reason.as_str()).or_default() += 1
                 }
-                Outcome::Failed => report.failed += 1,
+                _ => report.failed += 1,
             }
         }
     }

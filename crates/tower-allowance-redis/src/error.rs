@@ -49,9 +49,12 @@ pub enum ConnectErrorKind {
     InvalidName,
     /// The URL could not be used.
     InvalidUrl,
-    /// Redis did not answer within the connect timeout, under
-    /// [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed).
+    /// Redis did not answer within the connect timeout (unless the policy is
+    /// [`FailurePolicy::LocalFallback`](crate::FailurePolicy::LocalFallback)).
     Unreachable,
+    /// Redis answered and refused: a wrong password, a missing ACL permission, a bad
+    /// database index. Never masked by the local fallback.
+    Refused,
 }
 
 /// [`RedisStore::connect`](crate::RedisStore::connect) failed.
@@ -81,6 +84,7 @@ impl fmt::Display for ConnectError {
             ConnectErrorKind::InvalidName => "cannot use this allowance name",
             ConnectErrorKind::InvalidUrl => "cannot use this redis url",
             ConnectErrorKind::Unreachable => "redis is unreachable",
+            ConnectErrorKind::Refused => "redis refused the connection or the script",
         })
     }
 }
@@ -99,8 +103,12 @@ pub enum CallErrorKind {
     Timeout,
     /// A recent call failed, and the next probe of Redis is not due yet: failed at once.
     Unavailable,
-    /// Redis (or the connection to it) answered with an error.
+    /// Redis (or the connection to it) failed in a way that may pass: a dropped or refused
+    /// connection, a server loading its data, a cluster failing over.
     Redis,
+    /// Redis answered and refused: authentication, ACL permission, database index, a script
+    /// it cannot run. Waiting will not help.
+    Refused,
     /// The script answered something other than its documented reply.
     UnexpectedReply,
     /// A cooldown longer than [`MAX_DELAY`](tower_allowance::MAX_DELAY) was asked for.
@@ -149,6 +157,38 @@ impl CallError {
     pub fn kind(&self) -> CallErrorKind {
         self.kind
     }
+
+    /// A Redis client error: an outage, or a refusal.
+    pub(crate) fn redis(e: redis::RedisError) -> Self {
+        let kind = if crate::store::is_outage(&e) {
+            CallErrorKind::Redis
+        } else {
+            CallErrorKind::Refused
+        };
+        Self::with_source(kind, RedisCause(e))
+    }
+
+    /// What the allowance should make of it.
+    pub(crate) fn store_kind(&self) -> tower_allowance::store::StoreErrorKind {
+        use tower_allowance::store::StoreErrorKind;
+        match self.kind {
+            CallErrorKind::Timeout | CallErrorKind::Unavailable | CallErrorKind::Redis => {
+                StoreErrorKind::Unavailable
+            }
+            CallErrorKind::UnexpectedReply => StoreErrorKind::Protocol,
+            _ => StoreErrorKind::Rejected,
+        }
+    }
+
+    /// Wrapped for the allowance, with its kind.
+    pub(crate) fn into_store_error(self) -> tower_allowance::store::StoreError {
+        use tower_allowance::store::{StoreError, StoreErrorKind};
+        match self.store_kind() {
+            StoreErrorKind::Unavailable => StoreError::unavailable(self),
+            StoreErrorKind::Protocol => StoreError::protocol(self),
+            _ => StoreError::rejected(self),
+        }
+    }
 }
 
 impl fmt::Display for CallError {
@@ -162,6 +202,7 @@ impl fmt::Display for CallError {
                 f.write_str("redis unavailable after a recent failure; next probe not yet due")
             }
             (CallErrorKind::Redis, _) => f.write_str("redis call failed"),
+            (CallErrorKind::Refused, _) => f.write_str("redis refused the call"),
             (CallErrorKind::UnexpectedReply, _) => {
                 f.write_str("unexpected reply from the allowance script")
             }

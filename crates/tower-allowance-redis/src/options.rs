@@ -17,21 +17,25 @@ use std::{num::NonZeroU32, time::Duration};
 /// Default per-call timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// What a store call does when Redis fails (an error, a timeout, or a recent failure).
+/// What a store call does when Redis does not answer (an error that may pass, a timeout, or
+/// a recent failure). A refusal (a wrong password, a missing permission) is never an outage:
+/// it is reported at once, whatever the policy.
 ///
 /// # Why a choice
 ///
-/// Failing closed keeps every promise (the rate, the shared cooldown, the exact budget) at
-/// the cost of availability: no request is sent while Redis is down. The local fallback keeps
-/// requests flowing at a rate that cannot exceed the shared one in total, as long as no more
-/// than `expected_processes` processes share the allowance, and loses only what cannot be
-/// known without Redis: other processes' cooldowns raised during the outage.
+/// Reporting the outage lets the allowance keep every promise (the rate, the shared cooldown,
+/// the exact budget): its [`OutagePolicy`](tower_allowance::OutagePolicy) waits for Redis
+/// (the default: work is delayed, not lost) or fails fast; nothing is sent without Redis. The
+/// local fallback keeps requests flowing at a rate that cannot exceed the shared one in total,
+/// as long as no more than `expected_processes` processes share the allowance, and loses only
+/// what cannot be known without Redis: other processes' cooldowns raised during the outage.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailurePolicy {
-    /// Fail the call with a [`StoreError`](tower_allowance::store::StoreError); the layers
-    /// report it as [`StoreUnavailable`](tower_allowance::error::StoreUnavailable).
+    /// Report the outage as [`StoreErrorKind::Unavailable`](tower_allowance::store::StoreErrorKind::Unavailable):
+    /// the allowance waits for Redis or fails fast, as its outage policy says.
     #[default]
-    FailClosed,
+    Report,
     /// Decide in this process with a conservative in-memory allowance while Redis fails:
     /// the configured rate divided by `expected_processes` (burst too, at least 1), a
     /// replenishing budget's floor divided likewise, and no retries from a fixed budget
@@ -63,14 +67,14 @@ impl Default for RedisStoreOptions {
 
 impl RedisStoreOptions {
     /// The defaults: 250 ms per call, 2 s to connect, a probe every 500 ms while Redis
-    /// fails, state kept one hour past what it must cover, [`FailurePolicy::FailClosed`].
+    /// fails, state kept one hour past what it must cover, [`FailurePolicy::Report`].
     pub fn new() -> Self {
         Self {
             timeout: DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(2),
             probe_interval: Duration::from_millis(500),
             idle_ttl: Duration::from_secs(3600),
-            failure_policy: FailurePolicy::FailClosed,
+            failure_policy: FailurePolicy::Report,
         }
     }
 
@@ -90,7 +94,7 @@ impl RedisStoreOptions {
         self
     }
 
-    /// After a failure, calls skip Redis (failing or falling back at once, never waiting)
+    /// After a failure, calls skip Redis (answering "unavailable" or falling back at once)
     /// until this much time has passed; then one call probes it (default 500 ms).
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;
@@ -106,7 +110,7 @@ impl RedisStoreOptions {
         self
     }
 
-    /// What to do when Redis fails (default [`FailurePolicy::FailClosed`]).
+    /// What to do when Redis does not answer (default [`FailurePolicy::Report`]).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = policy;
         self

@@ -6,29 +6,27 @@ use std::{
     num::NonZeroU32,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc,
+        Arc, Mutex, PoisonError, Weak,
     },
     time::Duration,
 };
 
 use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
-    Cmd, ErrorKind, RedisFuture, ServerErrorKind, Value,
+    Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value,
 };
 use tokio::time::Instant;
 use tower_allowance::{
-    store::{Admit, Decision, Deferred, MemoryStore, Store, StoreError, StoreFuture, StoreState},
-    AllowanceConfig, ConfigError, ReplenishingBudget, RetryBudgetConfig, MAX_DELAY,
+    rule::{Event, Op, Params, Reply, EVENT_WORDS},
+    store::{MemoryStore, Store, StoreError, StoreFuture, Watcher},
+    AllowanceConfig, ConfigError, Limit, ReplenishingBudget, RetryBudgetConfig, MAX_DELAY,
 };
 
 use crate::{
     error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
-    scripts::{self, BadReply, Op, Params, Scripts},
+    scripts::{self, ApplyScript, BadReply},
     FailurePolicy, RedisStoreOptions,
 };
-
-/// `Inner::test_clock_us` when no test clock is set.
-const NO_TEST_CLOCK: u64 = u64::MAX;
 
 /// Longest allowance name.
 const MAX_NAME_LEN: usize = 64;
@@ -70,6 +68,11 @@ fn state_key(name: &str) -> String {
     format!("ta:{{{name}}}:s")
 }
 
+/// The channel an allowance's events are published on.
+fn event_channel(name: &str) -> String {
+    format!("ta:{{{name}}}:ev")
+}
+
 /// A connection URL with any password (userinfo or query string) replaced by `***`.
 fn redact(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
@@ -98,12 +101,16 @@ fn redact(url: &str) -> String {
 /// One allowance's state in Redis, shared by every process that connects with the same name.
 ///
 /// Plug it into the layers with
-/// [`Allowance::with_store`](tower_allowance::Allowance::with_store). Each decision is one
-/// Lua script run atomically on the Redis server against its own clock (`TIME`), applying the
-/// same rules as [`MemoryStore`]: admission (budget, then cooldown, then GCRA) in one step,
-/// a cooldown that only moves later, an exact retry budget. In the steady state an admission
-/// costs one round trip (`EVALSHA`); after a `SCRIPT FLUSH` or a Redis restart the script
-/// is reloaded transparently.
+/// [`Allowance::with_store`](tower_allowance::Allowance::with_store). Each operation is one
+/// Lua script run atomically on the Redis server against its own clock (`TIME`), applying
+/// `tower_allowance::rule` transcribed (`src/lua/rule.lua`): the same decisions as the
+/// [`MemoryStore`], checked by the same conformance suite. In the steady state an admission
+/// costs one round trip (`EVALSHA`), whether it is admitted now or given a reserved slot;
+/// after a `SCRIPT FLUSH` or a Redis restart the script is reloaded transparently.
+///
+/// Cooldowns and closures are published on the allowance's channel (`ta:{name}:ev`); every
+/// store subscribes to it, so callers holding reserved slots in other processes move (or
+/// fail) without asking.
 ///
 /// ```no_run
 /// use tower_allowance::{Allowance, AllowanceConfig, RetryBudgetConfig};
@@ -134,16 +141,20 @@ pub struct RedisStore {
 struct Inner {
     name: String,
     key: String,
+    channel: String,
     redacted_url: String,
     options: RedisStoreOptions,
+    client: redis::Client,
     conn: ConnectionManager,
-    scripts: Scripts,
+    script: ApplyScript,
     round_trips: Arc<AtomicU64>,
-    /// A clock for the scripts instead of `TIME` (tests only); `NO_TEST_CLOCK` when unset.
-    test_clock_us: AtomicU64,
     circuit: Circuit,
     /// The local allowance used under [`FailurePolicy::LocalFallback`].
     fallback: Option<(NonZeroU32, MemoryStore)>,
+    watchers: Mutex<Vec<Watcher>>,
+    subscribed: AtomicBool,
+    #[cfg(feature = "test-util")]
+    test: TestClock,
 }
 
 impl fmt::Debug for RedisStore {
@@ -163,17 +174,18 @@ impl fmt::Debug for RedisStore {
 // === impl RedisStore ===
 
 impl RedisStore {
-    /// Connects to Redis at `url` for the allowance called `name`, and loads the scripts.
+    /// Connects to Redis at `url` for the allowance called `name`, and loads the script.
     ///
     /// The connection is a multiplexed [`ConnectionManager`] that reconnects by itself; this
     /// store never needs to be rebuilt after an outage.
     ///
     /// # Errors
     ///
-    /// A [`ConnectError`] when `name` is refused by [`validate_name`], the URL cannot be used,
-    /// or (under [`FailurePolicy::FailClosed`]) Redis does not answer within the connect
-    /// timeout. Under [`FailurePolicy::LocalFallback`] an unreachable Redis is not an error:
-    /// the store starts on its fallback and switches to Redis when it answers.
+    /// A [`ConnectError`]: `name` refused by [`validate_name`]; a URL that cannot be used;
+    /// Redis refusing us (a wrong password, a missing ACL permission, a bad database index:
+    /// [`ConnectErrorKind::Refused`], never masked by the local fallback); or, unless the
+    /// policy is [`FailurePolicy::LocalFallback`], Redis not answering within the connect
+    /// timeout ([`ConnectErrorKind::Unreachable`]).
     pub async fn connect(
         url: &str,
         name: &str,
@@ -187,10 +199,10 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_min_delay(Duration::from_millis(50))
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager_config)
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
             .map_err(|e| ConnectError::new(ConnectErrorKind::InvalidUrl, RedisCause(e)))?;
         let fallback = match options.failure_policy {
-            FailurePolicy::FailClosed => None,
+            FailurePolicy::Report => None,
             FailurePolicy::LocalFallback { expected_processes } => {
                 Some((expected_processes, MemoryStore::new()))
             }
@@ -199,14 +211,19 @@ impl RedisStore {
             inner: Arc::new(Inner {
                 name: name.to_owned(),
                 key: state_key(name),
+                channel: event_channel(name),
                 redacted_url: redact(url),
                 circuit: Circuit::new(options.probe_interval),
                 options,
+                client,
                 conn,
-                scripts: Scripts::new(),
+                script: ApplyScript::new(),
                 round_trips: Arc::new(AtomicU64::new(0)),
-                test_clock_us: AtomicU64::new(NO_TEST_CLOCK),
                 fallback,
+                watchers: Mutex::new(Vec::new()),
+                subscribed: AtomicBool::new(false),
+                #[cfg(feature = "test-util")]
+                test: TestClock::default(),
             }),
         };
         match store
@@ -215,12 +232,51 @@ impl RedisStore {
             .await
         {
             Ok(()) => Ok(store),
+            Err(e) if e.store_kind() == tower_allowance::store::StoreErrorKind::Rejected => {
+                Err(ConnectError::new(ConnectErrorKind::Refused, e))
+            }
             Err(e) if store.inner.fallback.is_some() => {
-                store.inner.circuit.failed(&e, store.inner.policy_name());
+                store
+                    .inner
+                    .circuit
+                    .failed(&e, &store.inner.name, store.inner.policy_name());
                 Ok(store)
             }
             Err(e) => Err(ConnectError::new(ConnectErrorKind::Unreachable, e)),
         }
+    }
+
+    /// A store for another allowance over the same connection: many allowances (one per API
+    /// key, say) share one multiplexed connection to Redis and its options.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidName`] when `name` is refused by [`validate_name`].
+    pub fn for_allowance(&self, name: &str) -> Result<Self, InvalidName> {
+        validate_name(name)?;
+        let inner = &self.inner;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                name: name.to_owned(),
+                key: state_key(name),
+                channel: event_channel(name),
+                redacted_url: inner.redacted_url.clone(),
+                options: inner.options.clone(),
+                client: inner.client.clone(),
+                conn: inner.conn.clone(),
+                script: ApplyScript::new(),
+                round_trips: inner.round_trips.clone(),
+                circuit: Circuit::new(inner.options.probe_interval),
+                fallback: inner
+                    .fallback
+                    .as_ref()
+                    .map(|(n, _)| (*n, MemoryStore::new())),
+                watchers: Mutex::new(Vec::new()),
+                subscribed: AtomicBool::new(false),
+                #[cfg(feature = "test-util")]
+                test: TestClock::default(),
+            }),
+        })
     }
 
     /// The allowance's name.
@@ -233,8 +289,14 @@ impl RedisStore {
         &self.inner.key
     }
 
+    /// The channel the allowance's events are published on.
+    pub fn channel(&self) -> &str {
+        &self.inner.channel
+    }
+
     /// Round trips to Redis made by this store (and its clones) so far: each command or
-    /// pipeline sent counts once, including script reloads after `NOSCRIPT`.
+    /// pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
+    /// subscription is not counted).
     pub fn round_trips(&self) -> u64 {
         self.inner.round_trips.load(Ordering::Relaxed)
     }
@@ -244,65 +306,65 @@ impl RedisStore {
         self.inner.circuit.degraded.load(Ordering::Relaxed)
     }
 
-    /// Test support: the scripts decide as if the Redis server's clock read `now`
-    /// (microseconds since any epoch) instead of reading `TIME`; `None` restores `TIME`.
+    /// Test support: decide on tokio's clock instead of `TIME`, with a blocking connection
+    /// that answers [`Store::try_apply`] synchronously. Under a paused tokio clock
+    /// (`start_paused`) the store then decides exactly as a [`MemoryStore`] created at the
+    /// same instant, and the runtime cannot auto-advance while a call is in flight; that is
+    /// how the conformance suite runs the seed's scenarios through the real layers on Redis.
     ///
-    /// With it, a test replays one sequence of decisions at exact instants against this
-    /// store and a [`MemoryStore`] on a paused clock, and compares every answer.
+    /// # Errors
+    ///
+    /// When the blocking connection cannot be made.
     #[cfg(feature = "test-util")]
-    pub fn set_test_clock(&self, now: Option<Duration>) {
-        let us = now.map_or(NO_TEST_CLOCK, |d| {
-            u64::try_from(d.as_micros()).unwrap_or(NO_TEST_CLOCK - 1)
-        });
-        self.inner.test_clock_us.store(us, Ordering::Relaxed);
+    pub fn follow_tokio_clock(&self) -> Result<(), CallError> {
+        let conn = self
+            .inner
+            .client
+            .get_connection()
+            .map_err(|e| CallError::with_source(CallErrorKind::Redis, RedisCause(e)))?;
+        self.inner.test.follow(conn);
+        Ok(())
     }
 
-    /// Runs one decision: Redis when it is expected to answer, else the failure policy.
-    fn decide<T, F>(
-        &self,
-        config: &AllowanceConfig,
-        op: Op,
-        op_arg: u64,
-        decode: fn(&[i64]) -> Result<T, BadReply>,
-        local: F,
-    ) -> StoreFuture<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&MemoryStore, &AllowanceConfig) -> StoreFuture<T> + Send + 'static,
-    {
+    /// Test support: moves the clock the scripts decide on back by `step` (a backward step of
+    /// the Redis host's clock); only with [`RedisStore::follow_tokio_clock`].
+    #[cfg(feature = "test-util")]
+    pub fn step_clock_back(&self, step: Duration) {
+        self.inner.test.step_back(step);
+    }
+
+    /// Runs one operation: Redis when it is expected to answer, else the failure policy.
+    fn decide(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        self.ensure_subscribed();
         let inner = self.inner.clone();
-        let params = Params::new(config, inner.options.idle_ttl);
-        // Only the fallback needs the configuration itself.
-        let config = inner.fallback.as_ref().map(|_| config.clone());
+        let params = *params;
         Box::pin(async move {
             let result = match inner.circuit.check() {
-                Check::Closed => inner.eval(op, &params, op_arg, decode).await,
-                Check::Probe => {
-                    // Probe in the background: this caller does not wait on a Redis that
-                    // was failing a moment ago.
-                    tokio::spawn(Inner::probe(inner.clone()));
-                    Err(CallError::new(CallErrorKind::Unavailable))
-                }
+                Check::Closed | Check::Probe => inner.eval(&params, &op).await,
                 Check::Open => Err(CallError::new(CallErrorKind::Unavailable)),
             };
-            match result {
-                Ok(value) => {
-                    inner.circuit.succeeded();
-                    Ok(value)
-                }
-                Err(e) => {
-                    inner.circuit.failed(&e, inner.policy_name());
-                    let (Some((processes, local_store)), Some(config)) = (&inner.fallback, &config)
-                    else {
-                        return Err(StoreError::new(e));
-                    };
-                    let local_config = fallback_config(config, *processes).map_err(|c| {
-                        StoreError::new(CallError::with_source(CallErrorKind::Fallback, c))
-                    })?;
-                    local(local_store, &local_config).await
-                }
-            }
+            inner.settle(&params, &op, result)
         })
+    }
+
+    /// Starts the event subscription the first time the store is used from a runtime.
+    fn ensure_subscribed(&self) {
+        if self.inner.subscribed.load(Ordering::Relaxed) {
+            return;
+        }
+        // Following tokio's clock (tests), the store answers synchronously and hears nothing
+        // from other processes: a subscription would only add real I/O to a paused runtime.
+        #[cfg(feature = "test-util")]
+        if self.inner.test.following() {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.inner.subscribed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        handle.spawn(subscribe(Arc::downgrade(&self.inner)));
     }
 }
 
@@ -314,33 +376,40 @@ impl Inner {
         }
     }
 
-    /// One decision: `EVALSHA` (one round trip). When the script is missing (`SCRIPT FLUSH`,
+    fn test_clock(&self) -> Option<u64> {
+        #[cfg(feature = "test-util")]
+        {
+            self.test.now_us()
+        }
+        #[cfg(not(feature = "test-util"))]
+        {
+            None
+        }
+    }
+
+    /// One operation: `EVALSHA` (one round trip). When the script is missing (`SCRIPT FLUSH`,
     /// a restarted or failed-over server) `redis` loads it and retries; should it vanish
     /// again in between, `EVAL` with the source settles it. All within one timeout.
-    async fn eval<T>(
-        &self,
-        op: Op,
-        params: &Params,
-        op_arg: u64,
-        decode: fn(&[i64]) -> Result<T, BadReply>,
-    ) -> Result<T, CallError> {
-        let (script, source) = self.scripts.get(op);
-        let test_clock = self.test_clock_us.load(Ordering::Relaxed);
-        let (args, count) =
-            params.argv(op_arg, (test_clock != NO_TEST_CLOCK).then_some(test_clock));
-        let argv = &args[..count];
-        let mut invocation = script.prepare_invoke();
+    async fn eval(&self, params: &Params, op: &Op) -> Result<Reply, CallError> {
+        let argv = scripts::argv(
+            op,
+            params,
+            millis(self.options.idle_ttl),
+            &self.channel,
+            self.test_clock(),
+        );
+        let mut invocation = self.script.script().prepare_invoke();
         invocation.key(&self.key);
-        invocation.arg(argv);
+        invocation.arg(&argv[..]);
         let mut conn = self.connection();
         let call = async {
             match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     redis::cmd("EVAL")
-                        .arg(source)
+                        .arg(self.script.source())
                         .arg(1)
                         .arg(&self.key)
-                        .arg(argv)
+                        .arg(&argv[..])
                         .query_async::<Vec<i64>>(&mut conn)
                         .await
                 }
@@ -349,39 +418,78 @@ impl Inner {
         };
         let reply = with_timeout(self.options.timeout, call)
             .await?
-            .map_err(|e| CallError::with_source(CallErrorKind::Redis, RedisCause(e)))?;
-        decode(&reply).map_err(|_| CallError::new(CallErrorKind::UnexpectedReply))
+            .map_err(CallError::redis)?;
+        scripts::decode(op, &reply)
+            .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
     }
 
-    /// Checks whether Redis answers again, and closes the circuit if it does. The probe
-    /// loads the scripts, so that the first decisions after an outage (or a restart that
-    /// lost them) are one round trip each.
-    async fn probe(self: Arc<Self>) {
-        match self.preload(self.options.timeout).await {
-            Ok(()) => self.circuit.succeeded(),
-            Err(e) => self.circuit.failed(&e, self.policy_name()),
+    /// The answer, or the failure policy's: a refusal is never masked; an outage is decided
+    /// locally under [`FailurePolicy::LocalFallback`], else reported as unavailable.
+    fn settle(
+        &self,
+        params: &Params,
+        op: &Op,
+        result: Result<Reply, CallError>,
+    ) -> Result<Reply, StoreError> {
+        match result {
+            Ok(reply) => {
+                self.circuit.succeeded(&self.name);
+                Ok(reply)
+            }
+            Err(e) => {
+                self.circuit.failed(&e, &self.name, self.policy_name());
+                if e.store_kind() != tower_allowance::store::StoreErrorKind::Unavailable {
+                    return Err(e.into_store_error());
+                }
+                let Some((processes, local)) = &self.fallback else {
+                    return Err(e.into_store_error());
+                };
+                let local_params = fallback_config(params, *processes).map_err(|c| {
+                    StoreError::rejected(CallError::with_source(CallErrorKind::Fallback, c))
+                })?;
+                match local.try_apply(Instant::now(), local_params.params(), op) {
+                    // The fallback's events are its own: other processes cannot hear them.
+                    Some(reply) => reply.map(strip_event),
+                    None => Err(e.into_store_error()),
+                }
+            }
         }
     }
 
-    /// Loads the four scripts in one pipelined round trip.
+    /// Loads the script (one round trip).
     async fn preload(&self, timeout: Duration) -> Result<(), CallError> {
-        let mut pipe = redis::pipe();
-        for source in self.scripts.sources() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(source);
-        }
         let mut conn = self.connection();
-        with_timeout(timeout, pipe.query_async::<Vec<String>>(&mut conn))
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(self.script.source());
+        let load = cmd.query_async::<String>(&mut conn);
+        with_timeout(timeout, load)
             .await?
             .map(drop)
-            .map_err(|e| CallError::with_source(CallErrorKind::Redis, RedisCause(e)))
+            .map_err(CallError::redis)
     }
 
     fn policy_name(&self) -> &'static str {
         match self.fallback {
-            Some(_) => "local fallback",
-            None => "fail closed",
+            Some(_) => "decide locally at a divided rate",
+            None => "report the outage (the allowance waits for redis)",
         }
     }
+}
+
+/// A reply without the event it carried (decided by the local fallback).
+fn strip_event(reply: Reply) -> Reply {
+    match reply {
+        Reply::Defer(mut d) => {
+            d.event = None;
+            Reply::Defer(d)
+        }
+        Reply::ProbeFinished(_) => Reply::ProbeFinished(None),
+        other => other,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 async fn with_timeout<T>(timeout: Duration, fut: impl Future<Output = T>) -> Result<T, CallError> {
@@ -390,103 +498,176 @@ async fn with_timeout<T>(timeout: Duration, fut: impl Future<Output = T>) -> Res
         .map_err(|_| CallError::timeout(timeout))
 }
 
-/// The conservative local allowance: rate and burst divided by the expected processes.
-fn fallback_config(
-    config: &AllowanceConfig,
-    processes: NonZeroU32,
-) -> Result<AllowanceConfig, ConfigError> {
-    let n = processes.get();
-    let period = config
-        .period()
-        .checked_mul(n)
-        .filter(|p| *p <= MAX_DELAY)
-        .unwrap_or(MAX_DELAY);
-    let budget = match config.retry_budget() {
-        RetryBudgetConfig::Unlimited => RetryBudgetConfig::Unlimited,
-        // What the other processes spent is unknown: spending any would risk overdrawing.
-        RetryBudgetConfig::Fixed { .. } => RetryBudgetConfig::fixed(0),
-        RetryBudgetConfig::Replenishing(r) => RetryBudgetConfig::Replenishing(
-            ReplenishingBudget::new(r.window(), r.min_per_sec() / n, r.ratio())?,
-        ),
+/// The conservative local allowance: every limit's rate and burst divided by the expected
+/// processes; no retries from a fixed budget (what the others spent is unknown).
+fn fallback_config(params: &Params, processes: NonZeroU32) -> Result<AllowanceConfig, ConfigError> {
+    let n = u64::from(processes.get());
+    let limit = |interval_us: u64, tolerance_us: u64| {
+        // `interval * n` per unit; a burst of `burst / n`, at least one.
+        let burst = (tolerance_us / interval_us.max(1)).max(1);
+        let per = Duration::from_micros(interval_us.saturating_mul(n)).min(MAX_DELAY);
+        Limit::new(
+            1,
+            per,
+            u32::try_from((burst / n).max(1)).unwrap_or(u32::MAX),
+        )
     };
-    Ok(
-        AllowanceConfig::new(config.rate(), period, (config.burst() / n).max(1))?
-            .with_max_waiters(config.max_waiters())
-            .with_retry_budget(budget),
-    )
+    let Some((main, extra_limits)) = params.limits().split_first() else {
+        // A validated configuration always has its main limit; nothing is admitted without.
+        return AllowanceConfig::new(1, MAX_DELAY, 1);
+    };
+    let first = limit(main.interval_us(), main.tolerance_us())?;
+    let mut config = AllowanceConfig::new(first.rate(), first.period(), first.burst())?;
+    for extra in extra_limits {
+        let mut l = limit(extra.interval_us(), extra.tolerance_us())?;
+        if extra.unit() == tower_allowance::rule::Unit::Cost {
+            l = l.counting_cost();
+        }
+        config = config.with_limit(l)?;
+    }
+    let budget = match params.budget() {
+        tower_allowance::rule::BudgetParams::Unlimited => RetryBudgetConfig::Unlimited,
+        tower_allowance::rule::BudgetParams::Fixed { .. } => RetryBudgetConfig::fixed(0),
+        tower_allowance::rule::BudgetParams::Replenishing {
+            slot_us,
+            reserve,
+            per_mille,
+        } => {
+            let window = Duration::from_micros(slot_us.saturating_mul(10));
+            let per_sec = reserve.saturating_mul(1_000_000) / window.as_micros().max(1) as u64 / n;
+            RetryBudgetConfig::Replenishing(ReplenishingBudget::new(
+                window,
+                u32::try_from(per_sec).unwrap_or(u32::MAX),
+                per_mille as f64 / 1000.0,
+            )?)
+        }
+    };
+    Ok(config
+        .with_retry_budget(budget)
+        .with_max_cooldown(Duration::from_micros(params.max_cooldown_us().max(1)))?)
 }
 
 impl Store for RedisStore {
-    fn admit(&self, config: &AllowanceConfig, ask: Admit) -> StoreFuture<Decision> {
-        self.decide(
-            config,
-            Op::Admit,
-            u64::from(ask.spend_retry),
-            scripts::decode_admit,
-            move |local, config| local.admit(config, ask),
-        )
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        self.decide(params, op)
     }
 
-    fn defer(&self, config: &AllowanceConfig, delay: Duration) -> StoreFuture<Deferred> {
-        let Some(delay_us) = micros_ceil(delay) else {
-            return Box::pin(std::future::ready(Err(StoreError::new(CallError::new(
-                CallErrorKind::UnrepresentableDelay,
-            )))));
-        };
-        // The local fallback hears of every cooldown too, so that it honours the ones raised
-        // before an outage.
-        let local_first = self
-            .inner
-            .fallback
-            .as_ref()
-            .map(|(_, local)| local.defer(config, delay));
-        let shared = self.decide(
-            config,
-            Op::Defer,
-            delay_us,
-            scripts::decode_defer,
-            move |local, config| local.defer(config, delay),
-        );
-        Box::pin(async move {
-            if let Some(local) = local_first {
-                // Cannot fail: the delay was checked above.
-                local.await?;
-            }
-            shared.await
-        })
+    #[cfg(feature = "test-util")]
+    fn try_apply(
+        &self,
+        _now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        // Following tokio's clock (tests): a blocking call, so that a paused runtime cannot
+        // auto-advance while it is in flight.
+        let result = self.inner.test.eval_blocking(&self.inner, params, op)?;
+        Some(self.inner.settle(params, op, result))
     }
 
-    fn deposit(&self, config: &AllowanceConfig) -> StoreFuture<()> {
-        // Only a replenishing budget counts successes: no round trip for the others.
-        if !matches!(config.retry_budget(), RetryBudgetConfig::Replenishing(_)) {
-            return Box::pin(std::future::ready(Ok(())));
-        }
-        self.decide(
-            config,
-            Op::Deposit,
-            0,
-            scripts::decode_deposit,
-            |local, config| local.deposit(config),
-        )
-    }
-
-    fn state(&self, config: &AllowanceConfig) -> StoreFuture<StoreState> {
-        self.decide(
-            config,
-            Op::State,
-            0,
-            scripts::decode_state,
-            |local, config| local.state(config),
-        )
+    fn watch(&self, watcher: Watcher) {
+        self.inner
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(watcher);
+        self.ensure_subscribed();
     }
 }
 
-/// Microseconds, rounded up so a cooldown is never shortened; `None` past `MAX_DELAY`.
-fn micros_ceil(d: Duration) -> Option<u64> {
-    let us = d.as_micros() + u128::from(!d.subsec_nanos().is_multiple_of(1_000));
-    u64::try_from(us)
-        .ok()
-        .filter(|us| u128::from(*us) <= MAX_DELAY.as_micros())
+impl Inner {
+    /// Delivers an event to every watcher; forgets watchers whose allowance is gone.
+    fn deliver(&self, event: Option<Event>) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(|w| match event {
+            Some(e) => w.notify(e),
+            None => w.resync(),
+        });
+    }
+}
+
+/// Hears the allowance's channel and delivers other processes' events, until the store is
+/// dropped. After a dropped subscription, watchers are told to resync (events may be lost).
+async fn subscribe(inner: Weak<Inner>) {
+    let mut backoff = Duration::from_millis(50);
+    let mut first = true;
+    loop {
+        let Some(store) = inner.upgrade() else {
+            return;
+        };
+        let client = store.client.clone();
+        let channel = store.channel.clone();
+        let timeout = store.options.connect_timeout;
+        if !first {
+            store.deliver(None);
+        }
+        drop(store);
+        first = false;
+        let connected = with_timeout(timeout, async {
+            let mut pubsub = client.get_async_pubsub().await.map_err(CallError::redis)?;
+            pubsub.subscribe(&channel).await.map_err(CallError::redis)?;
+            Ok::<_, CallError>(pubsub)
+        })
+        .await;
+        let mut pubsub = match connected {
+            Ok(Ok(p)) => p,
+            _ => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        let mut messages = pubsub.on_message();
+        loop {
+            // Wake now and then to notice a dropped store.
+            let next =
+                tokio::time::timeout(Duration::from_secs(1), futures_next(&mut messages)).await;
+            let Some(store) = inner.upgrade() else {
+                return;
+            };
+            match next {
+                Err(_) => {
+                    if store
+                        .watchers
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .is_empty()
+                    {
+                        continue;
+                    }
+                }
+                Ok(None) => break,
+                Ok(Some(msg)) => {
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    if let Some(event) = parse_event(&payload) {
+                        store.deliver(Some(event));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The next item of the subscription.
+async fn futures_next<S: futures_util::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    futures_util::StreamExt::next(stream).await
+}
+
+/// `epoch,rebased,kind,w3,w4` as published by `apply.lua`.
+fn parse_event(payload: &str) -> Option<Event> {
+    let words: Vec<u64> = payload
+        .split(',')
+        .enumerate()
+        .map(|(i, w)| match (i, w) {
+            (3, "-1") => Some(tower_allowance::rule::FOREVER),
+            (_, w) => w.parse().ok(),
+        })
+        .collect::<Option<_>>()?;
+    if words.len() != EVENT_WORDS {
+        return None;
+    }
+    Event::from_words(&words)
 }
 
 /// A connection that counts what it sends.
@@ -520,14 +701,14 @@ impl ConnectionLike for CountingConnection {
 enum Check {
     /// Healthy: ask Redis.
     Closed,
-    /// Failing, and a probe is due: start one, and apply the policy to this call.
+    /// Failing, and a probe is due: this call asks Redis.
     Probe,
-    /// Failing: apply the policy at once.
+    /// Failing: answer "unavailable" at once.
     Open,
 }
 
 /// Skips Redis for a while after a failure, so that calls never queue up behind an outage;
-/// one caller at a time probes it again.
+/// one caller per probe interval asks it again.
 struct Circuit {
     epoch: Instant,
     probe_us: u64,
@@ -553,8 +734,6 @@ impl Circuit {
             .saturating_add(1)
     }
 
-    /// Whether this call should ask Redis; after a failure, once per probe interval one
-    /// caller starts a probe.
     fn check(&self) -> Check {
         let until = self.closed_until_us.load(Ordering::Acquire);
         if until == 0 {
@@ -578,28 +757,133 @@ impl Circuit {
         }
     }
 
-    fn succeeded(&self) {
+    fn succeeded(&self, name: &str) {
         if self.closed_until_us.load(Ordering::Acquire) != 0 {
             self.closed_until_us.store(0, Ordering::Release);
         }
         if self.degraded.load(Ordering::Acquire) && self.degraded.swap(false, Ordering::AcqRel) {
-            tracing::info!("redis answers again; allowance decisions are shared again");
+            tracing::info!(
+                allowance = name,
+                "redis answers again; allowance decisions are shared again"
+            );
         }
     }
 
-    fn failed(&self, error: &CallError, policy: &'static str) {
-        if error.kind() != CallErrorKind::Unavailable {
+    fn failed(&self, error: &CallError, name: &str, policy: &'static str) {
+        if error.kind() == CallErrorKind::Unavailable {
+            return;
+        }
+        // Refusals (a wrong password...) are not outages: nothing to probe for.
+        if error.store_kind() == tower_allowance::store::StoreErrorKind::Unavailable {
             let next = self.now_us().saturating_add(self.probe_us);
             self.closed_until_us.store(next, Ordering::Release);
         }
         if !self.degraded.swap(true, Ordering::AcqRel) {
             tracing::warn!(
+                allowance = name,
                 error = %error,
                 cause = ?std::error::Error::source(error).map(ToString::to_string),
                 policy,
-                "redis unavailable for the allowance; switching to the failure policy"
+                "redis failed for the allowance"
             );
         }
+    }
+}
+
+/// Test support: the clock the script decides on when it follows tokio's, and the blocking
+/// connection that answers synchronously then.
+#[cfg(feature = "test-util")]
+#[derive(Default)]
+struct TestClock {
+    follow: Mutex<Option<(Instant, redis::Connection)>>,
+    step_back_us: AtomicU64,
+}
+
+#[cfg(feature = "test-util")]
+impl TestClock {
+    fn follow(&self, conn: redis::Connection) {
+        *self.follow.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), conn));
+    }
+
+    fn step_back(&self, step: Duration) {
+        self.step_back_us.fetch_add(
+            u64::try_from(step.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Microseconds on tokio's clock since following began, minus the steps back.
+    fn now_us(&self) -> Option<u64> {
+        let guard = self.follow.lock().unwrap_or_else(PoisonError::into_inner);
+        let (epoch, _) = guard.as_ref()?;
+        Some(self.clock_at(*epoch))
+    }
+
+    /// Microseconds since following began, as a [`MemoryStore`] created then counts them.
+    fn clock_at(&self, epoch: Instant) -> u64 {
+        let since = u64::try_from(Instant::now().saturating_duration_since(epoch).as_micros())
+            .unwrap_or(u64::MAX);
+        since.saturating_sub(self.step_back_us.load(Ordering::Relaxed))
+    }
+
+    fn following(&self) -> bool {
+        self.follow
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    fn eval_blocking(
+        &self,
+        inner: &Inner,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, CallError>> {
+        let mut guard = self.follow.lock().unwrap_or_else(PoisonError::into_inner);
+        let (epoch, conn) = guard.as_mut()?;
+        let now = self.clock_at(*epoch);
+        let argv = scripts::argv(
+            op,
+            params,
+            millis(inner.options.idle_ttl),
+            &inner.channel,
+            Some(now),
+        );
+        inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        let reply = inner
+            .script
+            .script()
+            .key(&inner.key)
+            .arg(&argv[..])
+            .invoke::<Vec<i64>>(conn)
+            .map_err(CallError::redis);
+        Some(reply.and_then(|r| {
+            scripts::decode(op, &r)
+                .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
+        }))
+    }
+}
+
+/// Whether a Redis error is an outage (it may answer later) or a refusal.
+pub(crate) fn is_outage(e: &RedisError) -> bool {
+    if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
+        return true;
+    }
+    match e.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::Server(k) => {
+            matches!(
+                k,
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+            ) || e.code() == Some("BUSY")
+        }
+        _ => false,
     }
 }
 
@@ -645,24 +929,17 @@ mod tests {
         let config = AllowanceConfig::per_second(10, 6)
             .expect("valid")
             .with_retry_budget(RetryBudgetConfig::fixed(9));
-        let local = fallback_config(&config, n).expect("valid");
+        let local = fallback_config(config.params(), n).expect("valid");
         assert_eq!(local.interval(), Duration::from_millis(400));
         assert_eq!(local.burst(), 1);
         assert_eq!(local.retry_budget(), &RetryBudgetConfig::fixed(0));
 
         let budget = ReplenishingBudget::new(Duration::from_secs(10), 8, 0.2).expect("valid");
         let config = config.with_retry_budget(RetryBudgetConfig::Replenishing(budget));
-        let local = fallback_config(&config, n).expect("valid");
+        let local = fallback_config(config.params(), n).expect("valid");
         let RetryBudgetConfig::Replenishing(r) = local.retry_budget() else {
             panic!("still replenishing");
         };
         assert_eq!((r.min_per_sec(), r.ratio()), (2, 0.2));
-    }
-
-    #[test]
-    fn delays_round_up() {
-        assert_eq!(micros_ceil(Duration::from_nanos(1)), Some(1));
-        assert_eq!(micros_ceil(MAX_DELAY), Some(1 << 53));
-        assert_eq!(micros_ceil(MAX_DELAY + Duration::from_micros(1)), None);
     }
 }

@@ -1,604 +1,500 @@
-//! The FIFO wait queue and the [`Acquire`] future.
+//! Waiting for admission: one store call, then a sleep until the reserved slot.
 //!
-//! Only the waiter at the head of the queue ever talks to the store or sleeps on a timer;
-//! everyone behind it is parked and is woken exactly once, when it becomes the head. The
-//! head sleeps on one timer shared by the whole queue. When it is admitted it re-arms that
-//! timer for the *next* head, registering the next head's waker, at the instant the next
-//! token is due, so in steady state one admission costs one wakeup: no thundering herd.
+//! An admission asks the store once ([`Op::Admit`]). The store either admits now, or reserves
+//! the caller's slot and says how long until it: the caller sleeps on its own timer and is
+//! admitted at that instant without asking again. So one admission costs one store call and
+//! one wakeup, however many callers (in however many processes) wait, and callers are
+//! admitted in the order they reached the store.
 //!
-//! Cancellation: dropping a waiter removes it from the queue; if it was the head, the new
-//! head is woken so nobody stalls. Nothing is ever reserved ahead of time, so a dropped
-//! waiter spends no token.
+//! While it sleeps, the caller is registered with the allowance's holders (`shared::holders`),
+//! which apply the events the store publishes: a cooldown moves the slot later (the caller
+//! re-arms its timer), a closure fails it at once, and a slot pushed past the caller's
+//! deadline fails it promptly. Dropping a waiting caller gives its slot back to the store when
+//! it is still the latest one (otherwise it is lost: at most one slot per dropped caller).
+//!
+//! When the store does not answer, the caller waits for it (probing with backoff) as the
+//! allowance's [`OutagePolicy`] says, never sending without its admission.
 
 use std::{
-    collections::BTreeMap,
     future::Future,
+    ops::Deref,
     pin::Pin,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, MutexGuard, PoisonError,
-    },
-    task::{ready, Context, Poll, Waker},
+    sync::Arc,
+    task::{ready, Context, Poll},
+    time::Duration,
 };
 
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
 
 use crate::{
-    allowance::{AcquireOptions, Backend, Shared},
-    error::{AbandonReason, AcquireError, Overloaded, QuotaExhausted, StoreUnavailable},
-    store::{Admit, Decision, StoreError, StoreFuture},
+    error::{AbandonReason, AcquireError, Exhausted, Overloaded, StoreUnavailable},
+    rule::{Admission, AdmitRequest, Op, Reply},
+    shared::{holders::Check, Applying, Shared},
+    store::{StoreError, StoreFuture, WrongReply},
+    OutagePolicy,
 };
 
-pub(crate) struct WaitQueue {
-    state: Mutex<QueueState>,
-    /// Mirrors `state.waiters.len()` so the fast path can skip the lock.
-    len: AtomicUsize,
-    max_waiters: usize,
+/// Options for one admission; see [`Allowance::acquire_with`](crate::Allowance::acquire_with).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) retry: bool,
+    pub(crate) cost: Option<u32>,
+    pub(crate) not_before: Option<Duration>,
 }
 
-struct QueueState {
-    waiters: BTreeMap<u64, Waiter>,
-    next_id: u64,
-    /// The head should not ask the store before this instant.
-    not_before: Option<Instant>,
-    /// The latest cooldown deadline this process knows of.
-    cooldown_until: Option<Instant>,
-    /// One timer for the whole queue; armed with the head's waker.
-    timer: Option<Pin<Box<Sleep>>>,
+impl AcquireOptions {
+    /// A first attempt of cost 1, without a deadline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fail with [`AbandonReason::Deadline`] rather than be admitted after `deadline`; nothing
+    /// is reserved when the slot would be later.
+    pub fn deadline(mut self, deadline: Instant) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// This attempt is a retry: spend one unit of the shared retry budget in the same step.
+    pub fn retry(mut self, retry: bool) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The attempt's cost, charged to limits that count cost (default 1).
+    pub fn cost(mut self, cost: u32) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// Not before `delay` from now (a server's `Retry-After`, a backoff).
+    pub fn not_before(mut self, delay: Duration) -> Self {
+        self.not_before = Some(delay);
+        self
+    }
 }
 
-struct Waiter {
-    waker: Waker,
-    deadline: Option<Instant>,
+/// The first step of an admission, made synchronously where the store allows it.
+pub(crate) enum Begin {
+    /// Decided: admitted now, or failed.
+    Ready(Result<(), AcquireError>),
+    /// Reserved: holder `id`, due at the instant.
+    Hold(u64, Instant),
+    /// The store's answer is on its way.
+    Ask(StoreFuture<Reply>, Asked),
+    /// The store did not answer: wait until the instant, then ask again.
+    Outage(Instant),
 }
 
-impl WaitQueue {
-    pub(crate) fn new(max_waiters: usize) -> Self {
-        Self {
-            state: Mutex::new(QueueState {
-                waiters: BTreeMap::new(),
-                next_id: 0,
-                not_before: None,
-                cooldown_until: None,
-                timer: None,
-            }),
-            len: AtomicUsize::new(0),
-            max_waiters,
+/// What was asked, for when the answer comes.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked {
+    deposits: u64,
+    overloaded: bool,
+}
+
+/// Per-admission bookkeeping that outlives one store call.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Progress {
+    /// When the store first failed to answer this admission.
+    outage_since: Option<Instant>,
+    /// Calls that failed in a row.
+    failures: u32,
+    /// Counted as waiting because of an outage.
+    in_outage: bool,
+}
+
+/// Makes the first step of an admission at `now`.
+pub(crate) fn begin(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &mut Progress,
+    now: Instant,
+) -> Begin {
+    if options.deadline.is_some_and(|d| d <= now) {
+        return Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)));
+    }
+    let overloaded =
+        shared.holders.waiting() >= shared.config.max_waiters() + usize::from(progress.in_outage);
+    let deposits = shared.take_deposits();
+    let mut req = if options.retry {
+        AdmitRequest::retry()
+    } else {
+        AdmitRequest::first()
+    };
+    req = req.deposits(deposits);
+    if let Some(cost) = options.cost {
+        req = req.cost(cost);
+    }
+    if let Some(delay) = options.not_before {
+        req = req.not_before(delay);
+    }
+    if overloaded {
+        req = req.max_wait(Duration::ZERO);
+    } else if let Some(deadline) = options.deadline {
+        req = req.max_wait(deadline - now);
+    }
+    let asked = Asked {
+        deposits,
+        overloaded,
+    };
+    match shared.apply(now, Op::Admit(req)) {
+        Applying::Done(result) => decide(shared, options, progress, now, result, asked),
+        Applying::Pending(fut) => Begin::Ask(fut, asked),
+    }
+}
+
+/// Turns the store's answer into the next step.
+fn decide(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &mut Progress,
+    now: Instant,
+    result: Result<Reply, StoreError>,
+    asked: Asked,
+) -> Begin {
+    let admission = match result {
+        Ok(Reply::Admit(admission)) => admission,
+        Ok(_) => return fail_store(shared, progress, StoreError::protocol(WrongReply)),
+        Err(e) => {
+            shared.restore_deposits(asked.deposits);
+            return outage(shared, options, progress, now, e);
         }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
-        // Critical sections do not panic; a poisoned lock still guards a consistent queue.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Records a cooldown deadline and wakes the waiters it dooms (their deadline falls
-    /// before it), so they fail promptly instead of at their deadline.
-    pub(crate) fn cooldown_until(&self, until: Instant) {
-        let mut doomed = Vec::new();
-        {
-            let mut q = self.lock();
-            if q.cooldown_until.is_some_and(|c| c >= until) {
-                return;
-            }
-            q.cooldown_until = Some(until);
-            q.not_before = Some(q.not_before.map_or(until, |nb| nb.max(until)));
-            for w in q.waiters.values() {
-                if w.deadline.is_some_and(|d| d < until) {
-                    doomed.push(w.waker.clone());
+    };
+    end_outage(shared, progress);
+    match admission {
+        Admission::Admitted => {
+            shared.stats.admissions.record(false, options.retry);
+            Begin::Ready(Ok(()))
+        }
+        Admission::Reserved { wait, reservation } => {
+            let at = now.checked_add(wait).unwrap_or(now);
+            // The waker is replaced on the first poll; until then nothing can wake us late.
+            let (id, check) =
+                shared
+                    .holders
+                    .register(reservation, at, options.deadline, futures_noop_waker());
+            match check {
+                Check::Wait(at) => Begin::Hold(id, at),
+                Check::Closed(e) => {
+                    shared.holders.remove(id);
+                    Begin::Ready(Err(exhausted(shared, progress, e)))
+                }
+                Check::Doomed | Check::Gone => {
+                    if let Some(res) = shared.holders.remove(id) {
+                        shared.release(res);
+                    }
+                    Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))
                 }
             }
         }
-        doomed.into_iter().for_each(Waker::wake);
+        Admission::Refused { .. } if asked.overloaded => {
+            shared.stats.abandon(AbandonReason::Overloaded);
+            Begin::Ready(Err(AcquireError::Overloaded(Overloaded::new())))
+        }
+        Admission::Refused { .. } => {
+            Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))
+        }
+        Admission::BudgetExhausted => {
+            tracing::debug!(allowance = &*shared.name, "retry budget exhausted");
+            Begin::Ready(Err(abandon(
+                shared,
+                progress,
+                AbandonReason::BudgetExhausted,
+            )))
+        }
+        Admission::Closed { until, by } => {
+            let e = Exhausted::new(until.and_then(|d| now.checked_add(d)), by);
+            shared.holders.learn_closed(e);
+            Begin::Ready(Err(exhausted(shared, progress, e)))
+        }
+        Admission::TooCostly => {
+            Begin::Ready(Err(abandon(shared, progress, AbandonReason::TooCostly)))
+        }
+    }
+}
+
+/// The store did not decide: wait for it (as the outage policy says) or fail.
+fn outage(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &mut Progress,
+    now: Instant,
+    error: StoreError,
+) -> Begin {
+    let OutagePolicy::Wait { max } = shared.config.outage_policy() else {
+        return fail_store(shared, progress, error);
+    };
+    if !error.is_unavailable() {
+        return fail_store(shared, progress, error);
+    }
+    let since = *progress.outage_since.get_or_insert(now);
+    // Probe again after 50 ms, doubling to 1 s: a short outage costs little, a long one
+    // costs one call per second per waiting caller.
+    let backoff = Duration::from_millis(50)
+        .saturating_mul(1u32.checked_shl(progress.failures).unwrap_or(u32::MAX))
+        .min(Duration::from_secs(1));
+    progress.failures = progress.failures.saturating_add(1);
+    let next = now.checked_add(backoff).unwrap_or(now);
+    let give_up = since.checked_add(max).unwrap_or(next);
+    if next > give_up || options.deadline.is_some_and(|d| next > d) {
+        return fail_store(shared, progress, error);
+    }
+    if !progress.in_outage {
+        progress.in_outage = true;
+        shared.holders.enter();
+        tracing::debug!(allowance = &*shared.name, error = %error, "store unavailable; waiting for it");
+    }
+    Begin::Outage(next)
+}
+
+fn end_outage(shared: &Shared, progress: &mut Progress) {
+    if progress.in_outage {
+        progress.in_outage = false;
+        shared.holders.leave();
+    }
+}
+
+fn fail_store(shared: &Shared, progress: &mut Progress, error: StoreError) -> Begin {
+    end_outage(shared, progress);
+    tracing::debug!(allowance = &*shared.name, error = %error, "allowance store failed");
+    Begin::Ready(Err(AcquireError::Store(StoreUnavailable::new(error))))
+}
+
+fn abandon(shared: &Shared, progress: &mut Progress, reason: AbandonReason) -> AcquireError {
+    end_outage(shared, progress);
+    shared.stats.abandon(reason);
+    AcquireError::abandoned(reason)
+}
+
+fn exhausted(shared: &Shared, progress: &mut Progress, e: Exhausted) -> AcquireError {
+    end_outage(shared, progress);
+    shared.stats.abandon(e.reason());
+    AcquireError::Exhausted(e)
+}
+
+/// A waker that does nothing, for registering before the first poll supplies the real one.
+fn futures_noop_waker() -> &'static std::task::Waker {
+    std::task::Waker::noop()
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State {
+        Start,
+        Asking { fut: StoreFuture<Reply>, asked: Asked },
+        Holding { id: u64, #[pin] sleep: Sleep },
+        Outage { #[pin] sleep: Sleep },
+        Done,
+    }
+}
+
+pin_project! {
+    /// The admission state machine, over a borrowed or an owned handle.
+    pub(crate) struct Admit<H: Deref<Target = Shared>> {
+        shared: H,
+        options: AcquireOptions,
+        progress: Progress,
+        #[pin]
+        state: State,
     }
 
-    /// Wakes every waiter (the allowance closed: they all fail).
-    pub(crate) fn wake_all(&self) {
-        let wakers: Vec<Waker> = self
-            .lock()
-            .waiters
-            .values()
-            .map(|w| w.waker.clone())
-            .collect();
-        wakers.into_iter().for_each(Waker::wake);
+    impl<H: Deref<Target = Shared>> PinnedDrop for Admit<H> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let StateProj::Holding { id, .. } = this.state.project() {
+                // Left before its slot: give the slot back (a bounded loss when it cannot be).
+                if let Some(res) = this.shared.holders.remove(*id) {
+                    this.shared.release(res);
+                }
+            }
+            end_outage(this.shared, this.progress);
+        }
     }
+}
 
-    /// The earliest instant anyone could be admitted, as far as this process knows for
-    /// certain: the end of a known cooldown, or the next token the head is waiting for.
-    /// (Waiters ahead may still leave the queue, so their number is not counted.)
-    fn earliest_admission(&self, now: Instant) -> Option<Instant> {
-        let q = self.lock();
-        let waiting_for_token = q.not_before.filter(|nb| *nb > now && !q.waiters.is_empty());
-        match (q.cooldown_until.filter(|c| *c > now), waiting_for_token) {
-            (Some(c), Some(t)) => Some(c.max(t)),
-            (c, t) => c.or(t),
+impl<H: Deref<Target = Shared>> Admit<H> {
+    pub(crate) fn new(shared: H, options: AcquireOptions) -> Self {
+        Self {
+            shared,
+            options,
+            progress: Progress::default(),
+            state: State::Start,
         }
     }
 
-    /// Leaves the queue; wakes the new head if `id` was the head.
-    fn leave(&self, id: u64) {
-        let next = {
-            let mut q = self.lock();
-            let was_head = q.waiters.first_key_value().is_some_and(|(k, _)| *k == id);
-            if q.waiters.remove(&id).is_some() {
-                self.len.fetch_sub(1, Ordering::AcqRel);
+    /// Continues an admission whose first step was made synchronously.
+    pub(crate) fn resume(
+        shared: H,
+        options: AcquireOptions,
+        progress: Progress,
+        step: Begin,
+    ) -> Self {
+        let state = match step {
+            Begin::Hold(id, at) => State::Holding {
+                id,
+                sleep: sleep_until(at),
+            },
+            Begin::Ask(fut, asked) => State::Asking { fut, asked },
+            Begin::Outage(at) => State::Outage {
+                sleep: sleep_until(at),
+            },
+            // Decided already: the caller returns the result without resuming.
+            Begin::Ready(_) => State::Done,
+        };
+        Self {
+            shared,
+            options,
+            progress,
+            state,
+        }
+    }
+
+    fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
+        match step {
+            Begin::Ready(result) => {
+                state.set(State::Done);
+                Some(result)
             }
-            if was_head {
-                q.waiters.first_key_value().map(|(_, w)| w.waker.clone())
-            } else {
+            Begin::Hold(id, at) => {
+                state.set(State::Holding {
+                    id,
+                    sleep: sleep_until(at),
+                });
                 None
             }
-        };
-        if let Some(w) = next {
-            w.wake();
+            Begin::Ask(fut, asked) => {
+                state.set(State::Asking { fut, asked });
+                None
+            }
+            Begin::Outage(at) => {
+                state.set(State::Outage {
+                    sleep: sleep_until(at),
+                });
+                None
+            }
         }
     }
+}
 
-    /// The head `id` was admitted: leave, and hand the head role to the next waiter, waking
-    /// it exactly when the next token is due.
-    fn admitted(&self, id: u64, now: Instant, next_in: std::time::Duration) {
-        let wake = {
-            let mut q = self.lock();
-            if q.waiters.remove(&id).is_some() {
-                self.len.fetch_sub(1, Ordering::AcqRel);
-            }
-            let due = now.checked_add(next_in).unwrap_or(now);
-            let due = q
-                .not_before
-                .map_or(due, |nb| if nb > now { nb.max(due) } else { due });
-            q.not_before = (due > now).then_some(due);
-            let next = q.waiters.first_key_value().map(|(_, w)| w.waker.clone());
-            match next {
-                Some(waker) if due > now => {
-                    let fired = arm(&mut q, due, &waker);
-                    fired.then_some(waker)
+impl<H: Deref<Target = Shared>> Future for Admit<H> {
+    type Output = Result<(), AcquireError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let shared: &Shared = this.shared;
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Start => {
+                    let now = Instant::now();
+                    begin(shared, this.options, this.progress, now)
                 }
-                other => other,
+                StateProj::Asking { fut, asked } => {
+                    let result = ready!(fut.as_mut().poll(cx));
+                    let asked = *asked;
+                    decide(
+                        shared,
+                        this.options,
+                        this.progress,
+                        Instant::now(),
+                        result,
+                        asked,
+                    )
+                }
+                StateProj::Holding { id, mut sleep } => {
+                    let id = *id;
+                    match shared.holders.check(id, cx.waker()) {
+                        Check::Wait(at) => {
+                            if sleep.deadline() != at {
+                                sleep.as_mut().reset(at);
+                            }
+                            ready!(sleep.poll(cx));
+                            shared.holders.remove(id);
+                            shared.stats.admissions.record(true, this.options.retry);
+                            Begin::Ready(Ok(()))
+                        }
+                        Check::Closed(e) => {
+                            shared.holders.remove(id);
+                            Begin::Ready(Err(exhausted(shared, this.progress, e)))
+                        }
+                        Check::Doomed => {
+                            if let Some(res) = shared.holders.remove(id) {
+                                shared.release(res);
+                            }
+                            Begin::Ready(Err(abandon(
+                                shared,
+                                this.progress,
+                                AbandonReason::Deadline,
+                            )))
+                        }
+                        Check::Gone => Begin::Ready(Ok(())),
+                    }
+                }
+                StateProj::Outage { sleep } => {
+                    ready!(sleep.poll(cx));
+                    let now = Instant::now();
+                    begin(shared, this.options, this.progress, now)
+                }
+                StateProj::Done => panic!("Acquire polled after completion"),
+            };
+            if let Some(result) = Self::step(this.state.as_mut(), next) {
+                return Poll::Ready(result);
             }
-        };
-        if let Some(w) = wake {
-            w.wake();
         }
     }
 }
 
-/// Points the shared timer at `at` with `waker`; returns whether it has already fired.
-fn arm(q: &mut QueueState, at: Instant, waker: &Waker) -> bool {
-    let timer = q.timer.get_or_insert_with(|| Box::pin(sleep_until(at)));
-    if timer.deadline() != at {
-        timer.as_mut().reset(at);
-    }
-    timer
-        .as_mut()
-        .poll(&mut Context::from_waker(waker))
-        .is_ready()
-}
-
-enum State {
-    Start,
-    /// A shared store's answer to a call made while the queue was empty.
-    Fast(StoreFuture<Decision>),
-    Queued(u64),
-    /// The head's in-flight question to a shared store.
-    Asking(u64, StoreFuture<Decision>),
-    Done,
-}
+/// An admission owned by a layer's response future.
+pub(crate) type OwnedAdmit = Admit<Arc<Shared>>;
 
 pin_project! {
     /// Waits for admission; returned by [`Allowance::acquire`](crate::Allowance::acquire).
     ///
     /// Resolves to `Ok(())` once a token (and, for a retry, a unit of budget) has been spent
-    /// for this caller. Dropping it before then leaves the queue and spends nothing.
+    /// for this caller: at once, or at the slot the store reserved for it. Dropping it before
+    /// then gives the slot back to the store when it is still the latest one.
     ///
     /// # Panics
     ///
     /// When polled outside a Tokio runtime with the time driver enabled (as any Tokio timer).
     #[must_use = "futures do nothing unless polled"]
-    pub struct Acquire {
-        shared: Arc<Shared>,
-        options: AcquireOptions,
-        state: State,
+    pub struct Acquire<'a> {
         #[pin]
-        deadline_timer: Option<Sleep>,
+        inner: Admit<&'a Shared>,
     }
+}
 
-    impl PinnedDrop for Acquire {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let State::Queued(id) | State::Asking(id, _) = this.state {
-                this.shared.queue.leave(*id);
-            }
+impl<'a> Acquire<'a> {
+    pub(crate) fn new(shared: &'a Shared, options: AcquireOptions) -> Self {
+        Self {
+            inner: Admit::new(shared, options),
         }
     }
 }
 
-impl std::fmt::Debug for Acquire {
+impl std::fmt::Debug for Acquire<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.state {
+        let state = match self.inner.state {
             State::Start => "start",
-            State::Fast(_) => "asking store",
-            State::Queued(_) => "queued",
-            State::Asking(..) => "head, asking store",
+            State::Asking { .. } => "asking the store",
+            State::Holding { .. } => "holding a reserved slot",
+            State::Outage { .. } => "waiting for the store",
             State::Done => "done",
         };
         f.debug_struct("Acquire")
-            .field("options", &self.options)
+            .field("options", &self.inner.options)
             .field("state", &state)
             .finish()
     }
 }
 
-/// What to do after a store decision.
-enum Next {
-    Ready(Result<(), AcquireError>),
-    Continue,
-}
-
-impl Acquire {
-    pub(crate) fn new(shared: Arc<Shared>, options: AcquireOptions) -> Self {
-        Self {
-            shared,
-            options,
-            state: State::Start,
-            deadline_timer: None,
-        }
-    }
-
-    fn ask(&self) -> Admit {
-        Admit {
-            spend_retry: self.options.spend_retry,
-        }
-    }
-}
-
-/// The admission fast path, called synchronously by the admission layer: with the memory
-/// store and nobody waiting, decide now without creating a future.
-///
-/// Returns `None` when the caller has to go through [`Acquire`].
-pub(crate) fn try_admit_now(
-    shared: &Shared,
-    options: &AcquireOptions,
-) -> Option<Result<(), AcquireError>> {
-    let Backend::Memory(store) = &shared.backend else {
-        return None;
-    };
-    if shared.queue.len() != 0 || options.deadline.is_some() {
-        return None;
-    }
-    // The one clock read of this admission, for the quota (if any) and the store.
-    let now = Instant::now();
-    if let Some(e) = quota_closed(shared, now) {
-        return Some(Err(e));
-    }
-    let ask = Admit {
-        spend_retry: options.spend_retry,
-    };
-    match store.admit_at(now, &shared.config, ask) {
-        Decision::Admitted { .. } => {
-            count_admission(shared, options, false);
-            Some(Ok(()))
-        }
-        Decision::BudgetExhausted => Some(Err(abandon(shared, AbandonReason::BudgetExhausted))),
-        // Nothing was spent; the caller queues through `Acquire`.
-        Decision::Wait { .. } => None,
-    }
-}
-
-/// The quota-exhausted error, if the allowance is closed. Without a quota probe this is
-/// one branch: `now` is a clock read the caller needs anyway.
-#[inline]
-fn quota_closed(shared: &Shared, now: Instant) -> Option<AcquireError> {
-    let until = shared.quota.as_ref()?.exhausted_until(now)?;
-    shared.stats.abandon(AbandonReason::QuotaExhausted);
-    Some(AcquireError::Quota(QuotaExhausted::new(until)))
-}
-
-fn count_admission(shared: &Shared, options: &AcquireOptions, waited: bool) {
-    shared.stats.admissions.record(waited, options.spend_retry);
-}
-
-fn abandon(shared: &Shared, reason: AbandonReason) -> AcquireError {
-    shared.stats.abandon(reason);
-    if reason == AbandonReason::BudgetExhausted {
-        tracing::debug!("retry budget exhausted");
-    }
-    AcquireError::abandoned(reason)
-}
-
-fn store_failed(e: StoreError) -> AcquireError {
-    tracing::debug!(error = %e, "allowance store failed");
-    AcquireError::Store(StoreUnavailable::new(e))
-}
-
-impl Future for Acquire {
+impl Future for Acquire<'_> {
     type Output = Result<(), AcquireError>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let ask = self.ask();
-        let mut this = self.project();
-        loop {
-            let shared: &Shared = this.shared;
-            let deadline = this.options.deadline;
-            match this.state {
-                State::Start => {
-                    let now = Instant::now();
-                    if let Some(e) = quota_closed(shared, now) {
-                        *this.state = State::Done;
-                        return Poll::Ready(Err(e));
-                    }
-                    if let Some(d) = deadline {
-                        let cooling = shared.queue.earliest_admission(now).is_some_and(|e| e > d);
-                        if d <= now || cooling {
-                            *this.state = State::Done;
-                            return Poll::Ready(Err(abandon(shared, AbandonReason::Deadline)));
-                        }
-                    }
-                    if shared.queue.len() != 0 {
-                        match enqueue(shared, deadline, cx.waker(), None) {
-                            Ok(id) => *this.state = State::Queued(id),
-                            Err(e) => {
-                                *this.state = State::Done;
-                                return Poll::Ready(Err(e));
-                            }
-                        }
-                        continue;
-                    }
-                    match &shared.backend {
-                        Backend::Memory(m) => {
-                            let decision = m.admit_at(now, &shared.config, ask);
-                            if let Next::Ready(r) = fresh_decision(
-                                shared,
-                                this.options,
-                                this.state,
-                                cx,
-                                now,
-                                Ok(decision),
-                            ) {
-                                return Poll::Ready(r);
-                            }
-                        }
-                        Backend::Custom(s) => {
-                            *this.state = State::Fast(s.admit(&shared.config, ask))
-                        }
-                    }
-                }
-                State::Fast(fut) => {
-                    let decision = ready!(fut.as_mut().poll(cx));
-                    let now = Instant::now();
-                    if let Next::Ready(r) =
-                        fresh_decision(shared, this.options, this.state, cx, now, decision)
-                    {
-                        return Poll::Ready(r);
-                    }
-                }
-                State::Queued(id) => {
-                    let id = *id;
-                    let now = Instant::now();
-                    if let Some(e) = quota_closed(shared, now) {
-                        shared.queue.leave(id);
-                        *this.state = State::Done;
-                        return Poll::Ready(Err(e));
-                    }
-                    let mut q = shared.queue.lock();
-                    let head = q.waiters.first_key_value().is_some_and(|(k, _)| *k == id);
-                    if !head {
-                        if let Some(w) = q.waiters.get_mut(&id) {
-                            if !w.waker.will_wake(cx.waker()) {
-                                w.waker = cx.waker().clone();
-                            }
-                        }
-                        let doomed =
-                            deadline.is_some_and(|d| q.cooldown_until.is_some_and(|c| c > d));
-                        drop(q);
-                        if let Some(d) = deadline {
-                            if this.deadline_timer.is_none() {
-                                this.deadline_timer.set(Some(sleep_until(d)));
-                            }
-                            let expired = this
-                                .deadline_timer
-                                .as_mut()
-                                .as_pin_mut()
-                                .is_some_and(|t| t.poll(cx).is_ready());
-                            if doomed || expired {
-                                shared.queue.leave(id);
-                                *this.state = State::Done;
-                                return Poll::Ready(Err(abandon(shared, AbandonReason::Deadline)));
-                            }
-                        }
-                        return Poll::Pending;
-                    }
-                    if let Some(nb) = q.not_before.filter(|nb| *nb > now) {
-                        if deadline.is_some_and(|d| d < nb) {
-                            drop(q);
-                            shared.queue.leave(id);
-                            *this.state = State::Done;
-                            return Poll::Ready(Err(abandon(shared, AbandonReason::Deadline)));
-                        }
-                        if let Some(w) = q.waiters.get_mut(&id) {
-                            if !w.waker.will_wake(cx.waker()) {
-                                w.waker = cx.waker().clone();
-                            }
-                        }
-                        if arm(&mut q, nb, cx.waker()) {
-                            continue;
-                        }
-                        return Poll::Pending;
-                    }
-                    drop(q);
-                    match &shared.backend {
-                        Backend::Memory(m) => {
-                            let decision = m.admit_at(now, &shared.config, ask);
-                            if let Next::Ready(r) = head_decision(
-                                shared,
-                                this.options,
-                                this.state,
-                                id,
-                                now,
-                                Ok(decision),
-                            ) {
-                                return Poll::Ready(r);
-                            }
-                        }
-                        Backend::Custom(s) => {
-                            *this.state = State::Asking(id, s.admit(&shared.config, ask))
-                        }
-                    }
-                }
-                State::Asking(id, fut) => {
-                    let id = *id;
-                    let decision = ready!(fut.as_mut().poll(cx));
-                    let now = Instant::now();
-                    if let Next::Ready(r) =
-                        head_decision(shared, this.options, this.state, id, now, decision)
-                    {
-                        return Poll::Ready(r);
-                    }
-                }
-                State::Done => panic!("Acquire polled after completion"),
-            }
-        }
+        self.project().inner.poll(cx)
     }
-}
-
-/// Handles a decision for a caller that is not yet in the queue.
-fn fresh_decision(
-    shared: &Shared,
-    options: &AcquireOptions,
-    state: &mut State,
-    cx: &Context<'_>,
-    now: Instant,
-    decision: Result<Decision, StoreError>,
-) -> Next {
-    match decision {
-        Ok(Decision::Admitted { .. }) => {
-            *state = State::Done;
-            count_admission(shared, options, false);
-            Next::Ready(Ok(()))
-        }
-        Ok(Decision::BudgetExhausted) => {
-            *state = State::Done;
-            Next::Ready(Err(abandon(shared, AbandonReason::BudgetExhausted)))
-        }
-        Ok(Decision::Wait { wait, cooldown }) => {
-            let until = now.checked_add(wait);
-            if cooldown {
-                if let Some(u) = until {
-                    shared.queue.cooldown_until(u);
-                }
-            }
-            if options
-                .deadline
-                .is_some_and(|d| until.is_none_or(|u| u > d))
-            {
-                *state = State::Done;
-                return Next::Ready(Err(abandon(shared, AbandonReason::Deadline)));
-            }
-            match enqueue(shared, options.deadline, cx.waker(), until) {
-                Ok(id) => {
-                    *state = State::Queued(id);
-                    Next::Continue
-                }
-                Err(e) => {
-                    *state = State::Done;
-                    Next::Ready(Err(e))
-                }
-            }
-        }
-        Err(e) => {
-            *state = State::Done;
-            Next::Ready(Err(store_failed(e)))
-        }
-    }
-}
-
-/// Handles a decision for the head of the queue.
-fn head_decision(
-    shared: &Shared,
-    options: &AcquireOptions,
-    state: &mut State,
-    id: u64,
-    now: Instant,
-    decision: Result<Decision, StoreError>,
-) -> Next {
-    match decision {
-        Ok(Decision::Admitted { next_in }) => {
-            *state = State::Done;
-            shared.queue.admitted(id, now, next_in);
-            count_admission(shared, options, true);
-            Next::Ready(Ok(()))
-        }
-        Ok(Decision::Wait { wait, cooldown }) => {
-            let until = now.checked_add(wait);
-            if cooldown {
-                if let Some(u) = until {
-                    shared.queue.cooldown_until(u);
-                }
-            }
-            if options
-                .deadline
-                .is_some_and(|d| until.is_none_or(|u| u > d))
-            {
-                *state = State::Done;
-                {
-                    let mut q = shared.queue.lock();
-                    if let Some(u) = until {
-                        q.not_before = Some(q.not_before.map_or(u, |nb| nb.max(u)));
-                    }
-                }
-                shared.queue.leave(id);
-                return Next::Ready(Err(abandon(shared, AbandonReason::Deadline)));
-            }
-            {
-                let mut q = shared.queue.lock();
-                let u = until.unwrap_or(now);
-                q.not_before = Some(q.not_before.map_or(u, |nb| nb.max(u)));
-            }
-            *state = State::Queued(id);
-            Next::Continue
-        }
-        Ok(Decision::BudgetExhausted) => {
-            *state = State::Done;
-            shared.queue.leave(id);
-            Next::Ready(Err(abandon(shared, AbandonReason::BudgetExhausted)))
-        }
-        Err(e) => {
-            *state = State::Done;
-            shared.queue.leave(id);
-            Next::Ready(Err(store_failed(e)))
-        }
-    }
-}
-
-fn enqueue(
-    shared: &Shared,
-    deadline: Option<Instant>,
-    waker: &Waker,
-    not_before: Option<Instant>,
-) -> Result<u64, AcquireError> {
-    let queue = &shared.queue;
-    let mut q = queue.lock();
-    if q.waiters.len() >= queue.max_waiters {
-        drop(q);
-        shared.stats.abandon(AbandonReason::Overloaded);
-        return Err(AcquireError::Overloaded(Overloaded::new()));
-    }
-    let id = q.next_id;
-    q.next_id += 1;
-    q.waiters.insert(
-        id,
-        Waiter {
-            waker: waker.clone(),
-            deadline,
-        },
-    );
-    queue.len.fetch_add(1, Ordering::AcqRel);
-    if let Some(nb) = not_before {
-        q.not_before = Some(q.not_before.map_or(nb, |old| old.max(nb)));
-    }
-    Ok(id)
 }

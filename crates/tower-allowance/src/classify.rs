@@ -16,7 +16,7 @@
 //! assert_eq!(classifier.classify(StatusCode::OK, &headers), Classification::Success);
 //! ```
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use http::{HeaderMap, StatusCode};
 
@@ -34,6 +34,43 @@ pub enum Classification {
     Transient,
     /// A final failure: returned as is.
     Failure,
+}
+
+/// How the allowance stack read one response, attached to it as an extension by the
+/// [`CooldownLayer`](crate::cooldown::CooldownLayer): the response is classified (and its
+/// delay parsed) once, and the [`RetryPolicy`](crate::retry::RetryPolicy) and
+/// [`Outcome::of`](crate::Outcome::of) read the result instead of classifying again.
+///
+/// ```
+/// use tower_allowance::classify::{Classification, Classified};
+///
+/// let response = http::Response::new(());
+/// assert_eq!(response.extensions().get::<Classified>(), None); // not through the stack
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Classified {
+    /// What the response means.
+    pub class: Classification,
+    /// The wait the server asked for, if it asked.
+    pub delay: Option<ServerDelay>,
+}
+
+impl Classified {
+    /// A classification with the server's delay.
+    pub fn new(class: Classification, delay: Option<ServerDelay>) -> Self {
+        Self { class, delay }
+    }
+}
+
+/// A wait a server asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ServerDelay {
+    /// Wait this long (possibly zero).
+    After(Duration),
+    /// A wait too long to represent: the allowance closes rather than shorten it.
+    TooLong,
 }
 
 /// Classifies responses from their status and headers.

@@ -20,12 +20,13 @@
 
 use std::{fmt, num::NonZeroU32, time::Duration};
 
-use crate::algorithm::{self, BudgetParams, Params, SLOTS};
+use crate::rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS};
 
 /// A configuration value was out of range.
 ///
 /// The reason is a static description of the rule that was broken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConfigError {
     reason: &'static str,
 }
@@ -52,7 +53,147 @@ impl std::error::Error for ConfigError {}
 /// Default bound on the number of callers waiting for admission in one process.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
-/// What one allowance may spend: a token bucket, a wait-queue bound and a retry budget.
+/// Default [`AllowanceConfig::max_cooldown`]: one hour.
+///
+/// # Why one hour
+///
+/// Providers ask for seconds to minutes between short-window retries; the longest common
+/// `Retry-After` values (GitHub's secondary limits, hourly quotas) stay within an hour. A
+/// longer delay is almost always a quota (a day, a month) or a bug (a `Date` of 1970, twenty
+/// digits), and parking every worker for it silently is the worst answer. Beyond the bound the
+/// allowance closes visibly instead ([`Exhausted`](crate::error::Exhausted), with `until`),
+/// which an operator can see in the snapshot and clear.
+pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
+
+/// Default longest wait for a store that is not answering: one minute.
+pub const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
+
+/// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
+///
+/// ```
+/// use tower_allowance::Limit;
+///
+/// // 10,000 requests a day, all of them at once if need be.
+/// let daily = Limit::per_day(10_000, 10_000)?;
+/// // 90,000 tokens a minute, charged by each request's cost.
+/// let tokens = Limit::per_minute(90_000, 90_000)?.counting_cost();
+/// # let _ = (daily, tokens);
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limit {
+    rate: NonZeroU32,
+    period: Duration,
+    burst: NonZeroU32,
+    unit: Unit,
+    params: LimitParams,
+}
+
+impl Limit {
+    /// `rate` units per `period`, at most `burst` back to back, counting requests.
+    ///
+    /// # Errors
+    ///
+    /// A zero `rate`, `burst` or `period`, an interval below one microsecond, or a
+    /// `burst * interval` beyond [`MAX_DELAY`](crate::MAX_DELAY).
+    pub fn new(rate: u32, period: Duration, burst: u32) -> Result<Self, ConfigError> {
+        let rate = NonZeroU32::new(rate).ok_or(ConfigError::new("rate must be at least 1"))?;
+        let burst = NonZeroU32::new(burst).ok_or(ConfigError::new("burst must be at least 1"))?;
+        if period.is_zero() {
+            return Err(ConfigError::new("period must be longer than zero"));
+        }
+        if period > rule::MAX_DELAY {
+            return Err(ConfigError::new("period must not exceed MAX_DELAY"));
+        }
+        let period_us = u64::try_from(period.as_micros())
+            .map_err(|_| ConfigError::new("period must not exceed MAX_DELAY"))?;
+        let interval_us = period_us.div_ceil(u64::from(rate.get()));
+        if u128::from(rate.get()) > period.as_micros() || interval_us == 0 {
+            return Err(ConfigError::new(
+                "rate too high: the interval between tokens must be at least one microsecond",
+            ));
+        }
+        let tolerance_us = interval_us
+            .checked_mul(u64::from(burst.get()))
+            .filter(|t| *t <= rule::MAX_DELAY_US)
+            .ok_or(ConfigError::new(
+                "burst times the token interval must not exceed MAX_DELAY",
+            ))?;
+        Ok(Self {
+            rate,
+            period,
+            burst,
+            unit: Unit::Requests,
+            params: LimitParams {
+                interval_us,
+                tolerance_us,
+                unit: Unit::Requests,
+            },
+        })
+    }
+
+    /// `rate` per second.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::new`].
+    pub fn per_second(rate: u32, burst: u32) -> Result<Self, ConfigError> {
+        Self::new(rate, Duration::from_secs(1), burst)
+    }
+
+    /// `rate` per minute.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::new`].
+    pub fn per_minute(rate: u32, burst: u32) -> Result<Self, ConfigError> {
+        Self::new(rate, Duration::from_secs(60), burst)
+    }
+
+    /// `rate` per day.
+    ///
+    /// # Errors
+    ///
+    /// As [`Limit::new`].
+    pub fn per_day(rate: u32, burst: u32) -> Result<Self, ConfigError> {
+        Self::new(rate, Duration::from_secs(86_400), burst)
+    }
+
+    /// Charges each request its cost (see [`Cost`](crate::Cost)) instead of one.
+    pub fn counting_cost(mut self) -> Self {
+        self.unit = Unit::Cost;
+        self.params.unit = Unit::Cost;
+        self
+    }
+
+    /// Units per period.
+    pub fn rate(&self) -> u32 {
+        self.rate.get()
+    }
+
+    /// The period.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Units that may go back to back.
+    pub fn burst(&self) -> u32 {
+        self.burst.get()
+    }
+
+    /// What the limit counts.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// Time per unit: `period / rate`, rounded up to the microsecond.
+    pub fn interval(&self) -> Duration {
+        Duration::from_micros(self.params.interval_us)
+    }
+}
+
+/// What one allowance may spend: one or more token buckets, a wait-queue bound, a retry
+/// budget, and the bounds that keep a hostile server or a dead store from parking it.
 ///
 /// `Clone + Debug`, and `Deserialize` with the `serde` feature, so one config can be
 /// reused across services. Building an [`Allowance`](crate::Allowance) from it is what
@@ -60,23 +201,55 @@ pub const DEFAULT_MAX_WAITERS: usize = 1024;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_allowance::AllowanceConfig;
+/// use tower_allowance::{AllowanceConfig, Limit};
 ///
 /// // 100 requests per minute, at most 10 at once.
 /// let config = AllowanceConfig::new(100, Duration::from_secs(60), 10)?;
 /// assert_eq!(config.interval(), Duration::from_millis(600));
+///
+/// // 10/s with bursts of 10, plus 500 per minute and 10,000 per day, all at once.
+/// let stacked = AllowanceConfig::per_second(10, 10)?
+///     .with_limit(Limit::per_minute(500, 500)?)?
+///     .with_limit(Limit::per_day(10_000, 10_000)?)?;
+/// assert_eq!(stacked.limits().len(), 3);
 /// # Ok::<(), tower_allowance::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "serde_impl::RawAllowanceConfig"))]
 pub struct AllowanceConfig {
-    rate: NonZeroU32,
-    period: Duration,
-    burst: NonZeroU32,
+    limits: Vec<Limit>,
     max_waiters: usize,
     retry_budget: RetryBudgetConfig,
-    pub(crate) params: Params,
+    max_cooldown: Duration,
+    outage: OutagePolicy,
+    params: Params,
+}
+
+/// What an admission does when the allowance's store does not answer (a Redis outage).
+///
+/// Never send without the authority: neither policy sends a request the store did not admit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutagePolicy {
+    /// Wait for the store (probing with backoff) until it answers, the request's
+    /// [`Deadline`](crate::Deadline) passes, or `max` has passed; only then fail with
+    /// [`StoreUnavailable`](crate::error::StoreUnavailable). The default, with
+    /// [`DEFAULT_MAX_OUTAGE_WAIT`].
+    Wait {
+        /// The longest one admission waits for the store.
+        max: Duration,
+    },
+    /// Fail at once with [`StoreUnavailable`](crate::error::StoreUnavailable).
+    FailFast,
+}
+
+impl Default for OutagePolicy {
+    fn default() -> Self {
+        Self::Wait {
+            max: DEFAULT_MAX_OUTAGE_WAIT,
+        }
+    }
 }
 
 impl AllowanceConfig {
@@ -87,30 +260,24 @@ impl AllowanceConfig {
     /// A zero `rate`, `burst` or `period`, or a rate so high that the interval between
     /// tokens is below one microsecond, or a `burst * interval` beyond [`MAX_DELAY`](crate::MAX_DELAY).
     pub fn new(rate: u32, period: Duration, burst: u32) -> Result<Self, ConfigError> {
-        let rate = NonZeroU32::new(rate).ok_or(ConfigError::new("rate must be at least 1"))?;
-        let burst = NonZeroU32::new(burst).ok_or(ConfigError::new("burst must be at least 1"))?;
-        if period.is_zero() {
-            return Err(ConfigError::new("period must be longer than zero"));
-        }
-        if period > algorithm::MAX_DELAY {
-            return Err(ConfigError::new("period must not exceed MAX_DELAY"));
-        }
-        if u128::from(rate.get()) > period.as_micros() {
-            return Err(ConfigError::new(
-                "rate too high: the interval between tokens must be at least one microsecond",
-            ));
-        }
-        let params = Params::new(period, rate.get(), burst.get(), BudgetParams::Unlimited).ok_or(
-            ConfigError::new("burst times the token interval must not exceed MAX_DELAY"),
-        )?;
-        Ok(Self {
-            rate,
-            period,
-            burst,
+        let main = Limit::new(rate, period, burst)?;
+        let mut config = Self {
+            limits: vec![main],
             max_waiters: DEFAULT_MAX_WAITERS,
             retry_budget: RetryBudgetConfig::Unlimited,
-            params,
-        })
+            max_cooldown: DEFAULT_MAX_COOLDOWN,
+            outage: OutagePolicy::default(),
+            params: Params {
+                limits: [main.params; MAX_LIMITS],
+                limit_count: 1,
+                budget: BudgetParams::Unlimited,
+                max_cooldown_us: 0,
+                probe_backoff_min_us: PROBE_BACKOFF_MIN_US,
+                probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
+            },
+        };
+        config.derive();
+        Ok(config)
     }
 
     /// `rate` attempts per second, with bursts of up to `burst`.
@@ -122,8 +289,31 @@ impl AllowanceConfig {
         Self::new(rate, Duration::from_secs(1), burst)
     }
 
+    /// `rate` attempts per minute, with bursts of up to `burst`.
+    ///
+    /// # Errors
+    ///
+    /// As [`AllowanceConfig::new`].
+    pub fn per_minute(rate: u32, burst: u32) -> Result<Self, ConfigError> {
+        Self::new(rate, Duration::from_secs(60), burst)
+    }
+
+    /// Adds a limit that must admit every attempt too (all or nothing, in one atomic step).
+    ///
+    /// # Errors
+    ///
+    /// More than [`MAX_LIMITS`](crate::rule::MAX_LIMITS) limits in all.
+    pub fn with_limit(mut self, limit: Limit) -> Result<Self, ConfigError> {
+        if self.limits.len() >= MAX_LIMITS {
+            return Err(ConfigError::new("an allowance holds at most 4 limits"));
+        }
+        self.limits.push(limit);
+        self.derive();
+        Ok(self)
+    }
+
     /// Bounds the number of callers that may wait for admission at once in this process
-    /// (default [`DEFAULT_MAX_WAITERS`]). Past it, calls fail at once with
+    /// (default [`DEFAULT_MAX_WAITERS`]). Past it, calls that would wait fail at once with
     /// [`Overloaded`](crate::error::Overloaded). Zero means "never wait".
     pub fn with_max_waiters(mut self, max_waiters: usize) -> Self {
         self.max_waiters = max_waiters;
@@ -132,30 +322,80 @@ impl AllowanceConfig {
 
     /// Sets the shared retry budget (default [`RetryBudgetConfig::Unlimited`]).
     pub fn with_retry_budget(mut self, budget: RetryBudgetConfig) -> Self {
-        self.params.budget = budget.params();
         self.retry_budget = budget;
+        self.derive();
         self
     }
 
-    /// Attempts per period.
+    /// The longest cooldown a server may impose (default [`DEFAULT_MAX_COOLDOWN`]). A longer
+    /// delay, or one too long to represent, closes the allowance until that time (or until
+    /// cleared) instead: every call fails at once with [`Exhausted`](crate::error::Exhausted).
+    ///
+    /// # Errors
+    ///
+    /// Zero, or beyond [`MAX_DELAY`](crate::MAX_DELAY).
+    pub fn with_max_cooldown(mut self, max: Duration) -> Result<Self, ConfigError> {
+        if max.is_zero() || max > rule::MAX_DELAY {
+            return Err(ConfigError::new(
+                "max_cooldown must be longer than zero and at most MAX_DELAY",
+            ));
+        }
+        self.max_cooldown = max;
+        self.derive();
+        Ok(self)
+    }
+
+    /// What an admission does while the store does not answer (default: wait up to
+    /// [`DEFAULT_MAX_OUTAGE_WAIT`]).
+    pub fn with_outage_policy(mut self, policy: OutagePolicy) -> Self {
+        self.outage = policy;
+        self
+    }
+
+    fn derive(&mut self) {
+        for (l, limit) in self.limits.iter().enumerate() {
+            self.params.limits[l] = limit.params;
+        }
+        self.params.limit_count = self.limits.len();
+        self.params.budget = self.retry_budget.params();
+        self.params.max_cooldown_us =
+            rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
+    }
+
+    /// The derived parameters every store decides with (a read-only view).
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    fn main(&self) -> &Limit {
+        // `limits` always holds the main limit first.
+        &self.limits[0]
+    }
+
+    /// Every limit, the main one first.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// Attempts per period (the main limit).
     pub fn rate(&self) -> u32 {
-        self.rate.get()
+        self.main().rate()
     }
 
     /// The period `rate` is counted over.
     pub fn period(&self) -> Duration {
-        self.period
+        self.main().period()
     }
 
     /// Attempts that may be admitted back to back.
     pub fn burst(&self) -> u32 {
-        self.burst.get()
+        self.main().burst()
     }
 
     /// Time between tokens: `period / rate`, rounded up to the microsecond so that the
     /// admitted rate never exceeds the configured one.
     pub fn interval(&self) -> Duration {
-        Duration::from_micros(self.params.interval_us)
+        self.main().interval()
     }
 
     /// The wait-queue bound.
@@ -167,7 +407,22 @@ impl AllowanceConfig {
     pub fn retry_budget(&self) -> &RetryBudgetConfig {
         &self.retry_budget
     }
+
+    /// The longest cooldown a server may impose.
+    pub fn max_cooldown(&self) -> Duration {
+        self.max_cooldown
+    }
+
+    /// The outage policy.
+    pub fn outage_policy(&self) -> OutagePolicy {
+        self.outage
+    }
 }
+
+/// First backoff between quota probes that failed or found quota left.
+const PROBE_BACKOFF_MIN_US: u64 = 1_000_000;
+/// Longest backoff between quota probes.
+const PROBE_BACKOFF_MAX_US: u64 = 60_000_000;
 
 /// How many extra attempts (retries) the whole group sharing an allowance may make.
 ///
@@ -256,7 +511,7 @@ impl ReplenishingBudget {
         }
         let window_us =
             u64::try_from(window.as_micros()).map_err(|_| ConfigError::new("window too long"))?;
-        let slot_us = window_us / SLOTS as u64;
+        let slot_us = window_us / BUDGET_SLOTS;
         // The floor over the whole window, in whole retries.
         let reserve = u64::from(min_per_sec).saturating_mul(window_us) / 1_000_000;
         // ratio is validated to 0..=1000, so the product fits comfortably.

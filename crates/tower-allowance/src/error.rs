@@ -1,7 +1,11 @@
 //! Errors the layers add to a service's own.
 //!
-//! The layers return [`BoxError`]; downcast to these types to tell them
-//! apart, or use [`Outcome::of`](crate::Outcome::of), which does it for you.
+//! The layers return [`BoxError`]; downcast to these types to tell them apart, or use
+//! [`Outcome::of`](crate::Outcome::of), which does it for you (through wrappers such as
+//! `Buffer` or `MapErr` too: it walks the `source()` chain).
+//!
+//! Every error's `Display` says what happened in this layer only; the cause, when there is
+//! one, is its `source()`, so a chain printer prints each once.
 //!
 //! ```
 //! use tower_allowance::error::{AbandonReason, Abandoned};
@@ -14,10 +18,14 @@
 
 use std::fmt;
 
-use crate::BoxError;
+use tokio::time::Instant;
+
+use crate::{rule::ClosedBy, store::StoreError, BoxError};
 
 /// Why a request was given up on rather than completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum AbandonReason {
     /// The request reached its per-request `max_attempts`.
@@ -28,27 +36,23 @@ pub enum AbandonReason {
     /// would pass the request's [`Deadline`](crate::Deadline).
     Deadline,
     /// The request may not be replayed (its method is not idempotent and it carries no
-    /// `Idempotency-Key`).
+    /// `Idempotency-Key`, or its body could not be kept for a replay).
     NotReplayable,
     /// The wait queue was full.
     Overloaded,
-    /// The server asked for a delay too long to represent.
-    UnrepresentableDelay,
-    /// The provider's quota is spent (see [`quota`](crate::quota)); waiting cannot help.
+    /// The allowance is closed because the provider's quota is spent (a quota probe found
+    /// it; see [`Exhausted`]). Waiting cannot help.
     QuotaExhausted,
+    /// The allowance is closed because a server asked for a wait beyond `max_cooldown`, or
+    /// too long to represent (see [`Exhausted`]).
+    CooldownTooLong,
+    /// The request costs more than a limit's burst: it can never be admitted.
+    TooCostly,
 }
 
 impl AbandonReason {
-    /// Every reason, for iterating over counters.
-    pub const ALL: [AbandonReason; 7] = [
-        Self::MaxAttempts,
-        Self::BudgetExhausted,
-        Self::Deadline,
-        Self::NotReplayable,
-        Self::Overloaded,
-        Self::UnrepresentableDelay,
-        Self::QuotaExhausted,
-    ];
+    /// How many reasons there are (for counters).
+    pub(crate) const COUNT: usize = 8;
 
     /// A short stable name (`"max_attempts"`, `"budget_exhausted"`, ...).
     pub fn as_str(self) -> &'static str {
@@ -58,9 +62,25 @@ impl AbandonReason {
             Self::Deadline => "deadline",
             Self::NotReplayable => "not_replayable",
             Self::Overloaded => "overloaded",
-            Self::UnrepresentableDelay => "unrepresentable_delay",
             Self::QuotaExhausted => "quota_exhausted",
+            Self::CooldownTooLong => "cooldown_too_long",
+            Self::TooCostly => "too_costly",
         }
+    }
+
+    /// Every reason, in counter order.
+    pub(crate) fn each() -> impl Iterator<Item = Self> {
+        [
+            Self::MaxAttempts,
+            Self::BudgetExhausted,
+            Self::Deadline,
+            Self::NotReplayable,
+            Self::Overloaded,
+            Self::QuotaExhausted,
+            Self::CooldownTooLong,
+            Self::TooCostly,
+        ]
+        .into_iter()
     }
 
     pub(crate) fn index(self) -> usize {
@@ -74,11 +94,34 @@ impl AbandonReason {
             Self::Deadline => "its deadline would pass before it could be sent",
             Self::NotReplayable => "it is not safe to replay",
             Self::Overloaded => "too many callers are already waiting for admission",
-            Self::UnrepresentableDelay => "the server asked for a delay too long to represent",
             Self::QuotaExhausted => "the provider's quota is spent",
+            Self::CooldownTooLong => "a server asked for a wait beyond max_cooldown",
+            Self::TooCostly => "its cost exceeds what the allowance can ever admit at once",
         }
     }
 }
+
+impl std::str::FromStr for AbandonReason {
+    type Err = UnknownReason;
+
+    /// The reason named by [`AbandonReason::as_str`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::each().find(|r| r.as_str() == s).ok_or(UnknownReason)
+    }
+}
+
+/// A string that names no [`AbandonReason`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnknownReason;
+
+impl fmt::Display for UnknownReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("unknown abandonment reason")
+    }
+}
+
+impl std::error::Error for UnknownReason {}
 
 impl fmt::Display for AbandonReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,13 +160,12 @@ impl std::error::Error for Abandoned {}
 
 /// The wait queue already held `max_waiters` callers; the call failed at once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Overloaded {
-    _priv: (),
-}
+#[non_exhaustive]
+pub struct Overloaded {}
 
 impl Overloaded {
     pub(crate) const fn new() -> Self {
-        Self { _priv: () }
+        Self {}
     }
 }
 
@@ -135,10 +177,10 @@ impl fmt::Display for Overloaded {
 
 impl std::error::Error for Overloaded {}
 
-/// A server asked for a delay (`Retry-After`) too long to represent.
-///
-/// The call fails rather than wait a shorter time than the server asked for.
+/// A delay too long to represent (beyond [`MAX_DELAY`](crate::MAX_DELAY)) was given to
+/// [`Allowance::defer`](crate::Allowance::defer); nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnrepresentableDelay {
     value: String,
 }
@@ -148,7 +190,7 @@ impl UnrepresentableDelay {
         Self { value }
     }
 
-    /// The offending value, as received (lossily decoded).
+    /// The offending value, as received.
     pub fn value(&self) -> &str {
         &self.value
     }
@@ -166,49 +208,84 @@ impl fmt::Display for UnrepresentableDelay {
 
 impl std::error::Error for UnrepresentableDelay {}
 
-/// The provider's quota is spent; calls fail at once until `until` (or a reset).
+/// The allowance is closed: every waiting and new call fails at once until `until` (or until
+/// an operator clears it with [`Allowance::clear`](crate::Allowance::clear)).
+///
+/// It closes when a quota probe finds the provider's quota spent, or when a server asks for
+/// a wait longer than [`max_cooldown`](crate::AllowanceConfig::with_max_cooldown) or too long
+/// to represent: waiting that long silently would park every worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct QuotaExhausted {
-    until: tokio::time::Instant,
+pub struct Exhausted {
+    until: Option<Instant>,
+    by: ClosedBy,
 }
 
-impl QuotaExhausted {
-    pub(crate) fn new(until: tokio::time::Instant) -> Self {
-        Self { until }
+impl Exhausted {
+    pub(crate) fn new(until: Option<Instant>, by: ClosedBy) -> Self {
+        Self { until, by }
     }
 
-    /// When the allowance reopens by itself.
-    pub fn until(&self) -> tokio::time::Instant {
+    /// When the allowance reopens by itself; `None`: only when cleared.
+    pub fn until(&self) -> Option<Instant> {
         self.until
     }
-}
 
-impl fmt::Display for QuotaExhausted {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let left = self
-            .until
-            .saturating_duration_since(tokio::time::Instant::now());
-        write!(f, "quota exhausted; reopens in {left:?}")
+    /// Why it closed.
+    pub fn closed_by(&self) -> ClosedBy {
+        self.by
+    }
+
+    /// The abandonment reason it stands for.
+    pub fn reason(&self) -> AbandonReason {
+        match self.by {
+            ClosedBy::Quota => AbandonReason::QuotaExhausted,
+            ClosedBy::ServerDelay => AbandonReason::CooldownTooLong,
+        }
     }
 }
 
-impl std::error::Error for QuotaExhausted {}
+impl fmt::Display for Exhausted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.by {
+            ClosedBy::Quota => "the provider's quota is spent",
+            ClosedBy::ServerDelay => "a server asked for a wait beyond max_cooldown",
+        };
+        match self.until {
+            Some(until) => write!(
+                f,
+                "allowance exhausted ({why}); reopens in {:?}",
+                until.saturating_duration_since(Instant::now())
+            ),
+            None => write!(f, "allowance exhausted ({why}) until cleared"),
+        }
+    }
+}
+
+impl std::error::Error for Exhausted {}
 
 /// The allowance's store could not decide; the request was not sent.
+///
+/// The store's error (and through it, the cause) is the `source()`; its
+/// [`kind`](StoreError::kind) tells an outage from a refusal such as a wrong password.
 #[derive(Debug)]
 pub struct StoreUnavailable {
-    source: crate::store::StoreError,
+    source: StoreError,
 }
 
 impl StoreUnavailable {
-    pub(crate) fn new(source: crate::store::StoreError) -> Self {
+    pub(crate) fn new(source: StoreError) -> Self {
         Self { source }
+    }
+
+    /// The store's error.
+    pub fn store_error(&self) -> &StoreError {
+        &self.source
     }
 }
 
 impl fmt::Display for StoreUnavailable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("allowance store unavailable")
+        f.write_str("admission failed: the allowance store could not decide")
     }
 }
 
@@ -220,15 +297,16 @@ impl std::error::Error for StoreUnavailable {
 
 /// Why an admission failed.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum AcquireError {
-    /// Given up: deadline, budget or a full queue.
+    /// Given up: deadline, budget, cost.
     Abandoned(Abandoned),
     /// The wait queue is full.
     Overloaded(Overloaded),
+    /// The allowance is closed.
+    Exhausted(Exhausted),
     /// The store failed.
     Store(StoreUnavailable),
-    /// The quota is spent.
-    Quota(QuotaExhausted),
 }
 
 impl AcquireError {
@@ -236,13 +314,14 @@ impl AcquireError {
         Self::Abandoned(Abandoned::new(reason))
     }
 
-    /// The abandonment reason, if this is one (a full queue counts as `Overloaded`).
+    /// The abandonment reason, if this is one (a full queue counts as `Overloaded`, a closed
+    /// allowance as `Exhausted`).
     pub fn abandon_reason(&self) -> Option<AbandonReason> {
         match self {
             Self::Abandoned(a) => Some(a.reason()),
             Self::Overloaded(_) => Some(AbandonReason::Overloaded),
+            Self::Exhausted(e) => Some(e.reason()),
             Self::Store(_) => None,
-            Self::Quota(_) => Some(AbandonReason::QuotaExhausted),
         }
     }
 
@@ -251,19 +330,20 @@ impl AcquireError {
         match self {
             Self::Abandoned(e) => e.into(),
             Self::Overloaded(e) => e.into(),
+            Self::Exhausted(e) => e.into(),
             Self::Store(e) => e.into(),
-            Self::Quota(e) => e.into(),
         }
     }
 }
 
 impl fmt::Display for AcquireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Transparent: the leaf says it all (and is not repeated as a source).
         match self {
             Self::Abandoned(e) => e.fmt(f),
             Self::Overloaded(e) => e.fmt(f),
+            Self::Exhausted(e) => e.fmt(f),
             Self::Store(e) => e.fmt(f),
-            Self::Quota(e) => e.fmt(f),
         }
     }
 }
@@ -271,10 +351,50 @@ impl fmt::Display for AcquireError {
 impl std::error::Error for AcquireError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Abandoned(e) => Some(e),
-            Self::Overloaded(e) => Some(e),
-            Self::Store(e) => Some(e),
-            Self::Quota(e) => Some(e),
+            Self::Store(e) => e.source(),
+            _ => None,
         }
     }
+}
+
+/// Why [`Allowance::defer`](crate::Allowance::defer) failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DeferError {
+    /// The delay is longer than [`MAX_DELAY`](crate::MAX_DELAY).
+    Unrepresentable(UnrepresentableDelay),
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl fmt::Display for DeferError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Unrepresentable(e) => e.fmt(f),
+            Self::Store(_) => f.write_str("could not record the cooldown in the allowance store"),
+        }
+    }
+}
+
+impl std::error::Error for DeferError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unrepresentable(_) => None,
+            Self::Store(e) => Some(e),
+        }
+    }
+}
+
+/// Finds the first error of type `E` in `err`'s `source()` chain, `err` included.
+pub(crate) fn find<'a, E: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        cur = e.source();
+    }
+    None
 }

@@ -61,3 +61,19 @@ impl Attempt {
         self.0 > 1
     }
 }
+
+/// What a request costs against limits that count cost (for example the tokens an LLM
+/// request carries; see [`Limit::counting_cost`](crate::Limit::counting_cost)). Requests
+/// without it cost 1.
+///
+/// A cost above such a limit's burst can never be admitted: the call fails at once with
+/// [`AbandonReason::TooCostly`](crate::error::AbandonReason::TooCostly).
+///
+/// ```
+/// use tower_allowance::Cost;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Cost(1_200));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cost(pub u32);

@@ -35,12 +35,12 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap, HeaderName, HeaderValue};
 
-use crate::{algorithm::MAX_DELAY, error::UnrepresentableDelay, RateLimitObservation};
+use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 
 /// The delay a response's `Retry-After` asks for.
 ///
 /// `Ok(None)` when absent or invalid. When the header appears more than once, the longest
-/// valid delay wins (a wait is never shortened).
+/// valid delay wins (a wait is never shortened), an unrepresentable one included.
 ///
 /// # Errors
 ///
@@ -61,13 +61,20 @@ pub(crate) fn retry_after_at(
     headers: &HeaderMap,
     now: impl Fn() -> SystemTime,
 ) -> Result<Option<Duration>, UnrepresentableDelay> {
+    // The longest valid value wins, an unrepresentable one included: a wait is never shortened.
     let mut longest: Option<Duration> = None;
+    let mut too_long = None;
     for value in headers.get_all(header::RETRY_AFTER) {
-        if let Some(delay) = parse_one(value, headers, &now)? {
-            longest = Some(longest.map_or(delay, |l| l.max(delay)));
+        match parse_one(value, headers, &now) {
+            Ok(Some(delay)) => longest = Some(longest.map_or(delay, |l| l.max(delay))),
+            Ok(None) => {}
+            Err(e) => too_long = Some(e),
         }
     }
-    Ok(longest)
+    match too_long {
+        Some(e) => Err(e),
+        None => Ok(longest),
+    }
 }
 
 fn parse_one(
@@ -108,6 +115,23 @@ fn parse_one(
         return Err(unrepresentable());
     }
     Ok(Some(delay))
+}
+
+/// The provider's own view, from `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+/// `X-RateLimit-Bucket` response headers.
+///
+/// `remaining` is approximate and shared by everyone using the key: it is an observation,
+/// never a reservation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct RateLimitObservation {
+    /// `X-RateLimit-Limit`.
+    pub limit: Option<u64>,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: Option<u64>,
+    /// `X-RateLimit-Bucket`.
+    pub bucket: Option<String>,
 }
 
 // Names built at compile time: `HeaderMap::get(&str)` would parse the name on every call.

@@ -46,12 +46,12 @@
 //! without a `Date` header.
 
 mod acquire;
-mod algorithm;
 mod allowance;
 mod config;
 mod extensions;
 mod layer;
 mod outcome;
+mod shared;
 
 pub mod admission;
 pub mod classify;
@@ -60,20 +60,20 @@ pub mod error;
 pub mod headers;
 pub mod quota;
 pub mod retry;
+pub mod rule;
 pub mod store;
 
 pub use crate::{
-    acquire::Acquire,
-    algorithm::MAX_DELAY,
-    allowance::{
-        AbandonedCounts, AcquireOptions, Allowance, DeferError, RateLimitObservation, Snapshot,
-    },
+    acquire::{Acquire, AcquireOptions},
+    allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
-        AllowanceConfig, ConfigError, ReplenishingBudget, RetryBudgetConfig, DEFAULT_MAX_WAITERS,
+        AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
+        DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
     },
-    extensions::{Attempt, Deadline},
-    layer::AllowanceLayer,
+    extensions::{Attempt, Cost, Deadline},
+    layer::{AllowanceFuture, AllowanceLayer, AllowanceService},
     outcome::Outcome,
+    rule::MAX_DELAY,
 };
 
 /// The boxed error type the layers return, as in tower.

@@ -1,29 +1,38 @@
-//! One check to tell a completed request from an abandoned one.
+//! One check to tell how a request through the stack ended.
 
-use http::Response;
+use http::{Response, StatusCode};
 
 use crate::{
-    error::{AbandonReason, Abandoned, Overloaded},
+    classify::{Classification, Classified},
+    error::{find, AbandonReason, Abandoned, Exhausted, Overloaded},
     BoxError,
 };
 
 /// How a request through the allowance stack ended.
 ///
 /// ```
-/// use http::Response;
+/// use http::{Response, StatusCode};
 /// use tower_allowance::{error::{AbandonReason, Abandoned}, BoxError, Outcome};
 ///
 /// let ok: Result<Response<()>, BoxError> = Ok(Response::new(()));
 /// assert_eq!(Outcome::of(&ok), Outcome::Completed);
 ///
+/// let mut gone = Response::new(());
+/// *gone.status_mut() = StatusCode::GONE;
+/// let gone: Result<Response<()>, BoxError> = Ok(gone);
+/// assert_eq!(Outcome::of(&gone), Outcome::Unsuccessful(StatusCode::GONE));
+///
 /// let gave_up: Result<Response<()>, BoxError> = Err(Abandoned::new(AbandonReason::Deadline).into());
 /// assert_eq!(Outcome::of(&gave_up), Outcome::Abandoned(AbandonReason::Deadline));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
-    /// The server's final answer arrived and the policy did not give up on it. Check the
-    /// status: a 404 is "completed" too.
+    /// The server answered with success (as the classifier sees it: 2xx and 3xx by default).
     Completed,
+    /// The server's final answer was a failure status (a 404, a 401, a 503 after the last
+    /// attempt...): the request ended, unsuccessfully.
+    Unsuccessful(StatusCode),
     /// Given up on, and why. A response may still be present (the last 429, say).
     Abandoned(AbandonReason),
     /// Another error (transport, store), available in the `Err`.
@@ -32,30 +41,46 @@ pub enum Outcome {
 
 impl Outcome {
     /// Classifies a stack's result: an [`Abandoned`] error or response extension, an
-    /// [`Overloaded`] error, another error, or a completed response.
+    /// [`Overloaded`] or [`Exhausted`] error (also behind wrappers such as `Buffer` or
+    /// `MapErr`: the `source()` chain is searched), another error, or a response, which is a
+    /// success or not as the stack classified it.
     pub fn of<B>(result: &Result<Response<B>, BoxError>) -> Self {
         match result {
-            Ok(res) => match res.extensions().get::<Abandoned>() {
-                Some(a) => Self::Abandoned(a.reason()),
-                None => Self::Completed,
-            },
-            Err(e) => {
-                if let Some(a) = e.downcast_ref::<Abandoned>() {
-                    Self::Abandoned(a.reason())
-                } else if e.is::<Overloaded>() {
-                    Self::Abandoned(AbandonReason::Overloaded)
-                } else if e.is::<crate::error::QuotaExhausted>() {
-                    Self::Abandoned(AbandonReason::QuotaExhausted)
-                } else if e.is::<crate::error::UnrepresentableDelay>() {
-                    Self::Abandoned(AbandonReason::UnrepresentableDelay)
+            Ok(res) => {
+                if let Some(a) = res.extensions().get::<Abandoned>() {
+                    return Self::Abandoned(a.reason());
+                }
+                let success = match res.extensions().get::<Classified>() {
+                    Some(c) => c.class == Classification::Success,
+                    None => {
+                        let s = res.status();
+                        s.is_success() || s.is_redirection() || s.is_informational()
+                    }
+                };
+                if success {
+                    Self::Completed
                 } else {
-                    Self::Failed
+                    Self::Unsuccessful(res.status())
                 }
             }
+            Err(e) => Self::of_error(&**e),
         }
     }
 
-    /// Whether the request completed.
+    /// Classifies an error alone.
+    pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        if let Some(a) = find::<Abandoned>(e) {
+            Self::Abandoned(a.reason())
+        } else if find::<Overloaded>(e).is_some() {
+            Self::Abandoned(AbandonReason::Overloaded)
+        } else if let Some(x) = find::<Exhausted>(e) {
+            Self::Abandoned(x.reason())
+        } else {
+            Self::Failed
+        }
+    }
+
+    /// Whether the request completed successfully.
     pub fn is_completed(&self) -> bool {
         matches!(self, Self::Completed)
     }

@@ -3,12 +3,14 @@
 //! Throttling and quota exhaustion often share a status (429). Backoff does not replenish a
 //! monthly quota, and every worker polling a usage endpoint is another herd. So an
 //! allowance can carry one [`QuotaProbe`]: when throttling responses without `Retry-After`
-//! persist ([`QuotaTrigger`]), the probe runs **once for the whole allowance**
-//! (single-flight). If it reports the quota exhausted, every waiting and new call fails at
-//! once with [`QuotaExhausted`](crate::error::QuotaExhausted) until the reported time or
-//! until [`Allowance::reset_quota`](crate::Allowance::reset_quota): nothing polls in a
-//! loop. If the probe fails (or is itself throttled), the next probe waits for a bounded,
-//! doubling backoff (1 s up to 60 s) — never a tight loop.
+//! persist ([`QuotaTrigger`]), the probe runs **once for the whole allowance**, across every
+//! process that shares its store: the store grants one lease at a time ([`PROBE_LEASE`]), and
+//! keeps the verdict. If the probe reports the quota exhausted, the allowance closes: every
+//! waiting and new call, in every process, fails at once with
+//! [`Exhausted`](crate::error::Exhausted) until the reported time or until
+//! [`Allowance::clear`](crate::Allowance::clear): nothing polls in a loop. If the probe
+//! fails (or is itself throttled), the next probe waits for a bounded, doubling backoff
+//! (1 s up to 60 s), also kept in the store — never a tight loop.
 //!
 //! ```
 //! use std::{future::Future, pin::Pin, time::Duration};
@@ -39,15 +41,20 @@ use std::{
     num::NonZeroU32,
     pin::Pin,
     sync::{
-        atomic::{AtomicBool, AtomicU32, Ordering},
-        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering},
+        Arc,
     },
     time::Duration,
 };
 
 use tokio::time::Instant;
 
-use crate::{BoxError, ConfigError};
+use crate::{
+    error::Exhausted,
+    rule::{ClosedBy, Op, ProbeOutcome, Reply},
+    shared::{Applying, Shared},
+    BoxError, ConfigError,
+};
 
 /// What a quota probe found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,24 +107,20 @@ impl Default for QuotaTrigger {
     }
 }
 
-const PROBE_BACKOFF_MIN: Duration = Duration::from_secs(1);
-const PROBE_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// How long a quota probe's lease lasts: the probe is cut off after this long, and a lease
+/// whose prober died (a crashed process, a runtime shut down mid-probe) expires after it.
+pub const PROBE_LEASE: Duration = Duration::from_secs(30);
 
-/// The allowance's quota state. Shared behind the allowance's `Arc`.
+/// This process's side of the quota path: the trigger, and the probe it may run. The lease
+/// (one probe at a time for the whole group), the backoff and the verdict live in the store.
 pub(crate) struct QuotaGuard {
     probe: Arc<dyn QuotaProbe>,
     trigger: QuotaTrigger,
     consecutive: AtomicU32,
+    /// One lease request in flight per process at most.
     probing: AtomicBool,
-    inner: Mutex<QuotaInner>,
-}
-
-#[derive(Default)]
-struct QuotaInner {
-    exhausted_until: Option<Instant>,
-    next_probe_at: Option<Instant>,
-    failures: u32,
-    probes: u64,
+    /// Probes this process ran.
+    probes: AtomicU64,
 }
 
 impl fmt::Debug for QuotaGuard {
@@ -129,12 +132,6 @@ impl fmt::Debug for QuotaGuard {
     }
 }
 
-/// What the probe task should do with its verdict.
-pub(crate) enum Verdict {
-    Exhausted(Instant),
-    Open,
-}
-
 impl QuotaGuard {
     pub(crate) fn new(probe: Arc<dyn QuotaProbe>, trigger: QuotaTrigger) -> Self {
         Self {
@@ -142,92 +139,125 @@ impl QuotaGuard {
             trigger,
             consecutive: AtomicU32::new(0),
             probing: AtomicBool::new(false),
-            inner: Mutex::new(QuotaInner::default()),
+            probes: AtomicU64::new(0),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, QuotaInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The instant the quota reopens, if it is exhausted now.
-    pub(crate) fn exhausted_until(&self, now: Instant) -> Option<Instant> {
-        self.lock().exhausted_until.filter(|u| *u > now)
-    }
-
-    pub(crate) fn reset(&self) {
-        let mut q = self.lock();
-        q.exhausted_until = None;
-        q.next_probe_at = None;
-        q.failures = 0;
-        self.consecutive.store(0, Ordering::Relaxed);
-    }
-
+    /// Probes this process ran.
     pub(crate) fn probes(&self) -> u64 {
-        self.lock().probes
+        self.probes.load(Ordering::Relaxed)
     }
 
     /// A response that says nothing about the quota (success, or throttling with a delay).
     pub(crate) fn clear_streak(&self) {
-        self.consecutive.store(0, Ordering::Relaxed);
+        if self.consecutive.load(Ordering::Relaxed) != 0 {
+            self.consecutive.store(0, Ordering::Relaxed);
+        }
     }
 
-    /// A throttling response without a usable delay. Returns the probe to run, if this
-    /// caller won the single flight.
-    pub(crate) fn throttled_without_delay(&self, now: Instant) -> Option<Arc<dyn QuotaProbe>> {
+    /// A throttling response without a usable delay: whether this caller should try to take
+    /// the group's probe lease (the trigger is reached and no lease request is in flight here).
+    pub(crate) fn throttled_without_delay(&self) -> bool {
         let n = self
             .consecutive
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
-        if n < self.trigger.after.get() {
-            return None;
-        }
-        {
-            let q = self.lock();
-            if q.exhausted_until.is_some_and(|u| u > now)
-                || q.next_probe_at.is_some_and(|t| t > now)
-            {
-                return None;
-            }
-        }
-        if self.probing.swap(true, Ordering::AcqRel) {
-            return None;
-        }
-        self.lock().probes += 1;
-        Some(self.probe.clone())
+        n >= self.trigger.after.get() && !self.probing.swap(true, Ordering::AcqRel)
     }
+}
 
-    /// Records the probe's result; returns what the allowance must do.
-    pub(crate) fn finish(&self, now: Instant, result: Result<QuotaStatus, BoxError>) -> Verdict {
-        let mut q = self.lock();
-        let verdict = match result {
-            Ok(QuotaStatus::Exhausted { retry_in }) => {
-                let until = now
-                    .checked_add(retry_in)
-                    .unwrap_or(now + Duration::from_secs(86_400 * 365));
-                q.exhausted_until = Some(until);
-                q.failures = 0;
-                tracing::debug!(?retry_in, "quota exhausted");
-                Verdict::Exhausted(until)
+/// Runs the probe for the group, if the store grants this process the lease.
+///
+/// The lease is released on every exit path: the probe's outcome is reported when it
+/// finishes; a probe that errors, times out, panics or is cancelled (its task dropped, its
+/// runtime shut down) is reported as failed by a drop guard, and if even that report cannot
+/// be made, the lease expires after [`PROBE_LEASE`].
+pub(crate) async fn run_probe(shared: Arc<Shared>) {
+    let Some(quota) = &shared.quota else {
+        return;
+    };
+    let token = fastrand::u64(..);
+    let mut guard = LeaseGuard {
+        shared: shared.clone(),
+        token,
+        held: false,
+    };
+    let granted = matches!(
+        shared
+            .apply_async(Op::Lease {
+                ttl_us: PROBE_LEASE.as_micros() as u64,
+                token,
+            })
+            .await,
+        Ok(Reply::Lease { granted: true })
+    );
+    if !granted {
+        return;
+    }
+    guard.held = true;
+    quota.probes.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        allowance = &*shared.name,
+        "running the quota probe for the group"
+    );
+    let outcome = match tokio::time::timeout(PROBE_LEASE, quota.probe.probe()).await {
+        Ok(Ok(QuotaStatus::Available)) => ProbeOutcome::Available,
+        Ok(Ok(QuotaStatus::Exhausted { retry_in })) => ProbeOutcome::Exhausted { retry_in },
+        Ok(Err(e)) => {
+            tracing::debug!(allowance = &*shared.name, error = %e, "quota probe failed; backing off");
+            ProbeOutcome::Failed
+        }
+        Err(_) => ProbeOutcome::Failed,
+    };
+    guard.held = false;
+    let now = Instant::now();
+    match shared.apply_async(Op::FinishProbe { token, outcome }).await {
+        Ok(Reply::ProbeFinished(Some(event))) => {
+            if let ProbeOutcome::Exhausted { retry_in } = outcome {
+                shared
+                    .holders
+                    .learn_closed(Exhausted::new(now.checked_add(retry_in), ClosedBy::Quota));
+                tracing::warn!(
+                    allowance = &*shared.name,
+                    ?retry_in,
+                    "quota exhausted: allowance closed"
+                );
             }
-            Ok(QuotaStatus::Available) => {
-                q.failures = 0;
-                // Throttling continues without delays: don't probe again at once.
-                q.next_probe_at = now.checked_add(PROBE_BACKOFF_MIN);
-                Verdict::Open
+            shared.holders.event(event);
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(error = %e, "could not record the quota probe's outcome"),
+    }
+}
+
+/// Releases the lease (as a failed probe) if the probe did not finish, and the process-local
+/// single flight in every case.
+struct LeaseGuard {
+    shared: Arc<Shared>,
+    token: u64,
+    held: bool,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if self.held {
+            let op = Op::FinishProbe {
+                token: self.token,
+                outcome: ProbeOutcome::Failed,
+            };
+            match self.shared.apply(Instant::now(), op) {
+                Applying::Done(_) => {}
+                Applying::Pending(fut) => {
+                    // Best effort; without a runtime the lease expires by itself.
+                    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                        handle.spawn(fut);
+                    }
+                }
             }
-            Err(e) => {
-                let backoff = PROBE_BACKOFF_MIN
-                    .saturating_mul(1u32.checked_shl(q.failures).unwrap_or(u32::MAX))
-                    .min(PROBE_BACKOFF_MAX);
-                q.failures = q.failures.saturating_add(1);
-                q.next_probe_at = now.checked_add(backoff);
-                tracing::debug!(error = %e, ?backoff, "quota probe failed; backing off");
-                Verdict::Open
-            }
-        };
-        self.consecutive.store(0, Ordering::Relaxed);
-        self.probing.store(false, Ordering::Release);
-        verdict
+        }
+        if let Some(q) = &self.shared.quota {
+            q.probing.store(false, Ordering::Release);
+            q.clear_streak();
+        }
     }
 }

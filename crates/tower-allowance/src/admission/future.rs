@@ -7,7 +7,7 @@ use std::{
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::{acquire::Acquire, error::AcquireError, BoxError};
+use crate::{acquire::OwnedAdmit, error::AcquireError, BoxError};
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
@@ -27,8 +27,8 @@ pin_project! {
         S: Service<Req>,
     {
         Waiting {
-            #[pin]
-            acquire: Acquire,
+            // Boxed: only a waiting admission pays for the timer and the store future.
+            acquire: Pin<Box<OwnedAdmit>>,
             service: Option<S>,
             request: Option<Req>,
         },
@@ -55,7 +55,7 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         }
     }
 
-    pub(crate) fn waiting(acquire: Acquire, service: S, request: Req) -> Self {
+    pub(crate) fn waiting(acquire: Pin<Box<OwnedAdmit>>, service: S, request: Req) -> Self {
         Self {
             state: State::Waiting {
                 acquire,
@@ -88,7 +88,7 @@ where
                     service,
                     request,
                 } => {
-                    if let Err(e) = ready!(acquire.poll(cx)) {
+                    if let Err(e) = ready!(acquire.as_mut().poll(cx)) {
                         return Poll::Ready(Err(e.into_box()));
                     }
                     // Admitted: send now, with the service that was polled ready in `poll_ready`.
@@ -96,6 +96,7 @@ where
                     else {
                         panic!("admission future polled after completion");
                     };
+                    // `service` was polled ready before the call that created this future.
                     let future = service.call(request);
                     this.state.set(State::Called { future });
                 }

@@ -1,11 +1,15 @@
 use std::task::{Context, Poll};
 
 use http::Request;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::ResponseFuture;
 use crate::{
-    acquire::try_admit_now, extensions::Attempt, AcquireOptions, Allowance, BoxError, Deadline,
+    acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
+    extensions::{Attempt, Cost},
+    retry::ticket::{RetryTicket, Ticket},
+    Allowance, BoxError, Deadline,
 };
 
 /// Waits for the shared allowance before each call reaches the inner service.
@@ -43,13 +47,14 @@ impl<S> Admission<S> {
     }
 }
 
+/// The admission a request asks for, from its extensions.
 pub(crate) fn options_for<B>(req: &Request<B>) -> AcquireOptions {
+    let ext = req.extensions();
     AcquireOptions {
-        deadline: req.extensions().get::<Deadline>().map(|d| d.0),
-        spend_retry: req
-            .extensions()
-            .get::<Attempt>()
-            .is_some_and(Attempt::is_retry),
+        deadline: ext.get::<Deadline>().map(|d| d.0),
+        retry: ext.get::<Attempt>().is_some_and(Attempt::is_retry),
+        cost: ext.get::<Cost>().map(|c| c.0),
+        not_before: None,
     }
 }
 
@@ -68,16 +73,27 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        // A retry the retry policy already admitted (or gave up on) while it waited.
+        if let Some(ticket) = req.extensions().get::<RetryTicket>() {
+            match ticket.take() {
+                Ticket::Admitted => return ResponseFuture::called(self.inner.call(req)),
+                Ticket::Failed(e) => return ResponseFuture::failed(e),
+                Ticket::Pending => {}
+            }
+        }
         let options = options_for(&req);
-        match try_admit_now(&self.allowance.shared, &options) {
+        let shared = &self.allowance.shared;
+        let mut progress = Progress::default();
+        match acquire::begin(shared, &options, &mut progress, Instant::now()) {
             // Admitted now: the ready inner service sends it immediately.
-            Some(Ok(())) => ResponseFuture::called(self.inner.call(req)),
-            Some(Err(e)) => ResponseFuture::failed(e),
-            None => {
+            Begin::Ready(Ok(())) => ResponseFuture::called(self.inner.call(req)),
+            Begin::Ready(Err(e)) => ResponseFuture::failed(e),
+            step => {
                 // Keep the service that was polled ready for this request; leave a clone.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(self.allowance.acquire_with(options), ready, req)
+                let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
+                ResponseFuture::waiting(Box::pin(admit), ready, req)
             }
         }
     }

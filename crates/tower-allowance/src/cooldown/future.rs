@@ -1,39 +1,47 @@
 use std::{
     future::Future,
     pin::Pin,
+    sync::{Arc, PoisonError},
     task::{ready, Context, Poll},
 };
 
 use http::Response;
 use pin_project_lite::pin_project;
+use tokio::time::Instant;
 
+use super::service::CooldownShared;
 use crate::{
-    algorithm,
-    allowance::DeferError,
-    classify::{Classification, Classify},
-    headers, Allowance, BoxError,
+    classify::{Classification, Classified, Classify, ServerDelay},
+    error::{AbandonReason, Abandoned},
+    headers,
+    rule::{self, Op, Reply},
+    shared::Applying,
+    store::{StoreError, StoreFuture},
+    BoxError,
 };
-
-type DeferFuture = Pin<Box<dyn Future<Output = Result<crate::store::Deferred, DeferError>> + Send>>;
 
 pin_project! {
     /// Response future of [`Cooldown`](super::Cooldown).
     pub struct ResponseFuture<F, RB, C> {
         #[pin]
         inner: F,
-        allowance: Allowance,
-        classifier: C,
-        // A shared store's defer in flight, and the response waiting for it.
-        deferring: Option<(DeferFuture, Response<RB>)>,
+        shared: Arc<CooldownShared<C>>,
+        final_attempt: Option<AbandonReason>,
+        // A shared store's cooldown raise in flight, and the response waiting for it.
+        deferring: Option<(StoreFuture<Reply>, Instant, Response<RB>)>,
     }
 }
 
 impl<F, RB, C> ResponseFuture<F, RB, C> {
-    pub(crate) fn new(inner: F, allowance: Allowance, classifier: C) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        shared: Arc<CooldownShared<C>>,
+        final_attempt: Option<AbandonReason>,
+    ) -> Self {
         Self {
             inner,
-            allowance,
-            classifier,
+            shared,
+            final_attempt,
             deferring: None,
         }
     }
@@ -41,8 +49,30 @@ impl<F, RB, C> ResponseFuture<F, RB, C> {
 
 impl<F, RB, C> std::fmt::Debug for ResponseFuture<F, RB, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        f.debug_struct("ResponseFuture")
+            .field("deferring", &self.deferring.is_some())
+            .finish_non_exhaustive()
     }
+}
+
+/// Classifies a response once: what it means, and the wait it asks for.
+pub(crate) fn classify<C: Classify>(
+    classifier: &C,
+    status: http::StatusCode,
+    response_headers: &http::HeaderMap,
+) -> Classified {
+    let class = classifier.classify(status, response_headers);
+    let delay = match class {
+        Classification::Throttled | Classification::Transient => {
+            match headers::retry_after(response_headers) {
+                Ok(Some(d)) => Some(ServerDelay::After(d)),
+                Ok(None) => None,
+                Err(_) => Some(ServerDelay::TooLong),
+            }
+        }
+        _ => None,
+    };
+    Classified::new(class, delay)
 }
 
 impl<F, E, RB, C> Future for ResponseFuture<F, RB, C>
@@ -55,75 +85,90 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        if let Some((defer, _)) = this.deferring {
+        if let Some((defer, now, _)) = this.deferring {
             let result = ready!(defer.as_mut().poll(cx));
-            let (_, response) = this.deferring.take().expect("checked above");
-            if let Err(e) = result {
-                defer_failed(&e);
-            }
+            let now = *now;
+            let Some((_, _, response)) = this.deferring.take() else {
+                unreachable!("checked above");
+            };
+            deferred(this.shared, now, result);
             return Poll::Ready(Ok(response));
         }
         let response = ready!(this.inner.poll(cx)).map_err(Into::into)?;
-        let allowance: &Allowance = this.allowance;
-        if let Some(seen) = headers::rate_limit(response.headers()) {
+        let (mut parts, body) = response.into_parts();
+        let shared: &CooldownShared<C> = this.shared;
+        let allowance = &shared.allowance;
+        if let Some(seen) = headers::rate_limit(&parts.headers) {
             *allowance
-                .stats()
+                .shared
+                .stats
                 .rate_limit
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(seen);
+                .unwrap_or_else(PoisonError::into_inner) = Some(seen);
         }
-        if this
-            .classifier
-            .classify(response.status(), response.headers())
-            != Classification::Throttled
-        {
-            allowance.on_not_throttled();
-            return Poll::Ready(Ok(response));
+        let classified = classify(&shared.classifier, parts.status, &parts.headers);
+        parts.extensions.insert(classified);
+        let retryable = matches!(
+            classified.class,
+            Classification::Throttled | Classification::Transient
+        );
+        if let (true, Some(reason)) = (retryable, *this.final_attempt) {
+            // No retry follows: report it as abandoned, not as final.
+            allowance.shared.stats.abandon(reason);
+            parts.extensions.insert(Abandoned::new(reason));
         }
-        let delay = match headers::retry_after(response.headers()) {
-            Ok(Some(delay)) => {
-                allowance.on_throttled(true);
-                delay
+        let response = Response::from_parts(parts, body);
+        let delay_us = match (classified.class, classified.delay) {
+            (Classification::Success, _) => {
+                allowance.on_success();
+                return Poll::Ready(Ok(response));
             }
-            // No usable Retry-After: no cooldown is invented; it may be a spent quota.
-            Ok(None) => {
+            (Classification::Throttled, Some(ServerDelay::After(d))) => {
+                allowance.on_throttled(true);
+                rule::micros_ceil(d)
+            }
+            // An unrepresentable wait closes the allowance (the rule decides).
+            (Classification::Throttled, Some(ServerDelay::TooLong)) => None,
+            // No usable delay: no cooldown is invented; it may be a spent quota.
+            (Classification::Throttled, None) => {
                 allowance.on_throttled(false);
                 return Poll::Ready(Ok(response));
             }
-            Err(e) => {
-                allowance
-                    .stats()
-                    .abandon(crate::error::AbandonReason::UnrepresentableDelay);
-                return Poll::Ready(Err(e.into()));
-            }
+            _ => return Poll::Ready(Ok(response)),
         };
-        let Some(delay_us) = algorithm::micros_ceil(delay) else {
-            // `retry_after` never returns more than MAX_DELAY.
-            return Poll::Ready(Ok(response));
-        };
-        if allowance.defer_now(delay_us).is_some() {
-            return Poll::Ready(Ok(response));
-        }
-        // A shared store: the defer is a round trip; hold the response until it lands.
-        let shared = allowance.clone();
-        let mut defer: DeferFuture = Box::pin(async move { shared.defer(delay).await });
-        match defer.as_mut().poll(cx) {
-            Poll::Ready(result) => {
-                if let Err(e) = result {
-                    defer_failed(&e);
-                }
+        let now = Instant::now();
+        match allowance.shared.apply(now, Op::Defer { delay_us }) {
+            Applying::Done(result) => {
+                deferred(shared, now, result);
                 Poll::Ready(Ok(response))
             }
-            Poll::Pending => {
-                *this.deferring = Some((defer, response));
-                Poll::Pending
-            }
+            Applying::Pending(mut fut) => match fut.as_mut().poll(cx) {
+                Poll::Ready(result) => {
+                    deferred(shared, now, result);
+                    Poll::Ready(Ok(response))
+                }
+                Poll::Pending => {
+                    // A shared store: hold the response until the cooldown is recorded, so the
+                    // retry that follows is scheduled after it.
+                    *this.deferring = Some((fut, now, response));
+                    Poll::Pending
+                }
+            },
         }
     }
 }
 
-/// The response is still delivered: losing it would be worse than a cooldown that other
-/// processes do not hear about. The retry policy still honours the delay for this request.
-fn defer_failed(e: &DeferError) {
-    tracing::warn!(error = %e, "could not record cooldown in the allowance store");
+/// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
+/// it would be worse than a cooldown the other processes do not hear of.
+fn deferred<C>(shared: &CooldownShared<C>, now: Instant, result: Result<Reply, StoreError>) {
+    match result {
+        Ok(Reply::Defer(d)) => shared.allowance.shared.after_defer(now, &d),
+        Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),
+        Err(e) => tracing::warn!(
+            allowance = &*shared.allowance.shared.name,
+            error = %e,
+            cause = ?std::error::Error::source(&e).map(ToString::to_string),
+            "could not record the cooldown in the allowance store"
+        ),
+    }
 }

@@ -1,6 +1,8 @@
+use std::sync::Arc;
+
 use tower_layer::Layer;
 
-use super::Cooldown;
+use super::{service::CooldownShared, Cooldown};
 use crate::{
     classify::{Classify, StatusClassifier},
     Allowance,
@@ -11,19 +13,28 @@ use crate::{
 /// # Clone
 ///
 /// Cloning this layer does not create a new cooldown: every service it builds feeds the
-/// same [`Allowance`].
-#[derive(Clone, Debug)]
+/// same [`Allowance`], and shares one classifier.
+#[derive(Debug)]
 pub struct CooldownLayer<C = StatusClassifier> {
-    allowance: Allowance,
-    classifier: C,
+    shared: Arc<CooldownShared<C>>,
+}
+
+impl<C> Clone for CooldownLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
 }
 
 impl CooldownLayer {
     /// Feeds `allowance` from responses, treating 429 and 503 as throttling.
     pub fn new(allowance: Allowance) -> Self {
         Self {
-            allowance,
-            classifier: StatusClassifier::default(),
+            shared: Arc::new(CooldownShared {
+                allowance,
+                classifier: StatusClassifier::default(),
+            }),
         }
     }
 }
@@ -32,16 +43,18 @@ impl<C> CooldownLayer<C> {
     /// Uses `classifier` to decide which responses are throttling.
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> CooldownLayer<C2> {
         CooldownLayer {
-            allowance: self.allowance,
-            classifier,
+            shared: Arc::new(CooldownShared {
+                allowance: self.shared.allowance.clone(),
+                classifier,
+            }),
         }
     }
 }
 
-impl<S, C: Clone> Layer<S> for CooldownLayer<C> {
+impl<S, C> Layer<S> for CooldownLayer<C> {
     type Service = Cooldown<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Cooldown::new(inner, self.allowance.clone(), self.classifier.clone())
+        Cooldown::from_shared(inner, self.shared.clone())
     }
 }

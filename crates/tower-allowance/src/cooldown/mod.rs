@@ -46,6 +46,7 @@
 
 mod future;
 mod layer;
-mod service;
+pub(crate) mod service;
 
+pub(crate) use self::{future::classify, service::FinalAttempt};
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};

@@ -1,4 +1,7 @@
-use std::task::{Context, Poll};
+use std::{
+    sync::Arc,
+    task::{Context, Poll},
+};
 
 use http::{Request, Response};
 use tower_service::Service;
@@ -10,29 +13,61 @@ use crate::{classify::Classify, Allowance, BoxError};
 ///
 /// # Clone
 ///
-/// Clones share the allowance; only the inner service and the classifier are cloned.
-#[derive(Clone, Debug)]
+/// Clones share the allowance and the classifier (one `Arc`); only the inner service is
+/// cloned.
+#[derive(Debug)]
 pub struct Cooldown<S, C> {
     inner: S,
-    allowance: Allowance,
-    classifier: C,
+    shared: Arc<CooldownShared<C>>,
 }
+
+impl<S: Clone, C> Clone for Cooldown<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// What every request through one cooldown layer shares.
+#[derive(Debug)]
+pub(crate) struct CooldownShared<C> {
+    pub(crate) allowance: Allowance,
+    pub(crate) classifier: C,
+}
+
+/// Marks a request no retry will follow: a throttling or transient response to it is reported
+/// as abandoned (with this reason), never passed off as final.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FinalAttempt(pub(crate) crate::error::AbandonReason);
 
 // === impl Cooldown ===
 
 impl<S, C> Cooldown<S, C> {
     /// Wraps `inner`.
     pub fn new(inner: S, allowance: Allowance, classifier: C) -> Self {
-        Self {
+        Self::from_shared(
             inner,
-            allowance,
-            classifier,
-        }
+            Arc::new(CooldownShared {
+                allowance,
+                classifier,
+            }),
+        )
+    }
+
+    pub(crate) fn from_shared(inner: S, shared: Arc<CooldownShared<C>>) -> Self {
+        Self { inner, shared }
     }
 
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
     }
 
     /// Unwraps the inner service.
@@ -56,10 +91,7 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        ResponseFuture::new(
-            self.inner.call(req),
-            self.allowance.clone(),
-            self.classifier.clone(),
-        )
+        let final_attempt = req.extensions().get::<FinalAttempt>().map(|f| f.0);
+        ResponseFuture::new(self.inner.call(req), self.shared.clone(), final_attempt)
     }
 }

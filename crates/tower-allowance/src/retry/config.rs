@@ -2,7 +2,9 @@ use std::{num::NonZeroU32, time::Duration};
 
 use http::Method;
 
-use crate::{algorithm::MAX_DELAY, ConfigError};
+use crate::{rule::MAX_DELAY, ConfigError};
+
+const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
 /// Per-request retry rules for [`RetryPolicy`](super::RetryPolicy).
 ///
@@ -117,6 +119,12 @@ impl RetryConfig {
     /// Attempts per request, counting the first.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts.get()
+    }
+
+    /// Whether `req` may be replayed: its method, or an `Idempotency-Key` header.
+    pub fn replayable<B>(&self, req: &http::Request<B>) -> bool {
+        self.replayable_methods.contains(req.method())
+            || (self.idempotency_key && req.headers().contains_key(&IDEMPOTENCY_KEY))
     }
 
     /// The backoff bound when the server gives no `Retry-After`, before jitter.

@@ -63,5 +63,9 @@
 
 mod config;
 pub(crate) mod policy;
+pub(crate) mod ticket;
 
-pub use self::{config::RetryConfig, policy::RetryPolicy};
+pub use self::{
+    config::RetryConfig,
+    policy::{RetryPolicy, RetryWait},
+};

@@ -1,57 +1,88 @@
-use std::{sync::Arc, time::Duration};
+use std::{
+    any::Any,
+    fmt,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{ready, Context, Poll},
+    time::Duration,
+};
 
 use http::{Request, Response};
-use tokio::time::{sleep_until, Instant, Sleep};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
 
-use super::RetryConfig;
+use super::{
+    ticket::{RetryTicket, Ticket},
+    RetryConfig,
+};
 use crate::{
-    classify::{Classification, Classify, StatusClassifier},
-    error::{
-        AbandonReason, Abandoned, Overloaded, QuotaExhausted, StoreUnavailable,
-        UnrepresentableDelay,
-    },
-    extensions::Attempt,
-    headers, Allowance, BoxError, Deadline,
+    acquire::{AcquireOptions, OwnedAdmit},
+    classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
+    cooldown::classify,
+    error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
+    extensions::{Attempt, Cost},
+    shared::Shared,
+    Allowance, BoxError, Deadline,
 };
 
 /// A [`tower::retry::Policy`] whose extra attempts draw on the allowance's shared budget.
 ///
-/// See the [module docs](super) for the rules. Use it with `tower::retry::RetryLayer`, or
-/// through [`AllowanceLayer`](crate::AllowanceLayer).
+/// See the [module docs](super) for the rules. Use it through
+/// [`AllowanceLayer`](crate::AllowanceLayer), or with `tower::retry::RetryLayer` above an
+/// [`AdmissionLayer`](crate::admission::AdmissionLayer).
 ///
 /// # Clone
 ///
 /// Tower clones the policy for every request, to count that request's attempts. The
-/// allowance (and so the budget) and the config are shared through one `Arc`, never
-/// copied: a clone is one reference-count increment, and it does not touch the
-/// allowance's own count, which every other layer's per-request clone increments.
-#[derive(Clone, Debug)]
+/// allowance (and so the budget), the config and the classifier are shared through one
+/// `Arc`, never copied: a clone is one reference-count increment.
 pub struct RetryPolicy<C = StatusClassifier> {
-    shared: Arc<PolicyShared>,
-    classifier: C,
+    shared: Arc<PolicyShared<C>>,
     /// Attempts made by this request so far.
     attempts: u32,
     rng: Option<fastrand::Rng>,
 }
 
-/// What every clone of one policy shares, behind one `Arc`.
-#[derive(Debug)]
-pub(crate) struct PolicyShared {
-    pub(crate) allowance: Allowance,
-    pub(crate) config: RetryConfig,
-}
-
-impl PolicyShared {
-    pub(crate) fn new(allowance: Allowance, config: RetryConfig) -> Arc<Self> {
-        Arc::new(Self { allowance, config })
+impl<C> Clone for RetryPolicy<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            attempts: self.attempts,
+            rng: self.rng.clone(),
+        }
     }
 }
 
+impl<C: fmt::Debug> fmt::Debug for RetryPolicy<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("allowance", &self.shared.allowance.name())
+            .field("config", &self.shared.config)
+            .field("classifier", &self.shared.classifier)
+            .field("attempts", &self.attempts)
+            .finish()
+    }
+}
+
+/// What every clone of one policy shares, behind one `Arc`.
+#[derive(Debug)]
+pub(crate) struct PolicyShared<C> {
+    pub(crate) allowance: Allowance,
+    pub(crate) config: RetryConfig,
+    pub(crate) classifier: C,
+}
+
 /// What the policy decided for one response.
-enum Decision {
-    Retry(Instant),
-    Stop,
+enum Plan {
+    /// Retry: sleep this long first (a backoff, or a delay only this request must honour),
+    /// then ask for a slot no earlier than `not_before` (a throttling delay, which the shared
+    /// cooldown normally covers already).
+    Retry {
+        sleep: Duration,
+        not_before: Option<Duration>,
+    },
     Abandon(AbandonReason),
 }
 
@@ -67,29 +98,25 @@ impl RetryPolicy {
 impl<C: Classify> RetryPolicy<C> {
     /// A policy with a custom classifier.
     pub fn with_classifier(allowance: Allowance, config: RetryConfig, classifier: C) -> Self {
-        Self::from_shared(PolicyShared::new(allowance, config), classifier)
+        Self::from_shared(Arc::new(PolicyShared {
+            allowance,
+            config,
+            classifier,
+        }))
     }
+}
 
-    pub(crate) fn from_shared(shared: Arc<PolicyShared>, classifier: C) -> Self {
+impl<C> RetryPolicy<C> {
+    pub(crate) fn from_shared(shared: Arc<PolicyShared<C>>) -> Self {
         Self {
             shared,
-            classifier,
             attempts: 0,
             rng: None,
         }
     }
 
-    fn allowance(&self) -> &Allowance {
-        &self.shared.allowance
-    }
-
     fn config(&self) -> &RetryConfig {
         &self.shared.config
-    }
-
-    fn replayable<B>(&self, req: &Request<B>) -> bool {
-        self.config().replayable_methods.contains(req.method())
-            || (self.config().idempotency_key && req.headers().contains_key(&IDEMPOTENCY_KEY))
     }
 
     fn jitter(&mut self, cap: Duration) -> Duration {
@@ -105,101 +132,229 @@ impl<C: Classify> RetryPolicy<C> {
         Duration::from_nanos(rng.u64(0..=nanos))
     }
 
-    /// Decides whether to retry after attempt `self.attempts`, which asked for `server_delay`.
-    fn decide<B>(&mut self, req: &Request<B>, server_delay: Option<Duration>) -> Decision {
-        if !self.replayable(req) {
-            return Decision::Abandon(AbandonReason::NotReplayable);
-        }
+    /// Decides whether to retry after attempt `self.attempts`, whose response was `class`
+    /// and asked for `server_delay`.
+    fn plan<B>(
+        &mut self,
+        req: &Request<B>,
+        class: Classification,
+        server_delay: Option<ServerDelay>,
+    ) -> Plan {
         if self.attempts >= self.config().max_attempts.get() {
-            return Decision::Abandon(AbandonReason::MaxAttempts);
+            return Plan::Abandon(AbandonReason::MaxAttempts);
         }
-        // The server's delay is honoured as is; only our own backoff is capped.
-        let delay = match server_delay {
-            Some(d) => d,
-            None => {
-                let cap = self.config().backoff_cap(self.attempts);
-                self.jitter(cap)
+        let backoff = self.jitter(self.config().backoff_cap(self.attempts));
+        let (sleep, not_before) = match (class, server_delay) {
+            (_, Some(ServerDelay::TooLong)) => {
+                return Plan::Abandon(AbandonReason::CooldownTooLong)
             }
+            // The server's delay, never shortened: the shared cooldown holds everyone until
+            // then, and the retry's slot is reserved no earlier.
+            (Classification::Throttled, Some(ServerDelay::After(d))) if !d.is_zero() => {
+                (Duration::ZERO, Some(d))
+            }
+            // A delay for this request only: honoured before asking, with our backoff as a
+            // floor so that `Retry-After: 0` never turns into a hot loop.
+            (_, Some(ServerDelay::After(d))) => (d.max(backoff), None),
+            (_, None) => (backoff, None),
         };
-        let now = Instant::now();
-        let Some(at) = now.checked_add(delay) else {
-            return Decision::Abandon(AbandonReason::UnrepresentableDelay);
-        };
+        let total = sleep.saturating_add(not_before.unwrap_or_default());
         if let Some(Deadline(deadline)) = req.extensions().get::<Deadline>() {
             // Don't sleep only to fail, and don't retry exactly at the deadline.
-            if at >= *deadline {
-                return Decision::Abandon(AbandonReason::Deadline);
+            if Instant::now()
+                .checked_add(total)
+                .is_none_or(|at| at >= *deadline)
+            {
+                return Plan::Abandon(AbandonReason::Deadline);
             }
         }
-        if !self.allowance().retry_budget_left() {
-            return Decision::Abandon(AbandonReason::BudgetExhausted);
-        }
-        Decision::Retry(at)
-    }
-
-    fn schedule<B>(&mut self, req: &mut Request<B>, at: Instant) -> Sleep {
-        req.extensions_mut().insert(Attempt(self.attempts + 1));
-        sleep_until(at)
+        Plan::Retry { sleep, not_before }
     }
 }
-
-const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
 /// The layers' own failures are final: retrying them would only repeat them.
 fn is_own_error(e: &BoxError) -> bool {
-    e.is::<Abandoned>()
-        || e.is::<Overloaded>()
-        || e.is::<StoreUnavailable>()
-        || e.is::<UnrepresentableDelay>()
-        || e.is::<QuotaExhausted>()
+    let e: &(dyn std::error::Error + 'static) = &**e;
+    find::<Abandoned>(e).is_some()
+        || find::<Overloaded>(e).is_some()
+        || find::<StoreUnavailable>(e).is_some()
+        || find::<Exhausted>(e).is_some()
 }
+
+/// The `result` slot's stand-in once its response moved into a retry ticket (tower drops
+/// the slot when a retry is scheduled; nobody observes this).
+#[derive(Debug)]
+struct MovedToRetry;
+
+impl fmt::Display for MovedToRetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("response kept for a retry")
+    }
+}
+
+impl std::error::Error for MovedToRetry {}
 
 impl<B, RB, C> Policy<Request<B>, Response<RB>, BoxError> for RetryPolicy<C>
 where
     B: Clone,
+    RB: Send + 'static,
     C: Classify,
 {
-    type Future = Sleep;
+    type Future = RetryWait;
 
     fn retry(
         &mut self,
         req: &mut Request<B>,
         result: &mut Result<Response<RB>, BoxError>,
-    ) -> Option<Sleep> {
+    ) -> Option<RetryWait> {
         self.attempts = self.attempts.saturating_add(1);
-        let decision = match result {
-            Ok(res) => match self.classifier.classify(res.status(), res.headers()) {
-                Classification::Success => {
-                    self.allowance().record_success();
-                    Decision::Stop
+        let plan = match result {
+            Ok(res) => {
+                if res.extensions().get::<Abandoned>().is_some() {
+                    return None;
                 }
-                Classification::Failure => Decision::Stop,
-                Classification::Throttled | Classification::Transient => {
-                    match headers::retry_after(res.headers()) {
-                        Ok(delay) => self.decide(req, delay),
-                        Err(_) => Decision::Abandon(AbandonReason::UnrepresentableDelay),
+                let classified = match res.extensions().get::<Classified>() {
+                    Some(c) => *c,
+                    // Without the cooldown layer below: classify here.
+                    None => classify(&self.shared.classifier, res.status(), res.headers()),
+                };
+                match classified.class {
+                    class @ (Classification::Throttled | Classification::Transient) => {
+                        self.plan(req, class, classified.delay)
                     }
+                    _ => return None,
                 }
-            },
-            Err(e) if is_own_error(e) || !self.config().retry_transport_errors => Decision::Stop,
-            Err(_) => self.decide(req, None),
+            }
+            Err(e) => {
+                // A retry the store refused while the policy waited: end with the response
+                // that prompted it, marked abandoned.
+                if let Some((reason, stash)) = req
+                    .extensions()
+                    .get::<RetryTicket>()
+                    .and_then(RetryTicket::refused)
+                {
+                    if let Ok(response) = stash.downcast::<Response<RB>>() {
+                        let mut response = *response;
+                        response.extensions_mut().insert(Abandoned::new(reason));
+                        *result = Ok(response);
+                    }
+                    return None;
+                }
+                if is_own_error(e) || !self.config().retry_transport_errors {
+                    return None;
+                }
+                self.plan(req, Classification::Transient, None)
+            }
         };
-        match decision {
-            Decision::Retry(at) => Some(self.schedule(req, at)),
-            Decision::Stop => None,
-            Decision::Abandon(reason) => {
-                self.allowance().stats().abandon(reason);
+        match plan {
+            Plan::Abandon(reason) => {
+                self.shared.allowance.shared.stats.abandon(reason);
                 if let Ok(res) = result {
                     res.extensions_mut().insert(Abandoned::new(reason));
                 }
                 None
             }
+            Plan::Retry { sleep, not_before } => {
+                let ticket = match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
+                    Ok(response) => {
+                        RetryTicket::with_stash(Box::new(response) as Box<dyn Any + Send>)
+                    }
+                    Err(e) => {
+                        *result = Err(e);
+                        RetryTicket::default()
+                    }
+                };
+                let next = self.attempts.saturating_add(1);
+                req.extensions_mut().insert(Attempt(next));
+                req.extensions_mut().insert(ticket.clone());
+                let mut options = AcquireOptions::new().retry(true);
+                if let Some(delay) = not_before {
+                    options = options.not_before(delay);
+                }
+                if let Some(Deadline(d)) = req.extensions().get::<Deadline>() {
+                    // The slot must come strictly before the deadline.
+                    options =
+                        options.deadline(d.checked_sub(Duration::from_micros(1)).unwrap_or(*d));
+                }
+                if let Some(Cost(c)) = req.extensions().get::<Cost>() {
+                    options = options.cost(*c);
+                }
+                Some(RetryWait::new(
+                    self.shared.allowance.shared.clone(),
+                    sleep,
+                    options,
+                    ticket,
+                ))
+            }
         }
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        // Non-replayable requests are cloned too (cheaply, for `Bytes`-like bodies), so that
-        // `retry` can mark a throttled POST as abandoned rather than hand it back silently.
+        if self.config().max_attempts.get() <= 1 || !self.config().replayable(req) {
+            // Never replayed: no copy.
+            return None;
+        }
         Some(req.clone())
+    }
+}
+
+/// The retry's wait: a backoff sleep if any, then its admission (spending the shared retry
+/// budget), made for a slot no earlier than the server's delay.
+///
+/// Resolves when the slot comes, or at once when the store refuses, leaving the verdict in
+/// the request's ticket for the admission layer. Boxed: only a retry pays for it.
+pub struct RetryWait {
+    inner: Pin<Box<RetryWaitInner>>,
+}
+
+pin_project! {
+    struct RetryWaitInner {
+        #[pin]
+        sleep: Option<Sleep>,
+        #[pin]
+        admit: OwnedAdmit,
+        ticket: RetryTicket,
+    }
+}
+
+impl fmt::Debug for RetryWait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryWait").finish_non_exhaustive()
+    }
+}
+
+impl RetryWait {
+    fn new(
+        shared: Arc<Shared>,
+        sleep: Duration,
+        options: AcquireOptions,
+        ticket: RetryTicket,
+    ) -> Self {
+        let sleep = (!sleep.is_zero()).then(|| tokio::time::sleep(sleep));
+        Self {
+            inner: Box::pin(RetryWaitInner {
+                sleep,
+                admit: OwnedAdmit::new(shared, options),
+                ticket,
+            }),
+        }
+    }
+}
+
+impl Future for RetryWait {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.inner.as_mut().project();
+        if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
+            ready!(sleep.poll(cx));
+            this.sleep.set(None);
+        }
+        let result = ready!(this.admit.poll(cx));
+        this.ticket.set(match result {
+            Ok(()) => Ticket::Admitted,
+            Err(e) => Ticket::Failed(e),
+        });
+        Poll::Ready(())
     }
 }

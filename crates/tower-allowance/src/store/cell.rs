@@ -1,18 +1,23 @@
-//! The in-memory allowance state: a lock-free first attempt, a locked retry budget.
+//! The in-memory state: [`rule::apply`] under a lock, and a lock-free first attempt.
 //!
-//! The pure rules of [`algorithm`] applied atomically, with `now` passed in so the cell can
-//! be model-checked (`RUSTFLAGS="--cfg loom" cargo test -p tower-allowance --release --lib loom`).
+//! The rule is written once, in [`rule`]; this cell only applies it atomically, with `now`
+//! passed in so the interleavings can be model-checked
+//! (`RUSTFLAGS="--cfg loom" cargo test -p tower-allowance --release --lib loom`).
 //!
-//! - The token bucket is GCRA's theoretical arrival time in one `AtomicU64`, advanced by a
-//!   compare-and-swap loop around [`algorithm::gcra_step`] (governor's approach).
-//! - The cooldown deadline is one `AtomicU64` raised with `fetch_max`: it never moves earlier.
-//! - The retry budget stays behind a `Mutex`. A retry takes the lock, checks the budget
-//!   first (as [`algorithm::admit`] does), then the cooldown, then takes a token with the
-//!   same CAS loop, and spends only if the token was taken: all or nothing, no overdraw,
-//!   while first attempts never touch the lock.
+//! - `word` packs the first limit's theoretical arrival time (54 bits) with the low 10 bits of
+//!   the event epoch. It is the commit point of every operation: each one ends with one
+//!   compare-and-swap of it, so two operations that read the same state cannot both commit.
+//! - `published` holds what a first attempt reads besides the bucket (cooldown, closed state,
+//!   epoch). Only the locked path writes it, and before its compare-and-swap, so whoever sees
+//!   the new `word` also sees the new cooldown. Every change to these fields bumps the epoch,
+//!   which is in `word`: a first attempt that read the old ones fails its compare-and-swap.
+//! - The rest of [`State`] (other limits, the retry budget, the quota probe) lives behind the
+//!   mutex, which serialises the locked path.
 //!
-//! Each atomic sits on its own cache line, so a first attempt reads the rarely written
-//! cooldown line without it being invalidated by every admission's write to the bucket.
+//! The lock-free path (a first attempt on a one-limit allowance, nothing to deposit, no
+//! `not_before`) is [`rule::admit`] with nothing to do for deposits and the budget: it calls
+//! [`rule::closed`] and [`rule::schedule`] in the rule's order. A property test checks that
+//! the cell answers exactly as [`rule::apply`] on a plain [`State`].
 
 #[cfg(loom)]
 use loom::sync::{
@@ -24,32 +29,58 @@ use std::sync::{
     atomic::{AtomicU64, Ordering},
     Mutex, MutexGuard,
 };
-use std::{fmt, sync::PoisonError};
+use std::{fmt, sync::PoisonError, time::Duration};
 
-use crate::algorithm::{self, Ask, BudgetState, Params, Refused, Step, Verdict};
+use crate::rule::{
+    self, Admission, AdmitRequest, BudgetParams, Op, Params, Reply, Reservation, State, MAX_LIMITS,
+};
 
 /// Keeps `T` on a cache line (a pair of lines, for adjacent-line prefetch) of its own.
 #[derive(Debug, Default)]
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub(crate) T);
 
+const TAT_BITS: u32 = 54;
+const TAT_MASK: u64 = (1 << TAT_BITS) - 1;
+const EPOCH_MASK: u64 = (1 << (64 - TAT_BITS)) - 1;
+
+fn pack(tat: u64, epoch: u64) -> u64 {
+    // A theoretical arrival time beyond 2^54 µs (570 years of uptime plus backlog) saturates.
+    tat.min(TAT_MASK) | ((epoch & EPOCH_MASK) << TAT_BITS)
+}
+
+fn unpack(word: u64) -> (u64, u64) {
+    (word & TAT_MASK, word >> TAT_BITS)
+}
+
+/// What the lock-free path reads besides the bucket.
+#[derive(Debug, Default)]
+struct Published {
+    blocked_until: AtomicU64,
+    closed_until: AtomicU64,
+    closed_by: AtomicU64,
+    epoch: AtomicU64,
+}
+
 /// One allowance's state in this process.
 pub(crate) struct Cell {
-    /// GCRA theoretical arrival time, in microseconds on the owner's clock.
-    tat_us: Padded<AtomicU64>,
-    /// No admission before this instant; only ever raised.
-    blocked_until_us: Padded<AtomicU64>,
-    budget: Mutex<BudgetState>,
+    word: Padded<AtomicU64>,
+    published: Padded<Published>,
+    /// Raised by lock-free reservations too; the locked path takes the maximum.
+    reserved_until: Padded<AtomicU64>,
+    /// The full state; its first `tat` and `reserved_until` are refreshed from the atomics.
+    locked: Mutex<State>,
 }
 
 impl fmt::Debug for Cell {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (tat, _) = unpack(self.word.0.load(Ordering::Relaxed));
+        let p = &self.published.0;
         f.debug_struct("Cell")
-            .field("tat_us", &self.tat_us.0.load(Ordering::Relaxed))
-            .field(
-                "blocked_until_us",
-                &self.blocked_until_us.0.load(Ordering::Relaxed),
-            )
+            .field("tat", &tat)
+            .field("blocked_until", &p.blocked_until.load(Ordering::Relaxed))
+            .field("closed_until", &p.closed_until.load(Ordering::Relaxed))
+            .field("epoch", &p.epoch.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -58,89 +89,160 @@ impl Cell {
     /// Full burst, no cooldown, full budget.
     pub(crate) fn new() -> Self {
         Self {
-            tat_us: Padded(AtomicU64::new(0)),
-            blocked_until_us: Padded(AtomicU64::new(0)),
-            budget: Mutex::new(BudgetState::default()),
+            word: Padded(AtomicU64::new(0)),
+            published: Padded(Published::default()),
+            reserved_until: Padded(AtomicU64::new(0)),
+            locked: Mutex::new(State::default()),
         }
     }
 
-    fn budget(&self) -> MutexGuard<'_, BudgetState> {
-        // The critical sections are pure arithmetic that cannot panic, so a poisoned lock
-        // still guards a consistent budget.
-        self.budget.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The critical section is the rule's arithmetic, which cannot panic; a poisoned lock
+        // still guards a consistent state.
+        self.locked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// [`algorithm::admit`], atomically: budget (retries only), cooldown, token.
-    pub(crate) fn admit(&self, now_us: u64, params: &Params, ask: Ask) -> Verdict {
-        if !ask.spend_retry {
-            return self.take_token(now_us, params);
+    /// Applies one operation at `now`.
+    #[inline]
+    pub(crate) fn apply(&self, now: u64, params: &Params, op: &Op) -> Reply {
+        match op {
+            Op::Admit(req) if lock_free(params, req) => {
+                Reply::Admit(self.admit_first(now, params, req))
+            }
+            _ => self.apply_locked(now, params, op),
         }
-        let mut budget = self.budget();
-        if !algorithm::budget_available(&mut budget, now_us, &params.budget) {
-            return Verdict::BudgetExhausted;
-        }
-        let verdict = self.take_token(now_us, params);
-        if let Verdict::Admitted { .. } = verdict {
-            algorithm::spend(&mut budget, now_us, &params.budget);
-        }
-        verdict
     }
 
-    /// The cooldown check, then one token by compare-and-swap.
-    fn take_token(&self, now_us: u64, params: &Params) -> Verdict {
-        if let Some(wait) =
-            algorithm::cooling(self.blocked_until_us.0.load(Ordering::Acquire), now_us)
-        {
-            return wait;
-        }
-        let tat = &self.tat_us.0;
-        let mut current = tat.load(Ordering::Acquire);
+    /// The lock-free path: [`rule::admit`] for a request that touches neither the budget nor
+    /// a second limit.
+    fn admit_first(&self, now: u64, params: &Params, req: &AdmitRequest) -> Admission {
+        let published = &self.published.0;
         loop {
-            match algorithm::gcra_step(current, now_us, params) {
-                Err(Refused { wait_us }) => {
-                    return Verdict::Wait {
-                        wait_us,
-                        cooldown: false,
-                    }
-                }
-                Ok(Step {
-                    new_tat_us,
-                    next_in_us,
-                }) => match tat.compare_exchange_weak(
-                    current,
-                    new_tat_us,
+            let word = self.word.0.load(Ordering::Acquire);
+            let (tat, epoch_bits) = unpack(word);
+            let closed_until = published.closed_until.load(Ordering::Acquire);
+            if let Some(closed) = rule::closed(
+                closed_until,
+                published.closed_by.load(Ordering::Acquire),
+                now,
+            ) {
+                return closed;
+            }
+            let blocked_until = published.blocked_until.load(Ordering::Acquire);
+            let Some((at, new_tat)) =
+                rule::schedule(&[tat], params.limits(), now.max(blocked_until), req.cost)
+            else {
+                return Admission::TooCostly;
+            };
+            let wait = at - now;
+            if wait > req.max_wait_us {
+                return Admission::Refused {
+                    wait: Duration::from_micros(wait),
+                    cooldown: blocked_until > now,
+                };
+            }
+            if wait > 0 {
+                // Before the commit, so a cooldown raised concurrently sees it pending (if
+                // the commit then fails, a cooldown errs late, never early).
+                self.reserved_until.0.fetch_max(at, Ordering::AcqRel);
+            }
+            if self
+                .word
+                .0
+                .compare_exchange_weak(
+                    word,
+                    pack(new_tat[0], epoch_bits),
                     Ordering::AcqRel,
                     Ordering::Acquire,
-                ) {
-                    Ok(_) => return Verdict::Admitted { next_in_us },
-                    Err(actual) => current = actual,
+                )
+                .is_err()
+            {
+                continue;
+            }
+            if wait == 0 {
+                return Admission::Admitted;
+            }
+            // The full epoch of the state committed against: the locked path publishes the
+            // next epoch before its commit, so the published one may be one ahead.
+            let published_epoch = published.epoch.load(Ordering::Acquire);
+            let epoch = if published_epoch & EPOCH_MASK == epoch_bits {
+                published_epoch
+            } else {
+                published_epoch.wrapping_sub(1)
+            };
+            let mut reserved = [0; MAX_LIMITS];
+            reserved[0] = new_tat[0];
+            return Admission::Reserved {
+                wait: Duration::from_micros(wait),
+                reservation: Reservation {
+                    slot: at,
+                    tat: reserved,
+                    epoch,
+                    rebased: 0,
+                    cost: req.cost,
+                    retry: req.retry,
+                    budget_slot: 0,
                 },
+            };
+        }
+    }
+
+    /// Everything else: [`rule::apply`] on the full state under the lock, committed by one
+    /// compare-and-swap of `word` (retried when a lock-free admission got there first).
+    fn apply_locked(&self, now: u64, params: &Params, op: &Op) -> Reply {
+        let mut image = self.lock();
+        let published = &self.published.0;
+        loop {
+            let word = self.word.0.load(Ordering::Acquire);
+            let mut state = *image;
+            state.tat[0] = unpack(word).0;
+            state.reserved_until = state
+                .reserved_until
+                .max(self.reserved_until.0.load(Ordering::Acquire));
+            // tokio's clock is monotonic; readings that reach the lock out of order by a few
+            // microseconds are taken as the latest seen, never as a backward step.
+            let now = now.max(state.seen);
+            let reply = rule::apply(&mut state, now, params, op);
+            // Publish before the commit (see the module docs). These fields do not depend on
+            // the bucket, so a retried attempt publishes the same values.
+            published
+                .blocked_until
+                .store(state.blocked_until, Ordering::Release);
+            published
+                .closed_until
+                .store(state.closed_until, Ordering::Release);
+            published
+                .closed_by
+                .store(state.closed_by, Ordering::Release);
+            published.epoch.store(state.epoch, Ordering::Release);
+            self.reserved_until
+                .0
+                .fetch_max(state.reserved_until, Ordering::AcqRel);
+            if self
+                .word
+                .0
+                .compare_exchange(
+                    word,
+                    pack(state.tat[0], state.epoch),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_ok()
+            {
+                *image = state;
+                return reply;
             }
         }
     }
+}
 
-    /// Raises the cooldown to `now + delay` (max semantics). Returns whether it moved, and
-    /// the deadline after the call.
-    pub(crate) fn defer(&self, now_us: u64, delay_us: u64) -> (bool, u64) {
-        let until = algorithm::cooldown_until(now_us, delay_us);
-        let before = self.blocked_until_us.0.fetch_max(until, Ordering::AcqRel);
-        (until > before, before.max(until))
-    }
-
-    /// The cooldown deadline.
-    pub(crate) fn blocked_until_us(&self) -> u64 {
-        self.blocked_until_us.0.load(Ordering::Acquire)
-    }
-
-    /// Records one success for a replenishing budget.
-    pub(crate) fn deposit(&self, now_us: u64, params: &Params) {
-        algorithm::deposit_budget(&mut self.budget(), now_us, &params.budget);
-    }
-
-    /// Retries that could be spent now (`u64::MAX` when unlimited).
-    pub(crate) fn budget_remaining(&self, now_us: u64, params: &Params) -> u64 {
-        algorithm::remaining(&mut self.budget(), now_us, &params.budget)
-    }
+/// Whether the lock-free path decides `req` exactly as [`rule::admit`] would.
+#[inline]
+fn lock_free(params: &Params, req: &AdmitRequest) -> bool {
+    params.single_limit()
+        && req.deposits == 0
+        && req.not_before_us == 0
+        && (!req.retry || params.budget == BudgetParams::Unlimited)
 }
 
 #[cfg(all(test, not(loom)))]
@@ -148,54 +250,77 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::algorithm::{BudgetParams, State};
+    use crate::{
+        rule::ProbeOutcome, AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
+    };
     use proptest::prelude::*;
 
-    fn params(per_sec: u32, burst: u32, budget: BudgetParams) -> Params {
-        Params::new(Duration::from_secs(1), per_sec, burst, budget).expect("valid")
+    fn op_strategy() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (any::<bool>(), 1u32..3, 0u64..3_000_000, proptest::option::of(0u64..2_000_000), 0u64..3)
+                .prop_map(|(retry, cost, max_wait, nb, deposits)| {
+                    let mut r = if retry { AdmitRequest::retry() } else { AdmitRequest::first() };
+                    r = r.cost(cost).max_wait(Duration::from_micros(max_wait)).deposits(deposits);
+                    if let Some(nb) = nb { r = r.not_before(Duration::from_micros(nb)); }
+                    Op::Admit(r)
+                }),
+            2 => Just(Op::Admit(AdmitRequest::first())),
+            1 => proptest::option::of(0u64..2_000_000).prop_map(|delay_us| Op::Defer { delay_us }),
+            1 => Just(Op::Clear),
+            1 => (0u64..4).prop_map(|token| Op::Lease { ttl_us: 500_000, token }),
+            1 => (0u64..4, 0u8..3).prop_map(|(token, o)| Op::FinishProbe {
+                token,
+                outcome: match o {
+                    0 => ProbeOutcome::Available,
+                    1 => ProbeOutcome::Failed,
+                    _ => ProbeOutcome::Exhausted { retry_in: Duration::from_millis(700) },
+                },
+            }),
+            1 => (0u64..3).prop_map(|deposits| Op::Read { deposits }),
+        ]
     }
 
     proptest! {
-        /// Single-threaded, the cell decides exactly as the pure algorithm on one `State`.
+        /// Single-threaded, the cell answers exactly as the rule on one plain `State`,
+        /// releases included (the latest reservation is given back now and then).
         #[test]
-        fn cell_matches_the_pure_algorithm(
+        fn cell_matches_the_rule(
             per_sec in 1u32..50,
             burst in 1u32..5,
             retries in 0u64..4,
-            replenishing in any::<bool>(),
-            ops in proptest::collection::vec((0u64..300_000, 0u8..4, 0u64..2_000_000), 1..200),
+            budget_kind in 0u8..3,
+            second_limit in any::<bool>(),
+            ops in proptest::collection::vec((0u64..300_000, op_strategy(), any::<bool>()), 1..150),
         ) {
-            let budget = if replenishing {
-                // A 1 s window in 100 ms slots: deposits and withdrawals expire during a run.
-                BudgetParams::Replenishing { slot_us: 100_000, reserve: retries, per_mille: 500 }
-            } else {
-                BudgetParams::Fixed { retries }
+            let budget = match budget_kind {
+                0 => RetryBudgetConfig::Unlimited,
+                1 => RetryBudgetConfig::fixed(retries),
+                _ => RetryBudgetConfig::Replenishing(
+                    ReplenishingBudget::new(Duration::from_secs(1), 2, 0.5).expect("valid")),
             };
-            let p = params(per_sec, burst, budget);
+            let mut config = AllowanceConfig::per_second(per_sec, burst).expect("valid")
+                .with_retry_budget(budget)
+                .with_max_cooldown(Duration::from_secs(1)).expect("valid");
+            if second_limit {
+                config = config.with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost()).expect("two");
+            }
+            let p = *config.params();
             let cell = Cell::new();
             let mut state = State::default();
             let mut now = 0;
-            for (advance, op, delay) in ops {
+            let mut last = None;
+            for (advance, op, release) in ops {
                 now += advance;
-                match op {
-                    0 | 1 => {
-                        let ask = Ask { spend_retry: op == 1 };
-                        prop_assert_eq!(cell.admit(now, &p, ask), algorithm::admit(&mut state, now, &p, ask));
-                    }
-                    2 => {
-                        let moved = algorithm::defer(&mut state, now, delay);
-                        prop_assert_eq!(cell.defer(now, delay), (moved, state.blocked_until_us));
-                    }
-                    _ => {
-                        cell.deposit(now, &p);
-                        algorithm::deposit(&mut state, now, &p);
-                    }
+                let op = match (release, last.take()) {
+                    (true, Some(r)) => Op::Release(r),
+                    _ => op,
+                };
+                let got = cell.apply(now, &p, &op);
+                let want = rule::apply(&mut state, now, &p, &op);
+                prop_assert_eq!(got, want, "op {:?} at {}", op, now);
+                if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
+                    last = Some(reservation);
                 }
-                prop_assert_eq!(cell.blocked_until_us(), state.blocked_until_us);
-                prop_assert_eq!(
-                    cell.budget_remaining(now, &p),
-                    algorithm::budget_remaining(&mut state, now, &p)
-                );
             }
         }
     }
@@ -209,122 +334,132 @@ mod loom_tests {
     use loom::{sync::Arc, thread};
 
     use super::*;
-    use crate::algorithm::BudgetParams;
+    use crate::{
+        rule::{Applied, Event},
+        AllowanceConfig, RetryBudgetConfig,
+    };
 
-    const FIRST: Ask = Ask { spend_retry: false };
-    const RETRY: Ask = Ask { spend_retry: true };
+    const FIRST: AdmitRequest = AdmitRequest::first();
 
-    fn params(burst: u32, budget: BudgetParams) -> Params {
-        Params::new(Duration::from_secs(1), 1, burst, budget).expect("valid")
+    fn params(burst: u32, budget: RetryBudgetConfig) -> Params {
+        *AllowanceConfig::new(1, Duration::from_secs(1), burst)
+            .expect("valid")
+            .with_retry_budget(budget)
+            .params()
     }
 
-    fn admitted(v: Verdict) -> bool {
-        matches!(v, Verdict::Admitted { .. })
+    fn admit(cell: &Cell, now: u64, p: &Params, req: AdmitRequest) -> Admission {
+        match cell.apply(now, p, &Op::Admit(req)) {
+            Reply::Admit(a) => a,
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
-    fn loom_two_first_attempts_burst_one_admit_exactly_one() {
+    fn loom_two_first_attempts_burst_one_admit_one_and_reserve_the_next() {
         loom::model(|| {
-            let p = params(1, BudgetParams::Unlimited);
+            let p = params(1, RetryBudgetConfig::Unlimited);
             let cell = Arc::new(Cell::new());
             let other = cell.clone();
-            let t = thread::spawn(move || other.admit(0, &p, FIRST));
-            let here = cell.admit(0, &p, FIRST);
+            let t = thread::spawn(move || admit(&other, 0, &p, FIRST));
+            let here = admit(&cell, 0, &p, FIRST);
             let there = t.join().expect("thread");
-            assert_eq!(u8::from(admitted(here)) + u8::from(admitted(there)), 1);
-            let refused = if admitted(here) { there } else { here };
-            assert_eq!(
-                refused,
-                Verdict::Wait {
-                    wait_us: 1_000_000,
-                    cooldown: false
+            let mut got = [here, there];
+            got.sort_by_key(|a| matches!(a, Admission::Reserved { .. }));
+            assert_eq!(got[0], Admission::Admitted);
+            let Admission::Reserved { wait, .. } = got[1] else {
+                panic!("the second one is reserved: {got:?}");
+            };
+            assert_eq!(wait, Duration::from_secs(1));
+        });
+    }
+
+    #[test]
+    fn loom_a_reservation_racing_a_cooldown_ends_after_it() {
+        loom::model(|| {
+            let p = params(1, RetryBudgetConfig::Unlimited);
+            let cell = Arc::new(Cell::new());
+            assert_eq!(admit(&cell, 0, &p, FIRST), Admission::Admitted);
+            let other = cell.clone();
+            // A cooldown of 5 s raised at 0 while a first attempt reserves the next slot (1 s).
+            let t = thread::spawn(move || {
+                match other.apply(
+                    0,
+                    &p,
+                    &Op::Defer {
+                        delay_us: Some(5_000_000),
+                    },
+                ) {
+                    Reply::Defer(d) => d.event,
+                    r => panic!("{r:?}"),
                 }
+            });
+            let here = admit(&cell, 0, &p, FIRST);
+            let event: Option<Event> = t.join().expect("thread");
+            let Admission::Reserved {
+                mut reservation, ..
+            } = here
+            else {
+                panic!("the bucket is empty: {here:?}");
+            };
+            if let Some(e) = event {
+                assert_ne!(reservation.apply(&e), Applied::Gap);
+            }
+            assert!(
+                reservation.slot >= 5_000_000,
+                "slot {} inside the cooldown",
+                reservation.slot
             );
-        });
-    }
-
-    #[test]
-    fn loom_three_first_attempts_burst_two_admit_exactly_two() {
-        loom::model(|| {
-            let p = params(2, BudgetParams::Unlimited);
-            let cell = Arc::new(Cell::new());
-            let threads: Vec<_> = (0..2)
-                .map(|_| {
-                    let c = cell.clone();
-                    thread::spawn(move || c.admit(0, &p, FIRST))
-                })
-                .collect();
-            let mut count = u8::from(admitted(cell.admit(0, &p, FIRST)));
-            for t in threads {
-                count += u8::from(admitted(t.join().expect("thread")));
-            }
-            assert_eq!(count, 2);
-        });
-    }
-
-    #[test]
-    fn loom_defers_racing_an_admission_never_lower_the_deadline() {
-        loom::model(|| {
-            let p = params(1, BudgetParams::Unlimited);
-            let cell = Arc::new(Cell::new());
-            let (a, b) = (cell.clone(), cell.clone());
-            let long = thread::spawn(move || a.defer(0, 10));
-            let short = thread::spawn(move || b.defer(1, 5));
-            let seen_before = cell.blocked_until_us();
-            let verdict = cell.admit(2, &p, FIRST);
-            let seen_after = cell.blocked_until_us();
-            assert!(seen_after >= seen_before, "the deadline moved earlier");
-            let (long_moved, long_until) = long.join().expect("thread");
-            let (_, short_until) = short.join().expect("thread");
-            // Each defer reports a deadline at least as late as its own, and the long one
-            // always moves it (nothing asked for later).
-            assert!(long_moved);
-            assert_eq!(long_until, 10);
-            assert!(short_until >= 6);
-            assert_eq!(cell.blocked_until_us(), 10);
-            // The admission either came before both defers or saw a cooldown.
-            match verdict {
-                Verdict::Admitted { .. } => assert!(seen_before <= 2),
-                Verdict::Wait { cooldown, .. } => assert!(cooldown),
-                Verdict::BudgetExhausted => panic!("a first attempt has no budget"),
-            }
+            // The store and the holder agree: the next caller comes after the holder.
+            let Admission::Reserved {
+                reservation: next, ..
+            } = admit(&cell, 0, &p, FIRST)
+            else {
+                panic!("reserved");
+            };
+            assert!(next.slot > reservation.slot);
         });
     }
 
     #[test]
     fn loom_two_retries_racing_for_a_budget_of_one_spend_once() {
         loom::model(|| {
-            let p = params(10, BudgetParams::Fixed { retries: 1 });
+            let p = params(10, RetryBudgetConfig::fixed(1));
             let cell = Arc::new(Cell::new());
             let other = cell.clone();
-            let t = thread::spawn(move || other.admit(0, &p, RETRY));
-            let here = cell.admit(0, &p, RETRY);
+            let retry = AdmitRequest::retry();
+            let t = thread::spawn(move || admit(&other, 0, &p, retry));
+            let here = admit(&cell, 0, &p, retry);
             let there = t.join().expect("thread");
-            assert_eq!(u8::from(admitted(here)) + u8::from(admitted(there)), 1);
-            let refused = if admitted(here) { there } else { here };
-            assert_eq!(refused, Verdict::BudgetExhausted);
-            assert_eq!(cell.budget_remaining(0, &p), 0);
+            let mut got = [here, there];
+            got.sort_by_key(|a| *a == Admission::BudgetExhausted);
+            assert_eq!(got, [Admission::Admitted, Admission::BudgetExhausted]);
             // The refused retry took no token: nine of the burst of ten are left.
             let left = (0..10)
-                .filter(|_| admitted(cell.admit(0, &p, FIRST)))
+                .filter(|_| admit(&cell, 0, &p, FIRST) == Admission::Admitted)
                 .count();
             assert_eq!(left, 9);
         });
     }
 
     #[test]
-    fn loom_a_first_attempt_racing_a_retry_for_one_token() {
+    fn loom_a_first_attempt_racing_a_locked_retry_for_one_token() {
         loom::model(|| {
-            let p = params(1, BudgetParams::Fixed { retries: 1 });
+            let p = params(1, RetryBudgetConfig::fixed(1));
             let cell = Arc::new(Cell::new());
             let other = cell.clone();
-            let t = thread::spawn(move || other.admit(0, &p, RETRY));
-            let first = cell.admit(0, &p, FIRST);
+            let t = thread::spawn(move || admit(&other, 0, &p, AdmitRequest::retry()));
+            let first = admit(&cell, 0, &p, FIRST);
             let retry = t.join().expect("thread");
-            assert_eq!(u8::from(admitted(first)) + u8::from(admitted(retry)), 1);
-            // The budget is spent exactly when the retry was admitted.
-            let left = cell.budget_remaining(0, &p);
-            assert_eq!(left, if admitted(retry) { 0 } else { 1 });
+            // Exactly one goes now; the other is reserved one interval later.
+            let now = [first, retry]
+                .iter()
+                .filter(|a| **a == Admission::Admitted)
+                .count();
+            assert_eq!(now, 1);
+            assert!([first, retry]
+                .iter()
+                .any(|a| matches!(a, Admission::Reserved { .. })));
         });
     }
 }

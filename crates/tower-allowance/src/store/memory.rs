@@ -1,27 +1,31 @@
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
 
 use tokio::time::Instant;
 
-use super::{cell::Cell, Admit, Decision, Deferred, Store, StoreError, StoreFuture, StoreState};
-use crate::{
-    algorithm::{self, Ask, Verdict},
-    AllowanceConfig,
-};
+use super::{cell::Cell, Store, StoreError, StoreFuture, Watcher};
+use crate::rule::{Deferred, Event, Op, Params, Reply};
 
-/// An allowance's state in this process: the pure decision applied atomically.
+/// An allowance's state in this process: the rule applied atomically, on tokio's clock.
 ///
-/// Its clock is `tokio::time::Instant`, so paused-time tests drive it exactly. A first
-/// attempt is lock-free (one compare-and-swap on the token bucket, one load of the
-/// cooldown deadline) and does not allocate; a retry also locks the retry budget, so that
-/// the budget check, the token and the spend are one atomic step.
+/// Paused-time tests drive it exactly. A first attempt on a one-limit allowance is
+/// lock-free (one compare-and-swap on a word holding the token bucket and the event epoch,
+/// two loads) and allocates nothing; everything else (retries against a budget, several
+/// limits, cooldowns, releases, quota probes) takes one short lock and applies
+/// [`rule::apply`](crate::rule::apply). See `cell.rs` for why the two agree.
+///
+/// Several allowances in one process (one per Tokio runtime, say) can share one memory store
+/// through an `Arc`: each hears the others' cooldowns and closures through
+/// [`Store::watch`].
 ///
 /// # Clone
 ///
-/// Not `Clone`: share it by sharing the [`Allowance`](crate::Allowance) that owns it.
+/// Not `Clone`: share it by sharing the [`Allowance`](crate::Allowance) that owns it, or an
+/// `Arc<MemoryStore>`.
 #[derive(Debug)]
 pub struct MemoryStore {
     epoch: Instant,
     cell: Cell,
+    watchers: Mutex<Vec<Watcher>>,
 }
 
 impl Default for MemoryStore {
@@ -36,11 +40,11 @@ impl MemoryStore {
         Self {
             epoch: Instant::now(),
             cell: Cell::new(),
+            watchers: Mutex::new(Vec::new()),
         }
     }
 
-    /// Microseconds from creation to `now`: `u64` arithmetic, no `u128` (u64 microseconds
-    /// cover 584,000 years; the multiplication saturates rather than wraps past that).
+    /// Microseconds from creation to `now`: `u64` arithmetic (584,000 years), saturating.
     #[inline]
     fn micros(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.epoch);
@@ -48,80 +52,66 @@ impl MemoryStore {
             .saturating_mul(1_000_000)
             .saturating_add(u64::from(d.subsec_micros()))
     }
+}
 
-    /// Decides one admission at `now`, a clock read the caller already made.
+impl MemoryStore {
+    /// Applies `op` and tells every watcher of the event it caused, if any.
     #[inline]
-    pub(crate) fn admit_at(&self, now: Instant, config: &AllowanceConfig, ask: Admit) -> Decision {
-        let ask = Ask {
-            spend_retry: ask.spend_retry,
-        };
-        match self.cell.admit(self.micros(now), &config.params, ask) {
-            Verdict::Admitted { next_in_us } => Decision::Admitted {
-                next_in: Duration::from_micros(next_in_us),
-            },
-            Verdict::Wait { wait_us, cooldown } => Decision::Wait {
-                wait: Duration::from_micros(wait_us),
-                cooldown,
-            },
-            Verdict::BudgetExhausted => Decision::BudgetExhausted,
+    fn decide(&self, now: Instant, params: &Params, op: &Op) -> Reply {
+        let reply = self.cell.apply(self.micros(now), params, op);
+        if let Some(event) = event_of(&reply) {
+            self.publish(event);
         }
+        reply
     }
 
-    fn admit_now(&self, config: &AllowanceConfig, ask: Admit) -> Decision {
-        self.admit_at(Instant::now(), config, ask)
-    }
-
-    /// Raises the cooldown from `now`; `delay_us` must already be within `MAX_DELAY`.
-    pub(crate) fn defer_at(&self, now: Instant, delay_us: u64) -> Deferred {
-        let now_us = self.micros(now);
-        let (extended, until) = self.cell.defer(now_us, delay_us);
-        Deferred {
-            extended,
-            blocked_for: Duration::from_micros(until.saturating_sub(now_us)),
+    fn publish(&self, event: Event) {
+        let watchers: Vec<Watcher> = self
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut gone = false;
+        for w in &watchers {
+            gone |= !w.notify(event);
         }
-    }
-
-    pub(crate) fn deposit_now(&self, config: &AllowanceConfig) {
-        self.cell
-            .deposit(self.micros(Instant::now()), &config.params);
-    }
-
-    pub(crate) fn state_now(&self, config: &AllowanceConfig) -> StoreState {
-        let now = self.micros(Instant::now());
-        let remaining = self.cell.budget_remaining(now, &config.params);
-        StoreState {
-            blocked_for: Duration::from_micros(self.cell.blocked_until_us().saturating_sub(now)),
-            retries_remaining: (remaining != u64::MAX).then_some(remaining),
+        if gone {
+            self.watchers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .retain(Watcher::is_alive);
         }
     }
 }
 
-fn ready<T: Send + 'static>(value: T) -> StoreFuture<T> {
-    Box::pin(std::future::ready(Ok(value)))
+/// The event a reply carries, if any.
+fn event_of(reply: &Reply) -> Option<Event> {
+    match *reply {
+        Reply::Defer(Deferred { event, .. }) | Reply::ProbeFinished(event) => event,
+        Reply::Changed(event) => Some(event),
+        _ => None,
+    }
 }
 
-/// The boxed interface, for code written against any [`Store`] (such as a conformance
-/// suite). The [`Allowance`](crate::Allowance) calls the memory store directly, without boxing.
 impl Store for MemoryStore {
-    fn admit(&self, config: &AllowanceConfig, ask: Admit) -> StoreFuture<Decision> {
-        ready(self.admit_now(config, ask))
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        let reply = self.decide(Instant::now(), params, &op);
+        Box::pin(std::future::ready(Ok(reply)))
     }
 
-    fn defer(&self, _config: &AllowanceConfig, delay: Duration) -> StoreFuture<Deferred> {
-        match algorithm::micros_ceil(delay) {
-            Some(us) => ready(self.defer_at(Instant::now(), us)),
-            None => Box::pin(std::future::ready(Err(StoreError::new(
-                crate::error::UnrepresentableDelay::new(format!("{delay:?}")),
-            )))),
-        }
+    #[inline]
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        Some(Ok(self.decide(now, params, op)))
     }
 
-    fn deposit(&self, config: &AllowanceConfig) -> StoreFuture<()> {
-        self.deposit_now(config);
-        ready(())
-    }
-
-    fn state(&self, config: &AllowanceConfig) -> StoreFuture<StoreState> {
-        ready(self.state_now(config))
+    fn watch(&self, watcher: Watcher) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        watchers.retain(Watcher::is_alive);
+        watchers.push(watcher);
     }
 }

@@ -1,142 +1,239 @@
-//! Where an allowance's state lives: in this process, or in a shared authority.
+//! The one seam between the layers and an allowance's state.
 //!
-//! The decision rules live in one place (the crate's pure algorithm); a store only applies
-//! them atomically against its own clock. [`MemoryStore`] keeps the state in atomics (and
-//! the retry budget behind a mutex) in this process and is what
-//! [`Allowance::new`](crate::Allowance::new) uses. A shared store (the
-//! `tower-allowance-redis` crate) implements [`Store`] so that several processes spend
-//! one allowance; it plugs into the same layers unchanged through
-//! [`Allowance::with_store`](crate::Allowance::with_store).
-//!
-//! Every method is one decision and one atomic step: `admit` checks the cooldown, spends a
-//! retry from the budget when asked to, and takes a token, all at once. Times cross the
-//! boundary as durations measured on the store's clock, never as instants, so no two
-//! clocks are ever compared.
+//! A [`Store`] keeps one allowance's [`State`](crate::rule::State) and applies the
+//! [`rule`](crate::rule) to it atomically against its own clock. The layers never ask which
+//! store they talk to: everything goes through [`Store::apply`] (and its synchronous twin,
+//! [`Store::try_apply`]). [`MemoryStore`] keeps the state in this process and is what
+//! [`Allowance::new`](crate::Allowance::new) uses; a shared store (the
+//! `tower-allowance-redis` crate) lets several processes spend one allowance.
 //!
 //! ```
-//! use std::time::Duration;
-//! use tower_allowance::{AllowanceConfig, store::{Admit, Decision, MemoryStore, Store}};
+//! use tower_allowance::{
+//!     rule::{Admission, Op, Reply},
+//!     store::{AdmitRequest, MemoryStore, Store},
+//!     AllowanceConfig,
+//! };
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
 //! let config = AllowanceConfig::per_second(2, 1)?;
 //! let store = MemoryStore::new();
-//! assert!(matches!(store.admit(&config, Admit::first()).await?, Decision::Admitted { .. }));
-//! assert!(matches!(store.admit(&config, Admit::first()).await?, Decision::Wait { .. }));
+//! let reply = store.apply(config.params(), Op::Admit(AdmitRequest::first())).await?;
+//! assert_eq!(reply, Reply::Admit(Admission::Admitted));
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Why one method and a synchronous twin
+//!
+//! Every operation is one atomic step of the rule, so one method, `apply(op)`, is the whole
+//! contract: a store that can hold a [`State`](crate::rule::State) under a lock or in a
+//! transaction implements it by calling [`rule::apply`](crate::rule::apply), and the
+//! conformance suite ([`conformance`], feature `conformance`) replays the same operations
+//! against any store. I/O stores return a boxed future (one allocation on an I/O path).
+//!
+//! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
+//! layers call it first, so the in-memory fast path allocates nothing and creates no future.
+//! The default returns `None` ("ask [`Store::apply`]"). Nothing else distinguishes stores.
+//!
+//! # Time
+//!
+//! Times cross the boundary as durations measured on the store's clock ("wait 300 ms"),
+//! never as instants, so no two machines' clocks are ever compared. Reservations and events
+//! carry the store's own instants only as opaque numbers that are compared with each other.
 
-use std::{fmt, future::Future, pin::Pin, time::Duration};
+use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
-use crate::{AllowanceConfig, BoxError};
+use tokio::time::Instant;
+
+use crate::{
+    rule::{Event, Op, Params, Reply},
+    BoxError,
+};
 
 pub(crate) mod cell;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod memory;
 
+pub use crate::rule::{AdmitRequest, StoreState};
 pub use memory::MemoryStore;
 
 /// A boxed future returned by a [`Store`]; stores that do I/O box their futures.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
-/// What an admission asks of the store.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Admit {
-    /// The attempt is a retry: spend one unit of the retry budget in the same atomic step,
-    /// or refuse with [`Decision::BudgetExhausted`] when none is left.
-    pub spend_retry: bool,
-}
-
-impl Admit {
-    /// A first attempt.
-    pub const fn first() -> Self {
-        Self { spend_retry: false }
-    }
-
-    /// A retry that spends from the budget.
-    pub const fn retry() -> Self {
-        Self { spend_retry: true }
-    }
-}
-
-/// The answer to one admission request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Admitted: a token (and, for a retry, a unit of budget) was spent.
-    Admitted {
-        /// When the next token becomes available, from now. Zero while burst remains.
-        next_in: Duration,
-    },
-    /// Not yet; nothing was spent. Ask again after `wait`.
-    Wait {
-        /// How long until an admission could succeed.
-        wait: Duration,
-        /// The wait is the shared cooldown (a server asked everyone to back off).
-        cooldown: bool,
-    },
-    /// A retry was refused because the shared retry budget is spent; nothing was spent.
-    BudgetExhausted,
-}
-
-/// The result of raising the cooldown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Deferred {
-    /// Whether the deadline moved later (it never moves earlier).
-    pub extended: bool,
-    /// Time from now until the (possibly unchanged) deadline.
-    pub blocked_for: Duration,
-}
-
-/// A read of a store's shared state, for snapshots and tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoreState {
-    /// Time from now until the cooldown deadline; zero when not cooling down.
-    pub blocked_for: Duration,
-    /// Retries that could be spent right now; `None` for an unlimited budget.
-    pub retries_remaining: Option<u64>,
-}
-
-/// A shared place to keep one allowance's state and apply its decisions atomically.
+/// A place to keep one allowance's state and apply the rule to it atomically.
 ///
-/// Implement it to coordinate through something other than this process's memory. Each
-/// method must be a single atomic step against the store's own clock: `admit` in particular
-/// must check the cooldown, spend the retry budget (when `ask.spend_retry`) and take a
-/// token together, or do none of them.
+/// Implement [`Store::apply`] as one atomic step: load the state, call
+/// [`rule::apply`](crate::rule::apply) with the store's current time in microseconds, save
+/// the state, return the reply. Run the [`conformance`] suite (feature `conformance`) against
+/// your store. The [`Params`] are passed with every call, so the store holds no copy of the
+/// configuration that could drift from the layers' view.
 ///
-/// The configuration is passed with every call, so the store holds no copy that could
-/// drift from the layers' view.
+/// Stores shared by several processes should also publish the [`Event`] carried by replies
+/// (cooldowns, closures) and deliver other processes' events through [`Store::watch`], so that
+/// callers holding reservations there hear of them without asking.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
-    /// Decides one admission.
-    fn admit(&self, config: &AllowanceConfig, ask: Admit) -> StoreFuture<Decision>;
+    /// Applies one operation atomically, on the store's clock.
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply>;
 
-    /// Raises the cooldown deadline to at least `delay` from now (max semantics).
-    fn defer(&self, config: &AllowanceConfig, delay: Duration) -> StoreFuture<Deferred>;
+    /// The same, decided synchronously when the store can do so without I/O; `now` is the
+    /// caller's reading of tokio's clock (a store with its own clock ignores it).
+    ///
+    /// The default is `None`: "call [`Store::apply`]".
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        let _ = (now, params, op);
+        None
+    }
 
-    /// Records a successful request for a replenishing retry budget.
-    fn deposit(&self, config: &AllowanceConfig) -> StoreFuture<()>;
-
-    /// Reads the shared state.
-    fn state(&self, config: &AllowanceConfig) -> StoreFuture<StoreState>;
+    /// Starts delivering events published by other processes sharing this state to
+    /// `watcher`, until [`Watcher::notify`] returns `false` (the allowance is gone).
+    ///
+    /// The default does nothing: a store used by one process hears everything in the replies.
+    fn watch(&self, watcher: Watcher) {
+        let _ = watcher;
+    }
 }
 
-/// A store could not be reached or answered something unusable.
+/// Where a store delivers events published by other processes; see [`Store::watch`].
+///
+/// # Clone
+///
+/// Cheap: a shared handle that holds the allowance only weakly.
+#[derive(Clone)]
+pub struct Watcher {
+    sink: Arc<dyn EventSink>,
+}
+
+/// What a watcher delivers to.
+pub(crate) trait EventSink: Send + Sync {
+    fn event(&self, event: Event);
+    fn resync(&self);
+    fn is_alive(&self) -> bool;
+}
+
+impl Watcher {
+    pub(crate) fn new(sink: Arc<dyn EventSink>) -> Self {
+        Self { sink }
+    }
+
+    /// Delivers one event. Returns `false` once the allowance is gone (stop watching).
+    pub fn notify(&self, event: Event) -> bool {
+        self.sink.event(event);
+        self.sink.is_alive()
+    }
+
+    /// Says that events may have been missed (a dropped subscription): the allowance
+    /// re-reads the state. Returns `false` once the allowance is gone.
+    pub fn resync(&self) -> bool {
+        self.sink.resync();
+        self.sink.is_alive()
+    }
+
+    /// Whether the allowance is still there.
+    pub fn is_alive(&self) -> bool {
+        self.sink.is_alive()
+    }
+}
+
+impl fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watcher")
+            .field("alive", &self.is_alive())
+            .finish()
+    }
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        (**self).apply(params, op)
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        (**self).try_apply(now, params, op)
+    }
+
+    fn watch(&self, watcher: Watcher) {
+        (**self).watch(watcher);
+    }
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store did not answer (down, paused, timed out, restarting): it may answer later.
+    /// Admissions wait for it, as the [`OutagePolicy`](crate::OutagePolicy) says.
+    Unavailable,
+    /// The store answered and refused (wrong password, a missing permission, a bad database,
+    /// an invalid name, a script it cannot load): waiting will not help, so it surfaces at once.
+    Rejected,
+    /// The store answered something that breaks the contract.
+    Protocol,
+}
+
+/// A store could not decide.
+///
+/// `Display` names the kind only; the cause is its [`source()`](std::error::Error::source).
 #[derive(Debug)]
 pub struct StoreError {
+    kind: StoreErrorKind,
     source: BoxError,
 }
 
 impl StoreError {
-    /// Wraps the store's own error.
-    pub fn new(source: impl Into<BoxError>) -> Self {
+    /// A store that did not answer (it may later).
+    pub fn unavailable(source: impl Into<BoxError>) -> Self {
         Self {
+            kind: StoreErrorKind::Unavailable,
             source: source.into(),
         }
+    }
+
+    /// A store that refused for a reason waiting will not fix.
+    pub fn rejected(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Rejected,
+            source: source.into(),
+        }
+    }
+
+    /// A reply that breaks the contract.
+    pub fn protocol(source: impl Into<BoxError>) -> Self {
+        Self {
+            kind: StoreErrorKind::Protocol,
+            source: source.into(),
+        }
+    }
+
+    /// What kind of failure.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// Whether waiting might help.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == StoreErrorKind::Unavailable
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("allowance store failed")
+        f.write_str(match self.kind {
+            StoreErrorKind::Unavailable => "allowance store unavailable",
+            StoreErrorKind::Rejected => "allowance store refused the operation",
+            StoreErrorKind::Protocol => "allowance store answered out of contract",
+        })
     }
 }
 
@@ -145,3 +242,15 @@ impl std::error::Error for StoreError {
         Some(&*self.source)
     }
 }
+
+/// A reply of the wrong kind for the operation (a store broke the contract).
+#[derive(Debug)]
+pub(crate) struct WrongReply;
+
+impl fmt::Display for WrongReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the reply does not match the operation")
+    }
+}
+
+impl std::error::Error for WrongReply {}

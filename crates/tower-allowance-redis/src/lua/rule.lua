@@ -1,0 +1,258 @@
+-- tower_allowance::rule in Lua: the same functions, with the same names, in the same order
+-- as crates/tower-allowance/src/rule.rs. Each one is a transcription; the differential
+-- property test replays random operations against both and requires identical answers.
+-- `s` is the state, `P` the parameters, `now` the clock (state.lua, clock.lua).
+
+local function sat_sub(a, b) return math.max(a - b, 0) end
+
+-- Whether closure `a` ends later than `b` (FOREVER = -1 is the latest).
+local function later(a, b)
+  if b == FOREVER then return false end
+  if a == FOREVER then return true end
+  return a > b
+end
+
+local function units(l, cost)
+  if P.unit[l] == 1 then return cost end
+  return 1
+end
+
+local function event(kind, w3, w4)
+  return {s.ep, s.rb, kind, w3, w4}
+end
+
+-- === The retry budget ===
+
+local function advance(slot_us)
+  local now_slot = math.floor(now / math.max(slot_us, 1))
+  if now_slot > s.hd then
+    local clear = math.min(now_slot - s.hd, BUDGET_SLOTS)
+    for i = 1, clear do
+      local idx = (s.hd + i) % BUDGET_SLOTS
+      s['d' .. idx] = 0
+      s['w' .. idx] = 0
+    end
+    s.hd = now_slot
+  end
+  return s.hd % BUDGET_SLOTS
+end
+
+local function deposit(n)
+  if n == 0 then return end
+  if P.kind == 2 then
+    load(BUDGET)
+    local i = advance(P.b1)
+    s['d' .. i] = s['d' .. i] + n
+  end
+end
+
+-- Retries that could be spent now; -1 for an unlimited budget (u64::MAX in Rust).
+local function remaining()
+  if P.kind == 0 then return -1 end
+  load(BUDGET)
+  if P.kind == 1 then return math.max(P.b1 - s.sp, 0) end
+  advance(P.b1)
+  local d, w = 0, 0
+  for i = 0, BUDGET_SLOTS - 1 do
+    d = d + s['d' .. i]
+    w = w + s['w' .. i]
+  end
+  return math.max(P.b2 + math.floor(d * P.b3 / 1000) - w, 0)
+end
+
+local function spend()
+  if P.kind == 1 then
+    s.sp = s.sp + 1
+    return 0
+  elseif P.kind == 2 then
+    local i = advance(P.b1)
+    s['w' .. i] = s['w' .. i] + 1
+    return s.hd
+  end
+  return 0
+end
+
+local function refund(slot)
+  if P.kind == 1 then
+    load(BUDGET)
+    s.sp = sat_sub(s.sp, 1)
+  elseif P.kind == 2 then
+    load(BUDGET)
+    if slot <= s.hd and s.hd - slot < BUDGET_SLOTS then
+      local i = slot % BUDGET_SLOTS
+      s['w' .. i] = sat_sub(s['w' .. i], 1)
+    end
+  end
+end
+
+-- === The rule ===
+
+local function rebase()
+  if now >= s.sn then
+    s.sn = now
+    return
+  end
+  load(PROBE)
+  if P.kind == 2 then load(BUDGET) end
+  local step = s.sn - now
+  for l = 1, MAX_LIMITS do s['t' .. l] = sat_sub(s['t' .. l], step) end
+  s.bu = sat_sub(s.bu, step)
+  s.ru = sat_sub(s.ru, step)
+  if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
+  s.lu = sat_sub(s.lu, step)
+  s.np = sat_sub(s.np, step)
+  if P.kind == 2 then s.hd = sat_sub(s.hd, math.floor(step / math.max(P.b1, 1))) end
+  s.rb = s.rb + step
+  s.sn = now
+end
+
+-- The admission's answer when closed: {4, time until it reopens or -1, why}.
+local function closed()
+  if s.cl == FOREVER then return {4, -1, s.cb} end
+  if now < s.cl then return {4, s.cl - now, s.cb} end
+  return nil
+end
+
+-- The earliest instant every limit admits `cost`, from `t0`, and the new arrival times.
+local function schedule(t0, cost)
+  local at = t0
+  for l = 1, P.n do
+    local inc = units(l, cost) * P.iv[l]
+    if inc > P.tol[l] then return nil end
+    at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, P.tol[l]))
+  end
+  local new = {}
+  for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * P.iv[l] end
+  return at, new
+end
+
+-- {0} admitted; {1, wait, slot, t1..t4, epoch, rebased, budget slot} reserved;
+-- {2, wait, cooldown} refused; {3} budget exhausted; {4, until or -1, by} closed;
+-- {5} too costly.
+local function admit(cost, retry, not_before, max_wait, deposits)
+  deposit(deposits)
+  local c = closed()
+  if c then return c end
+  if retry and P.kind ~= 0 and remaining() < 1 then return {3} end
+  local t0 = math.max(now, s.bu, now + not_before)
+  local at, new = schedule(t0, cost)
+  if not at then return {5} end
+  local wait = at - now
+  if wait > max_wait then
+    local cd = 0
+    if s.bu > now then cd = 1 end
+    return {2, wait, cd}
+  end
+  for l = 1, P.n do s['t' .. l] = new[l] end
+  local budget_slot = 0
+  if retry then budget_slot = spend() end
+  if wait == 0 then return {0} end
+  s.ru = math.max(s.ru, at)
+  local reply = {1, wait, at}
+  for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
+  reply[#reply + 1] = s.ep
+  reply[#reply + 1] = s.rb
+  reply[#reply + 1] = budget_slot
+  return reply
+end
+
+-- {1} when every limit took the slot back, else {0}.
+local function release(tats, rebased, cost, retry, budget_slot)
+  local step = sat_sub(s.rb, rebased)
+  local all = 1
+  for l = 1, P.n do
+    local mine = sat_sub(tats[l], step)
+    if s['t' .. l] == mine then
+      s['t' .. l] = sat_sub(mine, units(l, cost) * P.iv[l])
+    else
+      all = 0
+    end
+  end
+  if retry then refund(budget_slot) end
+  return {all}
+end
+
+local function close(delay, by)
+  local until_us = FOREVER
+  if delay >= 0 and delay <= MAX_DELAY_US then until_us = now + delay end
+  if later(until_us, s.cl) then
+    s.cl = until_us
+    s.cb = by
+  end
+  s.ep = s.ep + 1
+  return event(2, s.cl, s.cb)
+end
+
+-- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}.
+local function extend_cooldown(delay)
+  if delay < 0 or delay > P.max_cd then
+    local ev = close(delay, 2)
+    local closed_for = -1
+    if s.cl ~= FOREVER then closed_for = sat_sub(s.cl, now) end
+    return {0, sat_sub(s.bu, now), 1, closed_for, 1, unpack(ev)}
+  end
+  local until_us = now + delay
+  if until_us <= s.bu then return {0, sat_sub(s.bu, now), 0, 0, 0} end
+  local shift = 0
+  if s.ru ~= 0 and s.ru + PENDING_GRACE_US > now then
+    shift = until_us - math.max(now, s.bu)
+  end
+  if shift > 0 then
+    for l = 1, P.n do s['t' .. l] = s['t' .. l] + shift end
+    s.ru = s.ru + shift
+  end
+  s.bu = until_us
+  s.ep = s.ep + 1
+  return {1, until_us - now, 0, 0, 1, unpack(event(1, until_us, shift))}
+end
+
+local function clear()
+  load(PROBE)
+  s.bu = math.min(s.bu, now)
+  s.cl = 0
+  s.cb = 0
+  s.np = 0
+  s.pf = 0
+  s.ep = s.ep + 1
+  return event(3, 0, 0)
+end
+
+local function lease(ttl, token)
+  load(PROBE)
+  if s.cl == FOREVER or now < s.cl or now < s.np or now < s.lu then return {0} end
+  s.lu = now + math.max(ttl, 1)
+  s.lt = token
+  s.pc = s.pc + 1
+  return {1}
+end
+
+-- outcome: 0 available, 1 exhausted (retry_in: microseconds, -1 unrepresentable), 2 failed.
+local function finish_probe(token, outcome, retry_in)
+  load(PROBE)
+  if s.lt == token then s.lu = 0 end
+  if outcome == 1 then
+    s.pf = 0
+    return {1, unpack(close(retry_in, 1))}
+  elseif outcome == 0 then
+    s.pf = 0
+    s.np = now + P.pb_min
+    return {0}
+  end
+  local backoff = math.min(P.pb_min * 2 ^ s.pf, P.pb_max)
+  s.pf = s.pf + 1
+  s.np = now + backoff
+  return {0}
+end
+
+-- {blocked for, closed (0/1), closed for or -1, retries remaining or -1, probes, epoch}.
+local function read()
+  load(PROBE)
+  local left = remaining()
+  local is_closed, closed_for = 0, 0
+  if s.cl == FOREVER then
+    is_closed, closed_for = 1, -1
+  elseif now < s.cl then
+    is_closed, closed_for = 1, s.cl - now
+  end
+  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep}
+end

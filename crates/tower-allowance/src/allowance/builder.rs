@@ -1,0 +1,80 @@
+use std::sync::{atomic::AtomicU64, Arc};
+
+use crate::{
+    quota::{QuotaGuard, QuotaProbe, QuotaTrigger},
+    shared::{Holders, Shared, Sink, Stats},
+    store::{EventSink, MemoryStore, Store, Watcher},
+    Allowance, AllowanceConfig,
+};
+
+/// Builds an [`Allowance`]: a name, a shared store, a quota probe.
+///
+/// ```
+/// use tower_allowance::{quota::QuotaTrigger, store::MemoryStore, Allowance, AllowanceConfig};
+///
+/// let allowance = Allowance::builder(AllowanceConfig::per_second(5, 1)?)
+///     .name("odds-api")
+///     .store(MemoryStore::new())
+///     .build();
+/// assert_eq!(allowance.name(), "odds-api");
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Debug)]
+pub struct AllowanceBuilder {
+    config: AllowanceConfig,
+    name: Option<Arc<str>>,
+    store: Option<Box<dyn Store>>,
+    quota: Option<QuotaGuard>,
+}
+
+impl AllowanceBuilder {
+    pub(crate) fn new(config: AllowanceConfig) -> Self {
+        Self {
+            config,
+            name: None,
+            store: None,
+            quota: None,
+        }
+    }
+
+    /// Names the allowance in logs, events and metrics (default `"default"`).
+    pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Keeps the state in `store` instead of a new [`MemoryStore`].
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Box::new(store));
+        self
+    }
+
+    /// Adds the quota-exhaustion terminal path (see [`quota`](crate::quota)).
+    pub fn quota_probe(mut self, probe: impl QuotaProbe, trigger: QuotaTrigger) -> Self {
+        self.quota = Some(QuotaGuard::new(Arc::new(probe), trigger));
+        self
+    }
+
+    /// Builds the allowance, and starts hearing the store's events.
+    pub fn build(self) -> Allowance {
+        let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
+        let name = self.name.unwrap_or_else(|| Arc::from("default"));
+        let shared = Arc::new_cyclic(|weak| {
+            // The store delivers other processes' events to the allowance (held weakly:
+            // the store never keeps the allowance alive).
+            let sink: Arc<dyn EventSink> = Arc::new(Sink(weak.clone()));
+            store.watch(Watcher::new(sink));
+            Shared {
+                name,
+                config: self.config,
+                store,
+                holders: Arc::new(Holders::new()),
+                stats: Stats::default(),
+                pending_deposits: AtomicU64::new(0),
+                jitter_seq: AtomicU64::new(0),
+                quota: self.quota,
+            }
+        });
+        Allowance { shared }
+    }
+}

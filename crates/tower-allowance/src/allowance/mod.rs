@@ -1,0 +1,266 @@
+//! The shared handle: one allowance, however many clones.
+
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::{
+    acquire::{Acquire, AcquireOptions},
+    error::{DeferError, UnrepresentableDelay},
+    rule::{self, Deferred, Op, Reply, StoreState},
+    shared::{Applying, Shared},
+    store::{StoreError, WrongReply},
+    AllowanceConfig,
+};
+
+mod builder;
+mod snapshot;
+
+pub use self::{
+    builder::AllowanceBuilder,
+    snapshot::{AbandonedCounts, ClosedState, Snapshot},
+};
+
+/// One shared allowance: what one credential (one API key, one provider bucket) may spend.
+///
+/// It holds the token buckets, the cooldown deadline, the retry budget and the closed
+/// (exhausted) state, in a [`Store`](crate::store::Store): this process's memory by
+/// default, or a store several processes share. Every layer built from it, and every clone
+/// of it, spends the same allowance.
+///
+/// # Clone
+///
+/// Cloning is cheap (an `Arc`) and never creates a new bucket: all clones share one state.
+/// Build one `Allowance` per credential and hand clones to every service that uses it.
+///
+/// # Runtime
+///
+/// Waiting uses Tokio timers and the current runtime's tasks (to give a reserved slot back
+/// through an I/O store, and to run a quota probe). Use an allowance from one Tokio runtime
+/// (any number of its worker threads); to coordinate several runtimes or processes, give
+/// each its own `Allowance` over one shared store (such as Redis).
+///
+/// ```
+/// use tower_allowance::{Allowance, AllowanceConfig};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
+/// let other_service = allowance.clone(); // the same bucket
+///
+/// allowance.acquire().await?;
+/// other_service.acquire().await?;
+/// assert_eq!(allowance.snapshot().admitted, 2);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Allowance {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Allowance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.shared.fmt(f)
+    }
+}
+
+impl Allowance {
+    /// An allowance kept in this process's memory.
+    pub fn new(config: AllowanceConfig) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// A builder, to name the allowance, keep it in a shared store or add a quota probe.
+    pub fn builder(config: AllowanceConfig) -> AllowanceBuilder {
+        AllowanceBuilder::new(config)
+    }
+
+    /// An allowance kept in a shared [`Store`](crate::store::Store), such as Redis, so that
+    /// several processes spend one allowance.
+    pub fn with_store(config: AllowanceConfig, store: impl crate::store::Store) -> Self {
+        Self::builder(config).store(store).build()
+    }
+
+    /// The allowance's name (for logs and metrics; `"default"` unless set by the builder).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The configuration this allowance was built from.
+    pub fn config(&self) -> &AllowanceConfig {
+        &self.shared.config
+    }
+
+    /// Waits for admission of one first attempt: at once, or at the slot the store reserves.
+    ///
+    /// Callers are admitted in the order they reach the store. Dropping the future before its
+    /// slot gives the slot back when it is still the latest.
+    pub fn acquire(&self) -> Acquire<'_> {
+        Acquire::new(&self.shared, AcquireOptions::default())
+    }
+
+    /// Waits for admission with a deadline, a cost, a delay, or as a retry that spends the
+    /// shared budget.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use tower_allowance::{error::AbandonReason, AcquireOptions, Allowance, AllowanceConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
+    /// allowance.defer(Duration::from_secs(30)).await?;
+    ///
+    /// // The cooldown ends after the deadline: fail now, don't wait and then fail.
+    /// let deadline = Instant::now() + Duration::from_secs(10);
+    /// let result = allowance.acquire_with(AcquireOptions::new().deadline(deadline)).await;
+    /// assert_eq!(result.err().and_then(|e| e.abandon_reason()), Some(AbandonReason::Deadline));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_with(&self, options: AcquireOptions) -> Acquire<'_> {
+        Acquire::new(&self.shared, options)
+    }
+
+    /// Raises the shared cooldown to at least `delay` from now: no admission before then.
+    ///
+    /// The deadline only ever moves later; a shorter delay than the current one changes
+    /// nothing. Callers already holding reserved slots move back by the added time, in the
+    /// same order; those whose deadline that passes fail promptly. A delay beyond
+    /// [`max_cooldown`](AllowanceConfig::with_max_cooldown) closes the allowance instead.
+    ///
+    /// # Errors
+    ///
+    /// [`UnrepresentableDelay`] when `delay` exceeds [`MAX_DELAY`](crate::MAX_DELAY)
+    /// (nothing is changed), or the store's error.
+    pub async fn defer(&self, delay: Duration) -> Result<Deferred, DeferError> {
+        let delay_us = rule::micros_ceil(delay).ok_or_else(|| {
+            DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
+        })?;
+        let now = Instant::now();
+        let reply = match self.shared.apply(
+            now,
+            Op::Defer {
+                delay_us: Some(delay_us),
+            },
+        ) {
+            Applying::Done(r) => r,
+            Applying::Pending(fut) => fut.await,
+        };
+        match reply {
+            Ok(Reply::Defer(deferred)) => {
+                self.shared.after_defer(now, &deferred);
+                Ok(deferred)
+            }
+            Ok(_) => Err(DeferError::Store(StoreError::protocol(WrongReply))),
+            Err(e) => Err(DeferError::Store(e)),
+        }
+    }
+
+    /// Lifts the cooldown and the closed (exhausted) state, for every process sharing the
+    /// store: an operator's decision (for example after buying more credits, or after a
+    /// server sent an absurd `Retry-After`). Reserved slots keep their place.
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn clear(&self) -> Result<(), StoreError> {
+        match self.shared.apply_async(Op::Clear).await? {
+            Reply::Changed(event) => {
+                self.shared.holders.event(event);
+                Ok(())
+            }
+            _ => Err(StoreError::protocol(WrongReply)),
+        }
+    }
+
+    /// Reads the store's shared state: cooldown, closed state, retry budget, quota probes.
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    pub async fn store_state(&self) -> Result<StoreState, StoreError> {
+        let deposits = self.shared.take_deposits();
+        match self.shared.apply_async(Op::Read { deposits }).await {
+            Ok(Reply::State(state)) => Ok(state),
+            Ok(_) => Err(StoreError::protocol(WrongReply)),
+            Err(e) => {
+                self.shared.restore_deposits(deposits);
+                Err(e)
+            }
+        }
+    }
+
+    /// How many quota probes this process has run.
+    pub fn quota_probes(&self) -> u64 {
+        self.shared.quota.as_ref().map_or(0, |q| q.probes())
+    }
+
+    /// This process's counters and its last view of the shared state.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::of(&self.shared)
+    }
+
+    /// A throttling response arrived; `with_delay` when it carried a usable delay.
+    pub(crate) fn on_throttled(&self, with_delay: bool) {
+        let Some(q) = &self.shared.quota else {
+            return;
+        };
+        if with_delay {
+            q.clear_streak();
+            return;
+        }
+        if !q.throttled_without_delay() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(crate::quota::run_probe(self.shared.clone()));
+            }
+            Err(_) => q.clear_streak(),
+        }
+    }
+
+    /// A response the classifier called a success: replenishes a replenishing budget (with
+    /// the next store call) and ends a streak of throttling without delays.
+    pub(crate) fn on_success(&self) {
+        if let Some(q) = &self.shared.quota {
+            q.clear_streak();
+        }
+        if matches!(
+            self.shared.config.retry_budget(),
+            crate::RetryBudgetConfig::Replenishing(_)
+        ) {
+            self.shared.pending_deposits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn next_jitter_seed(&self) -> u64 {
+        self.shared.jitter_seq.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_and_clone_share_state() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let a = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+            let b = a.clone();
+            a.acquire().await.expect("admitted");
+            assert_eq!(b.snapshot().admitted, 1);
+            assert!(format!("{a:?}").contains("Allowance"));
+        });
+    }
+}

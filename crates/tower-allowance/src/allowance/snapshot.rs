@@ -1,0 +1,115 @@
+use std::{sync::atomic::Ordering, sync::PoisonError, time::Duration};
+
+use tokio::time::Instant;
+
+use crate::{error::AbandonReason, headers::RateLimitObservation, rule::ClosedBy, shared::Shared};
+
+/// A point-in-time copy of an allowance's counters in this process, and of what this process
+/// last learned of the shared state. Synchronous: it asks the store nothing (see
+/// [`Allowance::store_state`](crate::Allowance::store_state) for that).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The allowance's name.
+    pub name: String,
+    /// Attempts admitted (first tries and retries).
+    pub admitted: u64,
+    /// Of those, attempts that waited for a reserved slot.
+    pub waited: u64,
+    /// Times a response extended the cooldown.
+    pub deferred: u64,
+    /// Retries admitted (each spent one unit of budget, if the budget is limited).
+    pub retries_spent: u64,
+    /// Requests given up on, by reason.
+    pub abandoned: AbandonedCounts,
+    /// Callers waiting right now (for a reserved slot, or for the store).
+    pub waiting: usize,
+    /// Time left in the cooldown, as last learned here; `None` when not cooling down.
+    pub cooling_for: Option<Duration>,
+    /// The closed (exhausted) state, as last learned here.
+    pub closed: Option<ClosedState>,
+    /// The last `X-RateLimit-*` headers seen on a response, if any.
+    pub rate_limit: Option<RateLimitObservation>,
+}
+
+/// A closed allowance, in a [`Snapshot`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ClosedState {
+    /// Time until it reopens by itself; `None`: until cleared.
+    pub reopens_in: Option<Duration>,
+    /// Why.
+    pub by: ClosedBy,
+}
+
+impl Snapshot {
+    pub(crate) fn of(shared: &Shared) -> Self {
+        let s = &shared.stats;
+        let mut abandoned = AbandonedCounts::default();
+        for (slot, counter) in abandoned.0.iter_mut().zip(&s.abandoned) {
+            *slot = counter.load(Ordering::Relaxed);
+        }
+        let (admitted, waited, retries_spent) = s.admissions.totals();
+        let now = Instant::now();
+        let known = shared.holders.known();
+        Snapshot {
+            name: shared.name.to_string(),
+            admitted,
+            waited,
+            deferred: s.deferred.load(Ordering::Relaxed),
+            retries_spent,
+            abandoned,
+            waiting: shared.holders.waiting(),
+            cooling_for: known.blocked_until.filter(|b| *b > now).map(|b| b - now),
+            closed: known
+                .closed
+                .filter(|c| c.until().is_none_or(|u| u > now))
+                .map(|c| ClosedState {
+                    reopens_in: c.until().map(|u| u.saturating_duration_since(now)),
+                    by: c.closed_by(),
+                }),
+            rate_limit: s
+                .rate_limit
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
+        }
+    }
+}
+
+/// Abandonment counters by [`AbandonReason`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AbandonedCounts([u64; AbandonReason::COUNT]);
+
+impl AbandonedCounts {
+    /// The count for one reason.
+    pub fn get(&self, reason: AbandonReason) -> u64 {
+        self.0[reason.index()]
+    }
+
+    /// The sum over all reasons.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Every reason with a non-zero count.
+    pub fn iter(&self) -> impl Iterator<Item = (AbandonReason, u64)> + '_ {
+        AbandonReason::each()
+            .map(|r| (r, self.get(r)))
+            .filter(|(_, n)| *n > 0)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for AbandonedCounts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (reason, n) in self.iter() {
+            map.serialize_entry(reason.as_str(), &n)?;
+        }
+        map.end()
+    }
+}

@@ -1,0 +1,1203 @@
+//! The rule: every decision an allowance makes, as a pure function of
+//! `(state, now, params, request) -> (reply, new state)`.
+//!
+//! Nothing here reads a clock, locks, allocates or does I/O. Time is a count of microseconds
+//! on the store's own clock (`now`). A [`Store`](crate::store::Store) only applies these
+//! functions atomically: [`MemoryStore`](crate::store::MemoryStore) under a compare-and-swap
+//! or a lock, the Redis store in a Lua script that mirrors this file function for function,
+//! with the same names in the same order. [`apply`] is the one entry point; a third-party
+//! store that can hold a [`State`] under a lock or in a transaction calls it and is done.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_allowance::{rule::{self, Admission, Op, Reply, State}, store::AdmitRequest, AllowanceConfig};
+//!
+//! let config = AllowanceConfig::per_second(2, 1)?;
+//! let mut state = State::default();
+//! let first = rule::apply(&mut state, 0, config.params(), &Op::Admit(AdmitRequest::first()));
+//! assert!(matches!(first, Reply::Admit(Admission::Admitted)));
+//! // The burst is spent: the next caller is given a reserved slot one interval later.
+//! let Reply::Admit(Admission::Reserved { wait, .. }) =
+//!     rule::apply(&mut state, 0, config.params(), &Op::Admit(AdmitRequest::first()))
+//! else { unreachable!() };
+//! assert_eq!(wait, Duration::from_millis(500));
+//! # Ok::<(), tower_allowance::ConfigError>(())
+//! ```
+//!
+//! # The token buckets: GCRA with reservations
+//!
+//! Each limit is a GCRA (generic cell rate algorithm) in integer microseconds: one number,
+//! the theoretical arrival time `tat`, advanced by `cost * interval` per admission. An
+//! admission at `t` conforms when `max(tat, t) + cost * interval - t <= tolerance`, where
+//! `tolerance = burst * interval`. No floating point is involved, so nothing drifts.
+//!
+//! An admission that does not conform now is not refused: its slot is **reserved** in the
+//! same step. The rule computes the earliest instant `T` at which every limit conforms (and
+//! the cooldown is over), advances every limit as if the admission happened at `T`, and
+//! answers "yours in `T - now`". The caller sleeps and sends without asking again, so one
+//! admission costs one store call however many callers (in however many processes) wait,
+//! and callers are admitted in the order they reached the store. Only when the caller set a
+//! `max_wait` shorter than that (its deadline, or "never wait") is nothing reserved.
+//!
+//! # Cooldowns and the reservations already made
+//!
+//! A cooldown raised to `U` at `now` moves every pending reservation by the part of the
+//! cooldown that was added, `U - max(now, previous deadline)`: the schedule after the
+//! cooldown is the schedule before it, translated. Order and spacing are kept (so the
+//! restart stays metered: never the whole queue at once), and no holder has to ask the store
+//! again: the store moves each limit's `tat` by that shift and publishes it as an [`Event`];
+//! every holder applies the same shift to its own reservation ([`Reservation::apply`]).
+//! Callers arriving during or after the cooldown are scheduled from its end, behind the
+//! translated queue; when nothing was pending they get the burst that recovered meanwhile.
+//!
+//! The translation is conservative: tokens that would have accrued during the cooldown are not
+//! credited to reservations already pending (the store cannot tell which of them the bucket
+//! scheduled and which a `not_before` did), so a cooldown never lets anything through early.
+//!
+//! # Time steps
+//!
+//! The clock of a shared store (Redis `TIME`) is a wall clock and can step backwards. Every
+//! operation first compares `now` with the latest time the state has seen; after a backward
+//! step every stored instant is moved back by the step ([`rebase`]), so a step never
+//! lengthens a wait.
+
+use std::time::Duration;
+
+/// The largest delay any store accepts: 2^53 microseconds (about 285 years).
+///
+/// Every store keeps time as whole microseconds, and Lua numbers (the Redis store's scripts)
+/// are exact integers only up to 2^53; a longer delay cannot be represented faithfully.
+pub const MAX_DELAY: Duration = Duration::from_micros(MAX_DELAY_US);
+
+/// [`MAX_DELAY`] in microseconds.
+pub const MAX_DELAY_US: u64 = 1 << 53;
+
+/// The most limits one allowance holds (a rate, a per-minute and a per-day limit, and a
+/// weighted one such as tokens per minute).
+pub const MAX_LIMITS: usize = 4;
+
+/// Slots in a replenishing retry budget's sliding window.
+pub const BUDGET_SLOTS: u64 = 10;
+
+/// How long after its slot a reservation still counts as pending when a cooldown is raised
+/// (one second: far beyond a timer's granularity or a store's round trip).
+pub const PENDING_GRACE_US: u64 = 1_000_000;
+
+/// `closed_until` for a state closed until an operator clears it.
+pub const FOREVER: u64 = u64::MAX;
+
+/// Converts a duration to microseconds, rounding up so a wait is never shortened.
+///
+/// `None` when the duration exceeds [`MAX_DELAY`].
+pub fn micros_ceil(d: Duration) -> Option<u64> {
+    let us = d
+        .as_micros()
+        .checked_add(u128::from(d.subsec_nanos() % 1_000 != 0))?;
+    u64::try_from(us).ok().filter(|us| *us <= MAX_DELAY_US)
+}
+
+/// Converts a duration to microseconds, rounding down and saturating at `u64::MAX` (for
+/// bounds that must never be exceeded, such as a maximum wait).
+pub fn micros_floor(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn us(d: u64) -> Duration {
+    Duration::from_micros(d)
+}
+
+// === Parameters ===
+
+/// What one limit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Unit {
+    /// Every request counts one.
+    Requests,
+    /// Every request counts its cost (for example, the tokens an LLM request carries).
+    Cost,
+}
+
+/// One limit's derived parameters: a read-only view of a validated configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct LimitParams {
+    pub(crate) interval_us: u64,
+    pub(crate) tolerance_us: u64,
+    pub(crate) unit: Unit,
+}
+
+impl LimitParams {
+    /// Microseconds between two units (period / rate, rounded up so the admitted rate never
+    /// exceeds the configured one).
+    pub fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+
+    /// `burst * interval_us`: how far ahead of now the limit's theoretical arrival time may run
+    /// before an admission has to wait.
+    pub fn tolerance_us(&self) -> u64 {
+        self.tolerance_us
+    }
+
+    /// What the limit counts.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// The units a request of `cost` takes from this limit.
+    pub fn units(&self, cost: u32) -> u64 {
+        match self.unit {
+            Unit::Requests => 1,
+            Unit::Cost => u64::from(cost),
+        }
+    }
+}
+
+/// The retry budget's derived parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum BudgetParams {
+    /// No group bound.
+    Unlimited,
+    /// A fixed number of retries for the group.
+    Fixed {
+        /// Retries in total.
+        retries: u64,
+    },
+    /// A sliding window of [`BUDGET_SLOTS`] slots.
+    Replenishing {
+        /// Length of one slot, in microseconds.
+        slot_us: u64,
+        /// Retries always available per window (the floor).
+        reserve: u64,
+        /// Retries earned per 1,000 successful requests.
+        per_mille: u64,
+    },
+}
+
+/// Every number the rule needs, derived once from an [`AllowanceConfig`](crate::AllowanceConfig)
+/// and passed to the store with every call, so that no store re-derives (or drifts from) them.
+///
+/// A read-only view: obtain it with [`AllowanceConfig::params`](crate::AllowanceConfig::params).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Params {
+    pub(crate) limits: [LimitParams; MAX_LIMITS],
+    pub(crate) limit_count: usize,
+    pub(crate) budget: BudgetParams,
+    pub(crate) max_cooldown_us: u64,
+    pub(crate) probe_backoff_min_us: u64,
+    pub(crate) probe_backoff_max_us: u64,
+}
+
+impl Params {
+    /// The limits, at least one.
+    pub fn limits(&self) -> &[LimitParams] {
+        &self.limits[..self.limit_count]
+    }
+
+    /// The retry budget.
+    pub fn budget(&self) -> BudgetParams {
+        self.budget
+    }
+
+    /// The longest cooldown a server may ask for; a longer (or unrepresentable) delay closes
+    /// the allowance instead.
+    pub fn max_cooldown_us(&self) -> u64 {
+        self.max_cooldown_us
+    }
+
+    /// The first backoff after a quota probe failed or found quota left.
+    pub fn probe_backoff_min_us(&self) -> u64 {
+        self.probe_backoff_min_us
+    }
+
+    /// The longest backoff between quota probes.
+    pub fn probe_backoff_max_us(&self) -> u64 {
+        self.probe_backoff_max_us
+    }
+
+    /// Whether the rule can decide this admission without touching the retry budget or any
+    /// limit but the first: the memory store's lock-free path.
+    pub(crate) fn single_limit(&self) -> bool {
+        self.limit_count == 1
+    }
+}
+
+// === State ===
+
+/// The retry budget's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct BudgetState {
+    /// Fixed budget: retries spent so far.
+    pub(crate) spent: u64,
+    /// Replenishing: the newest slot, counted in slots since the clock's epoch.
+    pub(crate) head_slot: u64,
+    pub(crate) deposits: [u64; BUDGET_SLOTS as usize],
+    pub(crate) withdrawals: [u64; BUDGET_SLOTS as usize],
+}
+
+/// Everything one allowance remembers, on the store's clock (microseconds).
+///
+/// Stores keep it however they like (atomics, a locked struct, a Redis hash); the rule is
+/// the only code that changes it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct State {
+    /// Each limit's theoretical arrival time.
+    pub(crate) tat: [u64; MAX_LIMITS],
+    /// No admission before this instant (the shared cooldown).
+    pub(crate) blocked_until: u64,
+    /// Bumped by every change reservation holders must hear of (cooldown, close, clear).
+    pub(crate) epoch: u64,
+    /// The latest slot ever reserved: reservations are pending while it is ahead of now.
+    pub(crate) reserved_until: u64,
+    /// Closed (exhausted) until this instant; 0 when open, [`FOREVER`] until cleared.
+    pub(crate) closed_until: u64,
+    /// Why it is closed.
+    pub(crate) closed_by: u64,
+    pub(crate) budget: BudgetState,
+    /// The quota probe's lease: held until this instant by `lease_token`.
+    pub(crate) lease_until: u64,
+    pub(crate) lease_token: u64,
+    /// No quota probe before this instant.
+    pub(crate) next_probe_at: u64,
+    /// Consecutive failed probes (doubles the backoff).
+    pub(crate) probe_failures: u64,
+    /// Quota probes granted so far.
+    pub(crate) probes: u64,
+    /// The latest clock reading seen (detects a backward step).
+    pub(crate) seen: u64,
+    /// Total backward steps absorbed, in microseconds.
+    pub(crate) rebased: u64,
+}
+
+impl State {
+    /// The cooldown deadline.
+    pub fn blocked_until(&self) -> u64 {
+        self.blocked_until
+    }
+
+    /// The event epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Each limit's theoretical arrival time.
+    pub fn tat(&self) -> [u64; MAX_LIMITS] {
+        self.tat
+    }
+}
+
+// === Operations and replies ===
+
+/// What an admission asks for.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_allowance::store::AdmitRequest;
+///
+/// let retry = AdmitRequest::retry().cost(3).not_before(Duration::from_secs(1)).max_wait(Duration::from_secs(10));
+/// assert!(retry.is_retry());
+/// assert_eq!(retry.cost_units(), 3);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmitRequest {
+    pub(crate) cost: u32,
+    pub(crate) retry: bool,
+    pub(crate) not_before_us: u64,
+    pub(crate) max_wait_us: u64,
+    pub(crate) deposits: u64,
+}
+
+impl AdmitRequest {
+    /// A first attempt of cost 1, willing to wait however long.
+    pub const fn first() -> Self {
+        Self {
+            cost: 1,
+            retry: false,
+            not_before_us: 0,
+            max_wait_us: u64::MAX,
+            deposits: 0,
+        }
+    }
+
+    /// A retry: spends one unit of the retry budget in the same step, or is refused with
+    /// [`Admission::BudgetExhausted`].
+    pub const fn retry() -> Self {
+        let mut r = Self::first();
+        r.retry = true;
+        r
+    }
+
+    /// The request's cost, charged to limits counted in [`Unit::Cost`].
+    pub const fn cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Not before `delay` from now, rounded up.
+    ///
+    /// Meant for delays that hold for the whole allowance anyway (a server's `Retry-After`,
+    /// which the cooldown normally already covers): the slot is reserved in the schedule, so
+    /// callers arriving later queue behind it. A caller's private backoff is better slept
+    /// before asking.
+    pub fn not_before(mut self, delay: Duration) -> Self {
+        self.not_before_us = micros_ceil(delay).unwrap_or(MAX_DELAY_US);
+        self
+    }
+
+    /// Reserve nothing when the admission would be later than `max_wait` from now.
+    /// `Duration::ZERO` means "only now".
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait_us = micros_floor(max_wait);
+        self
+    }
+
+    /// Record `n` successful requests (for a replenishing budget) first, in the same step.
+    pub const fn deposits(mut self, n: u64) -> Self {
+        self.deposits = n;
+        self
+    }
+
+    /// Whether this is a retry.
+    pub fn is_retry(&self) -> bool {
+        self.retry
+    }
+
+    /// The cost.
+    pub fn cost_units(&self) -> u32 {
+        self.cost
+    }
+
+    /// Not before this many microseconds from now.
+    pub fn not_before_us(&self) -> u64 {
+        self.not_before_us
+    }
+
+    /// At most this many microseconds from now (`u64::MAX`: unbounded).
+    pub fn max_wait_us(&self) -> u64 {
+        self.max_wait_us
+    }
+
+    /// Successes to record first.
+    pub fn deposit_count(&self) -> u64 {
+        self.deposits
+    }
+}
+
+/// A slot reserved for a caller: what it needs to apply later events and to give the slot
+/// back ([`Op::Release`]) if it leaves before using it. All times are on the store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) slot: u64,
+    pub(crate) tat: [u64; MAX_LIMITS],
+    pub(crate) epoch: u64,
+    pub(crate) rebased: u64,
+    pub(crate) cost: u32,
+    pub(crate) retry: bool,
+    pub(crate) budget_slot: u64,
+}
+
+/// A [`Reservation`]'s fields, for stores that carry it over the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReservationParts {
+    /// The reserved instant.
+    pub slot: u64,
+    /// Each limit's theoretical arrival time after the reservation.
+    pub tat: [u64; MAX_LIMITS],
+    /// The event epoch the reservation has seen.
+    pub epoch: u64,
+    /// The store's total backward clock steps when it was made.
+    pub rebased: u64,
+    /// The request's cost.
+    pub cost: u32,
+    /// Whether it spent a unit of retry budget.
+    pub retry: bool,
+    /// The budget slot it was recorded in.
+    pub budget_slot: u64,
+}
+
+impl ReservationParts {
+    /// The parts of a reservation made for a request of `cost` (`retry`: spending budget).
+    pub fn new(
+        slot: u64,
+        tat: [u64; MAX_LIMITS],
+        epoch: u64,
+        rebased: u64,
+        cost: u32,
+        retry: bool,
+        budget_slot: u64,
+    ) -> Self {
+        Self {
+            slot,
+            tat,
+            epoch,
+            rebased,
+            cost,
+            retry,
+            budget_slot,
+        }
+    }
+}
+
+impl Reservation {
+    /// Its fields.
+    pub fn to_parts(&self) -> ReservationParts {
+        ReservationParts {
+            slot: self.slot,
+            tat: self.tat,
+            epoch: self.epoch,
+            rebased: self.rebased,
+            cost: self.cost,
+            retry: self.retry,
+            budget_slot: self.budget_slot,
+        }
+    }
+
+    /// A reservation from its fields (as a store decoded them).
+    pub fn from_parts(p: ReservationParts) -> Self {
+        Self {
+            slot: p.slot,
+            tat: p.tat,
+            epoch: p.epoch,
+            rebased: p.rebased,
+            cost: p.cost,
+            retry: p.retry,
+            budget_slot: p.budget_slot,
+        }
+    }
+
+    /// The reserved instant, on the store's clock.
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    /// The event epoch the reservation has seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Applies an event the store published after this reservation was made.
+    ///
+    /// Events apply in epoch order, each once: one already seen changes nothing
+    /// ([`Applied::Seen`]); one beyond the next expected epoch is not applied
+    /// ([`Applied::Gap`]) until the events in between have been.
+    pub fn apply(&mut self, event: &Event) -> Applied {
+        if event.epoch <= self.epoch {
+            return Applied::Seen;
+        }
+        if event.epoch > self.epoch + 1 {
+            return Applied::Gap;
+        }
+        self.epoch = event.epoch;
+        // A clock step since the reservation: move our instants into the store's new frame.
+        let step = event.rebased.saturating_sub(self.rebased);
+        if step > 0 {
+            self.rebased = event.rebased;
+            self.slot = self.slot.saturating_sub(step);
+            for t in &mut self.tat {
+                *t = t.saturating_sub(step);
+            }
+        }
+        match event.kind {
+            EventKind::Cooldown { until, shift } => {
+                let old = self.slot;
+                if shift > 0 {
+                    for t in &mut self.tat {
+                        if *t > 0 {
+                            *t = t.saturating_add(shift);
+                        }
+                    }
+                }
+                self.slot = self.slot.saturating_add(shift).max(until);
+                Applied::Moved(self.slot - old)
+            }
+            EventKind::Closed { .. } => Applied::Closed,
+            EventKind::Cleared => Applied::Moved(0),
+        }
+    }
+}
+
+/// What [`Reservation::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The event was already applied (or older).
+    Seen,
+    /// An earlier event is missing: apply that one first.
+    Gap,
+    /// Applied: the slot is now this many microseconds later (zero: unchanged).
+    Moved(u64),
+    /// The allowance closed: the reservation cannot be used.
+    Closed,
+}
+
+/// Words in an encoded [`Event`]: epoch, rebased, kind, and two per kind.
+pub const EVENT_WORDS: usize = 5;
+
+/// Something every holder of a reservation must hear of, published by the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub(crate) epoch: u64,
+    pub(crate) rebased: u64,
+    pub(crate) kind: EventKind,
+}
+
+impl Event {
+    /// The event's epoch: events are applied in epoch order, each once.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// What happened.
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    /// Encodes the event as integers (for a store that publishes it, such as Redis).
+    pub fn to_words(&self) -> [u64; EVENT_WORDS] {
+        let mut w = [0; EVENT_WORDS];
+        w[0] = self.epoch;
+        w[1] = self.rebased;
+        match self.kind {
+            EventKind::Cooldown { until, shift } => {
+                w[2] = 1;
+                w[3] = until;
+                w[4] = shift;
+            }
+            EventKind::Closed { until, by } => {
+                w[2] = 2;
+                w[3] = until;
+                w[4] = by as u64;
+            }
+            EventKind::Cleared => w[2] = 3,
+        }
+        w
+    }
+
+    /// Decodes [`Event::to_words`]; `None` for anything else.
+    pub fn from_words(w: &[u64]) -> Option<Self> {
+        if w.len() != EVENT_WORDS {
+            return None;
+        }
+        let kind = match w[2] {
+            1 => EventKind::Cooldown {
+                until: w[3],
+                shift: w[4],
+            },
+            2 => EventKind::Closed {
+                until: w[3],
+                by: ClosedBy::from_code(w[4])?,
+            },
+            3 => EventKind::Cleared,
+            _ => return None,
+        };
+        Some(Self {
+            epoch: w[0],
+            rebased: w[1],
+            kind,
+        })
+    }
+}
+
+/// What an [`Event`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The cooldown was extended to `until`; every pending reservation moved by `shift`.
+    Cooldown {
+        /// The new cooldown deadline, on the store's clock.
+        until: u64,
+        /// Microseconds every pending reservation moves (zero when none was pending).
+        shift: u64,
+    },
+    /// The allowance closed until `until` ([`FOREVER`]: until cleared).
+    Closed {
+        /// On the store's clock.
+        until: u64,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// An operator cleared the cooldown and the closed state.
+    Cleared,
+}
+
+/// Why an allowance is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub enum ClosedBy {
+    /// A quota probe found the provider's quota spent.
+    Quota = 1,
+    /// A server asked for a wait longer than `max_cooldown` (or too long to represent).
+    ServerDelay = 2,
+}
+
+impl ClosedBy {
+    /// The numeric code stores keep.
+    pub fn code(self) -> u64 {
+        self as u64
+    }
+
+    /// From [`ClosedBy::code`].
+    pub fn from_code(code: u64) -> Option<Self> {
+        match code {
+            1 => Some(Self::Quota),
+            2 => Some(Self::ServerDelay),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to an admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted now: a token (and, for a retry, a unit of budget) was spent.
+    Admitted,
+    /// A slot was reserved `wait` from now; the token (and budget) is spent. Sleep, then send
+    /// without asking again; if the caller leaves first, [`Op::Release`] gives it back.
+    Reserved {
+        /// Time until the slot.
+        wait: Duration,
+        /// The slot, for events and release.
+        reservation: Reservation,
+    },
+    /// The admission would be `wait` from now, later than the request's `max_wait`: nothing
+    /// was spent or reserved.
+    Refused {
+        /// Time until an admission could happen.
+        wait: Duration,
+        /// The shared cooldown is (part of) the reason.
+        cooldown: bool,
+    },
+    /// A retry was refused: the shared retry budget is spent. Nothing was spent.
+    BudgetExhausted,
+    /// The allowance is closed (exhausted). Nothing was spent.
+    Closed {
+        /// Time until it reopens; `None`: until an operator clears it.
+        until: Option<Duration>,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// The request's cost exceeds some limit's burst: it can never be admitted.
+    TooCostly,
+}
+
+/// The answer to a cooldown raise ([`Op::Defer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deferred {
+    /// Whether the cooldown moved later (it never moves earlier).
+    pub extended: bool,
+    /// Time from now until the (possibly unchanged) cooldown deadline.
+    pub blocked_for: Duration,
+    /// Set when the delay closed the allowance instead (longer than `max_cooldown`).
+    pub closed: Option<Option<Duration>>,
+    /// What reservation holders must apply, when anything changed.
+    pub event: Option<Event>,
+}
+
+/// What a quota probe found, reported with [`Op::FinishProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Quota remains.
+    Available,
+    /// The quota is spent until `retry_in` from now.
+    Exhausted {
+        /// Time until it renews.
+        retry_in: Duration,
+    },
+    /// The probe failed (an error, a panic, a cancellation): back off before the next one.
+    Failed,
+}
+
+/// A read of the shared state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StoreState {
+    /// Time until the cooldown ends; zero when not cooling down.
+    pub blocked_for: Duration,
+    /// `Some(Some(d))`: closed for `d`; `Some(None)`: closed until cleared; `None`: open.
+    pub closed: Option<Option<Duration>>,
+    /// Retries that could be spent now; `None` for an unlimited budget.
+    pub retries_remaining: Option<u64>,
+    /// Quota probes granted so far (across every process).
+    pub probes: u64,
+    /// The event epoch.
+    pub epoch: u64,
+}
+
+/// One operation on an allowance's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Admit (or reserve for) one attempt.
+    Admit(AdmitRequest),
+    /// Give a reserved slot back (its holder left before using it).
+    Release(Reservation),
+    /// Raise the cooldown to `delay` from now; `None`: a delay too long to represent.
+    Defer {
+        /// Microseconds, or `None` when unrepresentable.
+        delay_us: Option<u64>,
+    },
+    /// Close the allowance for `delay_us` (`None`: until cleared).
+    Close {
+        /// Microseconds, or `None` for until cleared.
+        delay_us: Option<u64>,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// Lift the cooldown, the closed state and the probe backoff (an operator's decision).
+    Clear,
+    /// Take the quota probe's single-flight lease for `ttl_us`, as `token`.
+    Lease {
+        /// How long the lease lasts unless finished (a dead prober's lease expires).
+        ttl_us: u64,
+        /// The prober's token.
+        token: u64,
+    },
+    /// Report a quota probe's outcome and release the lease held as `token`.
+    FinishProbe {
+        /// The prober's token.
+        token: u64,
+        /// What it found.
+        outcome: ProbeOutcome,
+    },
+    /// Read the state (recording `deposits` successes first).
+    Read {
+        /// Successes to record first.
+        deposits: u64,
+    },
+}
+
+/// The answer to an [`Op`], variant for variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// To [`Op::Admit`].
+    Admit(Admission),
+    /// To [`Op::Release`]: whether the slot went back to the schedule (it was still the latest).
+    Release {
+        /// The slot was the latest on every limit and was given back.
+        released: bool,
+    },
+    /// To [`Op::Defer`].
+    Defer(Deferred),
+    /// To [`Op::Close`] and [`Op::Clear`]: the event holders must apply.
+    Changed(Event),
+    /// To [`Op::Lease`].
+    Lease {
+        /// Whether this caller holds the lease now and should probe.
+        granted: bool,
+    },
+    /// To [`Op::FinishProbe`]: the event when the probe closed the allowance.
+    ProbeFinished(Option<Event>),
+    /// To [`Op::Read`].
+    State(StoreState),
+}
+
+// === The rule ===
+
+/// Applies one operation at `now`, changing `state` as the rule says.
+///
+/// The one entry point every store mirrors. Every operation first absorbs a backward clock
+/// step ([`rebase`]).
+pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
+    rebase(state, now, params);
+    match *op {
+        Op::Admit(req) => Reply::Admit(admit(state, now, params, &req)),
+        Op::Release(res) => Reply::Release {
+            released: release(state, params, &res),
+        },
+        Op::Defer { delay_us } => Reply::Defer(extend_cooldown(state, now, params, delay_us)),
+        Op::Close { delay_us, by } => Reply::Changed(close(state, now, delay_us, by)),
+        Op::Clear => Reply::Changed(clear(state, now)),
+        Op::Lease { ttl_us, token } => Reply::Lease {
+            granted: lease(state, now, ttl_us, token),
+        },
+        Op::FinishProbe { token, outcome } => {
+            Reply::ProbeFinished(finish_probe(state, now, params, token, outcome))
+        }
+        Op::Read { deposits } => {
+            deposit(&mut state.budget, now, &params.budget, deposits);
+            Reply::State(read(state, now, params))
+        }
+    }
+}
+
+/// A backward clock step: moves every stored instant back by the step, so that no wait
+/// grows by it. Forward, it only records `now`.
+pub fn rebase(state: &mut State, now: u64, params: &Params) {
+    if now >= state.seen {
+        state.seen = now;
+        return;
+    }
+    let step = state.seen - now;
+    let back = |t: &mut u64| *t = t.saturating_sub(step);
+    state.tat.iter_mut().for_each(back);
+    back(&mut state.blocked_until);
+    back(&mut state.reserved_until);
+    if state.closed_until != FOREVER {
+        back(&mut state.closed_until);
+    }
+    back(&mut state.lease_until);
+    back(&mut state.next_probe_at);
+    if let BudgetParams::Replenishing { slot_us, .. } = params.budget {
+        state.budget.head_slot = state.budget.head_slot.saturating_sub(step / slot_us.max(1));
+    }
+    state.rebased = state.rebased.saturating_add(step);
+    state.seen = now;
+}
+
+/// Whether the allowance is closed at `now`: the admission's answer if it is.
+pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> {
+    (now < closed_until).then(|| Admission::Closed {
+        until: (closed_until != FOREVER).then(|| us(closed_until - now)),
+        by: ClosedBy::from_code(closed_by).unwrap_or(ClosedBy::ServerDelay),
+    })
+}
+
+/// The earliest instant at which every limit admits `cost`, no earlier than `t0`, and each
+/// limit's theoretical arrival time after that admission. `None` when some limit can never
+/// admit `cost` (it exceeds that limit's burst).
+pub fn schedule(
+    tat: &[u64],
+    limits: &[LimitParams],
+    t0: u64,
+    cost: u32,
+) -> Option<(u64, [u64; MAX_LIMITS])> {
+    let mut at = t0;
+    for (t, limit) in tat.iter().zip(limits) {
+        let inc = limit.units(cost).checked_mul(limit.interval_us)?;
+        if inc > limit.tolerance_us {
+            return None;
+        }
+        // The limit conforms from `max(tat, t) + inc - tolerance` on.
+        let earliest = (*t)
+            .max(t0)
+            .saturating_add(inc)
+            .saturating_sub(limit.tolerance_us);
+        at = at.max(earliest);
+    }
+    let mut new_tat = [0; MAX_LIMITS];
+    for (l, (t, limit)) in tat.iter().zip(limits).enumerate() {
+        new_tat[l] = (*t)
+            .max(at)
+            .saturating_add(limit.units(cost) * limit.interval_us);
+    }
+    Some((at, new_tat))
+}
+
+/// Decides one admission at `now`: deposits, closed, budget, then the schedule.
+///
+/// The order is part of the rule. Nothing changes unless the answer is `Admitted` or
+/// `Reserved`, deposits aside: they record successes that already happened.
+pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -> Admission {
+    deposit(&mut state.budget, now, &params.budget, req.deposits);
+    if let Some(answer) = closed(state.closed_until, state.closed_by, now) {
+        return answer;
+    }
+    if req.retry && remaining(&mut state.budget, now, &params.budget) < 1 {
+        return Admission::BudgetExhausted;
+    }
+    let t0 = now
+        .max(state.blocked_until)
+        .max(now.saturating_add(req.not_before_us));
+    let n = params.limit_count;
+    let Some((at, new_tat)) = schedule(&state.tat[..n], params.limits(), t0, req.cost) else {
+        return Admission::TooCostly;
+    };
+    let wait = at - now;
+    if wait > req.max_wait_us {
+        return Admission::Refused {
+            wait: us(wait),
+            cooldown: state.blocked_until > now,
+        };
+    }
+    state.tat[..n].copy_from_slice(&new_tat[..n]);
+    let budget_slot = if req.retry {
+        spend(&mut state.budget, now, &params.budget)
+    } else {
+        0
+    };
+    if wait == 0 {
+        return Admission::Admitted;
+    }
+    state.reserved_until = state.reserved_until.max(at);
+    Admission::Reserved {
+        wait: us(wait),
+        reservation: Reservation {
+            slot: at,
+            tat: new_tat,
+            epoch: state.epoch,
+            rebased: state.rebased,
+            cost: req.cost,
+            retry: req.retry,
+            budget_slot,
+        },
+    }
+}
+
+/// Gives a reserved slot back: each limit whose schedule still ends with this reservation
+/// moves back by its units; a retry's budget unit is refunded. Returns whether every limit
+/// took its slot back (otherwise the rest is a bounded loss: at most this one slot).
+pub fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
+    // A reservation from before a clock step: translate it into the current frame.
+    let step = state.rebased.saturating_sub(res.rebased);
+    let mut all = true;
+    for (l, limit) in params.limits().iter().enumerate() {
+        let mine = res.tat[l].saturating_sub(step);
+        if state.tat[l] == mine {
+            state.tat[l] = mine.saturating_sub(limit.units(res.cost) * limit.interval_us);
+        } else {
+            all = false;
+        }
+    }
+    if res.retry {
+        refund(&mut state.budget, &params.budget, res.budget_slot);
+    }
+    all
+}
+
+/// Raises the cooldown to `now + delay` (max semantics) and translates pending reservations
+/// past it (see the module docs); a delay beyond `max_cooldown` (or unrepresentable) closes
+/// the allowance instead.
+pub fn extend_cooldown(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    delay_us: Option<u64>,
+) -> Deferred {
+    let too_long = delay_us.is_none_or(|d| d > params.max_cooldown_us);
+    if too_long {
+        let event = close(state, now, delay_us, ClosedBy::ServerDelay);
+        return Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: Some(
+                (state.closed_until != FOREVER).then(|| us(state.closed_until.saturating_sub(now))),
+            ),
+            event: Some(event),
+        };
+    }
+    let until = now.saturating_add(delay_us.unwrap_or(0));
+    if until <= state.blocked_until {
+        return Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: None,
+            event: None,
+        };
+    }
+    // Pending reservations move by the part of the cooldown that was added. A slot that came
+    // due less than `PENDING_GRACE_US` ago counts as pending: its holder may not have fired
+    // yet (timer granularity, a store's round trip), and it will move when it hears of this.
+    let pending =
+        state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now;
+    let shift = if pending {
+        until - now.max(state.blocked_until)
+    } else {
+        0
+    };
+    if shift > 0 {
+        for t in &mut state.tat[..params.limit_count] {
+            *t = t.saturating_add(shift);
+        }
+        state.reserved_until = state.reserved_until.saturating_add(shift);
+    }
+    state.blocked_until = until;
+    state.epoch += 1;
+    Deferred {
+        extended: true,
+        blocked_for: us(until - now),
+        closed: None,
+        event: Some(Event {
+            epoch: state.epoch,
+            rebased: state.rebased,
+            kind: EventKind::Cooldown { until, shift },
+        }),
+    }
+}
+
+/// Closes the allowance for `delay_us` from now (`None`: until cleared); a longer closure
+/// wins over a shorter one.
+pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -> Event {
+    let until = match delay_us {
+        Some(d) if d <= MAX_DELAY_US => now.saturating_add(d),
+        _ => FOREVER,
+    };
+    if until > state.closed_until {
+        state.closed_until = until;
+        state.closed_by = by.code();
+    }
+    state.epoch += 1;
+    Event {
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind: EventKind::Closed {
+            until: state.closed_until,
+            by: ClosedBy::from_code(state.closed_by).unwrap_or(by),
+        },
+    }
+}
+
+/// Lifts the cooldown, the closed state and the probe backoff.
+pub fn clear(state: &mut State, now: u64) -> Event {
+    state.blocked_until = state.blocked_until.min(now);
+    state.closed_until = 0;
+    state.closed_by = 0;
+    state.next_probe_at = 0;
+    state.probe_failures = 0;
+    state.epoch += 1;
+    Event {
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind: EventKind::Cleared,
+    }
+}
+
+/// Grants the quota probe's lease to `token` unless the allowance is closed, a probe is
+/// backing off, or another prober holds an unexpired lease.
+pub fn lease(state: &mut State, now: u64, ttl_us: u64, token: u64) -> bool {
+    if now < state.closed_until || now < state.next_probe_at || now < state.lease_until {
+        return false;
+    }
+    state.lease_until = now.saturating_add(ttl_us.max(1));
+    state.lease_token = token;
+    state.probes += 1;
+    true
+}
+
+/// Records a probe's outcome: an exhausted quota closes the allowance; anything else backs
+/// off the next probe (doubling after failures). The lease is released when `token` still
+/// holds it. Returns the event when the allowance closed.
+pub fn finish_probe(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    token: u64,
+    outcome: ProbeOutcome,
+) -> Option<Event> {
+    if state.lease_token == token {
+        state.lease_until = 0;
+    }
+    match outcome {
+        ProbeOutcome::Exhausted { retry_in } => {
+            state.probe_failures = 0;
+            Some(close(state, now, micros_ceil(retry_in), ClosedBy::Quota))
+        }
+        ProbeOutcome::Available => {
+            state.probe_failures = 0;
+            state.next_probe_at = now.saturating_add(params.probe_backoff_min_us);
+            None
+        }
+        ProbeOutcome::Failed => {
+            let factor = 1u64
+                .checked_shl(u32::try_from(state.probe_failures).unwrap_or(u32::MAX))
+                .unwrap_or(u64::MAX);
+            let backoff = params
+                .probe_backoff_min_us
+                .saturating_mul(factor)
+                .min(params.probe_backoff_max_us);
+            state.probe_failures += 1;
+            state.next_probe_at = now.saturating_add(backoff);
+            None
+        }
+    }
+}
+
+/// The shared state as of `now`.
+pub fn read(state: &mut State, now: u64, params: &Params) -> StoreState {
+    let left = remaining(&mut state.budget, now, &params.budget);
+    StoreState {
+        blocked_for: us(state.blocked_until.saturating_sub(now)),
+        closed: (now < state.closed_until)
+            .then(|| (state.closed_until != FOREVER).then(|| us(state.closed_until - now))),
+        retries_remaining: (left != u64::MAX).then_some(left),
+        probes: state.probes,
+        epoch: state.epoch,
+    }
+}
+
+// === The retry budget ===
+
+/// Records `n` successful requests for a replenishing budget (a no-op for the others).
+pub fn deposit(budget: &mut BudgetState, now: u64, params: &BudgetParams, n: u64) {
+    if n == 0 {
+        return;
+    }
+    if let BudgetParams::Replenishing { slot_us, .. } = *params {
+        let slot = advance(budget, now, slot_us);
+        budget.deposits[slot] = budget.deposits[slot].saturating_add(n);
+    }
+}
+
+/// Retries that could be spent now (`u64::MAX` when unlimited).
+pub fn remaining(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
+    match *params {
+        BudgetParams::Unlimited => u64::MAX,
+        BudgetParams::Fixed { retries } => retries.saturating_sub(budget.spent),
+        BudgetParams::Replenishing {
+            slot_us,
+            reserve,
+            per_mille,
+        } => {
+            advance(budget, now, slot_us);
+            let sum = |xs: &[u64]| xs.iter().fold(0u64, |a, x| a.saturating_add(*x));
+            let earned = sum(&budget.deposits).saturating_mul(per_mille) / 1_000;
+            reserve
+                .saturating_add(earned)
+                .saturating_sub(sum(&budget.withdrawals))
+        }
+    }
+}
+
+/// Spends one retry (the caller checked [`remaining`] in the same step). Returns the slot
+/// (in slots since the epoch) a replenishing budget recorded it in, for a refund.
+pub fn spend(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
+    match *params {
+        BudgetParams::Unlimited => 0,
+        BudgetParams::Fixed { .. } => {
+            budget.spent = budget.spent.saturating_add(1);
+            0
+        }
+        BudgetParams::Replenishing { slot_us, .. } => {
+            let slot = advance(budget, now, slot_us);
+            budget.withdrawals[slot] = budget.withdrawals[slot].saturating_add(1);
+            budget.head_slot
+        }
+    }
+}
+
+/// Refunds a retry that was reserved but never sent: the fixed count goes back down, or the
+/// replenishing withdrawal is removed from its slot while that slot is still in the window.
+pub fn refund(budget: &mut BudgetState, params: &BudgetParams, slot: u64) {
+    match *params {
+        BudgetParams::Unlimited => {}
+        BudgetParams::Fixed { .. } => budget.spent = budget.spent.saturating_sub(1),
+        BudgetParams::Replenishing { .. } => {
+            if slot <= budget.head_slot && budget.head_slot - slot < BUDGET_SLOTS {
+                let i = (slot % BUDGET_SLOTS) as usize;
+                budget.withdrawals[i] = budget.withdrawals[i].saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// Moves the sliding window forward to `now`, clearing expired slots; returns the index of
+/// the current slot.
+pub fn advance(budget: &mut BudgetState, now: u64, slot_us: u64) -> usize {
+    let now_slot = now / slot_us.max(1);
+    if now_slot > budget.head_slot {
+        let clear = (now_slot - budget.head_slot).min(BUDGET_SLOTS);
+        for i in 1..=clear {
+            let idx = ((budget.head_slot + i) % BUDGET_SLOTS) as usize;
+            budget.deposits[idx] = 0;
+            budget.withdrawals[idx] = 0;
+        }
+        budget.head_slot = now_slot;
+    }
+    (budget.head_slot % BUDGET_SLOTS) as usize
+}
+
+#[cfg(test)]
+mod tests;

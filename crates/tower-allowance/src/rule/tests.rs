@@ -1,0 +1,650 @@
+use std::time::Duration;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::{AllowanceConfig, Limit, RetryBudgetConfig};
+
+fn params(per_sec: u32, burst: u32) -> Params {
+    *AllowanceConfig::per_second(per_sec, burst)
+        .expect("valid")
+        .params()
+}
+
+fn with_budget(per_sec: u32, burst: u32, budget: RetryBudgetConfig) -> Params {
+    *AllowanceConfig::per_second(per_sec, burst)
+        .expect("valid")
+        .with_retry_budget(budget)
+        .params()
+}
+
+const FIRST: AdmitRequest = AdmitRequest::first();
+const RETRY: AdmitRequest = AdmitRequest::retry();
+
+fn admit_at(s: &mut State, now: u64, p: &Params, req: AdmitRequest) -> Admission {
+    match apply(s, now, p, &Op::Admit(req)) {
+        Reply::Admit(a) => a,
+        other => panic!("admit answered {other:?}"),
+    }
+}
+
+fn defer_at(s: &mut State, now: u64, p: &Params, delay_us: u64) -> Deferred {
+    match apply(
+        s,
+        now,
+        p,
+        &Op::Defer {
+            delay_us: Some(delay_us),
+        },
+    ) {
+        Reply::Defer(d) => d,
+        other => panic!("defer answered {other:?}"),
+    }
+}
+
+/// The instant an admission happens: now, or its reserved slot.
+fn admitted_at(now: u64, a: Admission) -> Option<u64> {
+    match a {
+        Admission::Admitted => Some(now),
+        Admission::Reserved { wait, .. } => Some(now + wait.as_micros() as u64),
+        _ => None,
+    }
+}
+
+#[test]
+fn seed_schedule_burst_two_two_per_second() {
+    // Eight callers arrive at once; reservations give the seed's shared gate: 0, 0, 500, ...
+    let p = params(2, 2);
+    let mut s = State::default();
+    let at: Vec<u64> = (0..8)
+        .map(|_| admitted_at(0, admit_at(&mut s, 0, &p, FIRST)).expect("admitted") / 1_000)
+        .collect();
+    assert_eq!(at, [0, 0, 500, 1000, 1500, 2000, 2500, 3000]);
+}
+
+#[test]
+fn max_wait_reserves_nothing() {
+    let p = params(2, 1);
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let mut before = s;
+    before.seen = 1;
+    let refused = admit_at(&mut s, 1, &p, FIRST.max_wait(Duration::from_millis(100)));
+    assert_eq!(
+        refused,
+        Admission::Refused {
+            wait: Duration::from_micros(499_999),
+            cooldown: false
+        }
+    );
+    assert_eq!(s, before, "a refusal changes nothing");
+    // Exactly the wait is allowed.
+    assert!(matches!(
+        admit_at(
+            &mut s,
+            1,
+            &p,
+            FIRST.max_wait(Duration::from_micros(499_999))
+        ),
+        Admission::Reserved { .. }
+    ));
+}
+
+#[test]
+fn not_before_delays_the_slot_and_later_callers_queue_behind_it() {
+    let p = params(10, 5);
+    let mut s = State::default();
+    let a = admit_at(&mut s, 0, &p, RETRY.not_before(Duration::from_secs(1)));
+    assert_eq!(admitted_at(0, a), Some(1_000_000));
+    // The slot is in the schedule: FIFO, the next caller comes after it (the bucket's
+    // burst takes it back to 700 ms, never before the reserved slot's predecessors).
+    assert_eq!(
+        admitted_at(0, admit_at(&mut s, 0, &p, FIRST)),
+        Some(700_000)
+    );
+}
+
+#[test]
+fn restart_after_cooldown_is_metered() {
+    // Seed test 2: a 2 s cooldown; eight callers arriving meanwhile get the burst of two at
+    // 2 s, then one per interval.
+    let p = params(2, 2);
+    let mut s = State::default();
+    assert!(defer_at(&mut s, 0, &p, 2_000_000).extended);
+    let at: Vec<u64> = (0..8)
+        .map(|_| admitted_at(100, admit_at(&mut s, 100, &p, FIRST)).expect("reserved") / 1_000)
+        .collect();
+    assert_eq!(at, [2000, 2000, 2500, 3000, 3500, 4000, 4500, 5000]);
+}
+
+#[test]
+fn cooldown_translates_pending_reservations() {
+    let p = params(2, 2);
+    let mut s = State::default();
+    let mut held: Vec<Reservation> = vec![];
+    for _ in 0..6 {
+        match admit_at(&mut s, 0, &p, FIRST) {
+            Admission::Admitted => {}
+            Admission::Reserved { reservation, .. } => held.push(reservation),
+            other => panic!("{other:?}"),
+        }
+    }
+    let slots: Vec<u64> = held.iter().map(|r| r.slot / 1_000).collect();
+    assert_eq!(slots, [500, 1000, 1500, 2000]);
+    // At 200 ms a server asks everyone to wait 1 s: the pending schedule moves by 1 s.
+    let d = defer_at(&mut s, 200_000, &p, 1_000_000);
+    let event = d.event.expect("an event for the holders");
+    for r in &mut held {
+        assert_eq!(r.apply(&event), Applied::Moved(1_000_000));
+    }
+    let slots: Vec<u64> = held.iter().map(|r| r.slot / 1_000).collect();
+    assert_eq!(slots, [1500, 2000, 2500, 3000]);
+    // A newcomer is scheduled behind the translated queue, not at the cooldown's end.
+    assert_eq!(
+        admitted_at(300_000, admit_at(&mut s, 300_000, &p, FIRST)),
+        Some(3_500_000)
+    );
+    // An event seen twice is applied once.
+    assert_eq!(held[0].apply(&event), Applied::Seen);
+}
+
+#[test]
+fn cooldown_without_pending_reservations_keeps_the_recovered_burst() {
+    let p = params(2, 2);
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let d = defer_at(&mut s, 0, &p, 5_000_000);
+    let Some(Event {
+        kind: EventKind::Cooldown { shift, .. },
+        ..
+    }) = d.event
+    else {
+        panic!("an event");
+    };
+    assert_eq!(shift, 0, "nothing pending: nothing moves");
+    let a = admit_at(&mut s, 5_000_000, &p, FIRST);
+    let b = admit_at(&mut s, 5_000_000, &p, FIRST);
+    assert_eq!((a, b), (Admission::Admitted, Admission::Admitted));
+}
+
+#[test]
+fn extending_during_a_cooldown_moves_by_the_extension_only() {
+    let p = params(2, 2);
+    let mut s = State::default();
+    defer_at(&mut s, 0, &p, 1_000_000);
+    let Admission::Reserved {
+        mut reservation, ..
+    } = admit_at(&mut s, 0, &p, FIRST)
+    else {
+        panic!("reserved at the cooldown's end");
+    };
+    assert_eq!(reservation.slot, 1_000_000);
+    let event = defer_at(&mut s, 100_000, &p, 3_000_000)
+        .event
+        .expect("event");
+    assert_eq!(reservation.apply(&event), Applied::Moved(2_100_000));
+    assert_eq!(reservation.slot, 3_100_000);
+}
+
+#[test]
+fn defer_extends_never_shortens() {
+    let p = params(2, 2);
+    let mut s = State::default();
+    assert!(defer_at(&mut s, 0, &p, 5_000_000).extended);
+    let d = defer_at(&mut s, 100_000, &p, 1_000_000);
+    assert!(!d.extended);
+    assert_eq!(d.event, None);
+    assert_eq!(s.blocked_until, 5_000_000);
+    assert!(defer_at(&mut s, 1_000_000, &p, 8_000_000).extended);
+    assert_eq!(s.blocked_until, 9_000_000);
+}
+
+#[test]
+fn a_delay_beyond_max_cooldown_closes_the_allowance() {
+    let config = AllowanceConfig::per_second(2, 2)
+        .expect("valid")
+        .with_max_cooldown(Duration::from_secs(3600))
+        .expect("valid");
+    let p = *config.params();
+    let mut s = State::default();
+    let d = defer_at(&mut s, 0, &p, 3_600_000_001);
+    assert_eq!(d.closed, Some(Some(Duration::from_micros(3_600_000_001))));
+    assert_eq!(
+        admit_at(&mut s, 10, &p, FIRST),
+        Admission::Closed {
+            until: Some(Duration::from_micros(3_599_999_991)),
+            by: ClosedBy::ServerDelay
+        }
+    );
+    // An unrepresentable delay closes until cleared; a shorter closure never shortens it.
+    let d = match apply(&mut s, 20, &p, &Op::Defer { delay_us: None }) {
+        Reply::Defer(d) => d,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(d.closed, Some(None));
+    apply(
+        &mut s,
+        30,
+        &p,
+        &Op::Close {
+            delay_us: Some(5),
+            by: ClosedBy::Quota,
+        },
+    );
+    assert!(matches!(
+        admit_at(&mut s, 40, &p, FIRST),
+        Admission::Closed { until: None, .. }
+    ));
+    // An operator clears it.
+    apply(&mut s, 50, &p, &Op::Clear);
+    assert_eq!(admit_at(&mut s, 60, &p, FIRST), Admission::Admitted);
+}
+
+#[test]
+fn fixed_budget_is_exact_and_refunded_on_release() {
+    let p = with_budget(1_000, 1_000, RetryBudgetConfig::fixed(4));
+    let mut s = State::default();
+    let spent = (0..10)
+        .filter(|_| admit_at(&mut s, 0, &p, RETRY) == Admission::Admitted)
+        .count();
+    assert_eq!(spent, 4);
+    assert_eq!(admit_at(&mut s, 0, &p, RETRY), Admission::BudgetExhausted);
+    // First attempts never touch the budget.
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+
+    // A reserved retry that is released gives its budget unit back.
+    let p = with_budget(1, 1, RetryBudgetConfig::fixed(1));
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let Admission::Reserved { reservation, .. } = admit_at(&mut s, 0, &p, RETRY) else {
+        panic!("reserved");
+    };
+    assert_eq!(admit_at(&mut s, 0, &p, RETRY), Admission::BudgetExhausted);
+    assert_eq!(
+        apply(&mut s, 1, &p, &Op::Release(reservation)),
+        Reply::Release { released: true }
+    );
+    assert!(matches!(
+        admit_at(&mut s, 2, &p, RETRY),
+        Admission::Reserved { .. }
+    ));
+}
+
+#[test]
+fn release_returns_the_latest_slot_only() {
+    let p = params(2, 1);
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let reserve = |s: &mut State| match admit_at(s, 0, &p, FIRST) {
+        Admission::Reserved { reservation, .. } => reservation,
+        other => panic!("{other:?}"),
+    };
+    let (a, b) = (reserve(&mut s), reserve(&mut s));
+    // `a` is not the latest: a bounded loss (its slot stays spent).
+    assert_eq!(
+        apply(&mut s, 0, &p, &Op::Release(a)),
+        Reply::Release { released: false }
+    );
+    // `b` is: the next caller gets b's slot.
+    assert_eq!(
+        apply(&mut s, 0, &p, &Op::Release(b)),
+        Reply::Release { released: true }
+    );
+    assert_eq!(admitted_at(0, reserve_any(&mut s, &p)), Some(b.slot));
+}
+
+fn reserve_any(s: &mut State, p: &Params) -> Admission {
+    admit_at(s, 0, p, FIRST)
+}
+
+#[test]
+fn exhausted_budget_consumes_no_token() {
+    let p = with_budget(1, 1, RetryBudgetConfig::fixed(0));
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, RETRY), Admission::BudgetExhausted);
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+}
+
+#[test]
+fn replenishing_budget_floor_ratio_expiry_and_folded_deposits() {
+    // Window 10 s in 1 s slots, floor 1/s -> reserve 10, 20% of successes.
+    let budget =
+        crate::ReplenishingBudget::new(Duration::from_secs(10), 1, 0.2).expect("valid budget");
+    let p = with_budget(1_000_000, 1_000, RetryBudgetConfig::Replenishing(budget));
+    let read = |s: &mut State, now| match apply(s, now, &p, &Op::Read { deposits: 0 }) {
+        Reply::State(st) => st.retries_remaining,
+        other => panic!("{other:?}"),
+    };
+    let mut s = State::default();
+    assert_eq!(read(&mut s, 0), Some(10));
+    // Fifty successes travel with the next admission.
+    assert_eq!(
+        admit_at(&mut s, 0, &p, FIRST.deposits(50)),
+        Admission::Admitted
+    );
+    assert_eq!(read(&mut s, 0), Some(20));
+    for _ in 0..20 {
+        assert_eq!(admit_at(&mut s, 0, &p, RETRY), Admission::Admitted);
+    }
+    assert_eq!(admit_at(&mut s, 0, &p, RETRY), Admission::BudgetExhausted);
+    // After the window passes, deposits and withdrawals expire: the floor is back.
+    assert_eq!(read(&mut s, 10_000_000), Some(10));
+}
+
+#[test]
+fn several_limits_admit_all_or_nothing_at_the_earliest_common_instant() {
+    // 10/s burst 10, plus 20 per minute burst 20 (one per 3 s).
+    let config = AllowanceConfig::per_second(10, 10)
+        .expect("valid")
+        .with_limit(Limit::per_minute(20, 20).expect("valid"))
+        .expect("two limits");
+    let p = *config.params();
+    let mut s = State::default();
+    let mut at = vec![];
+    for _ in 0..25 {
+        at.push(admitted_at(0, admit_at(&mut s, 0, &p, FIRST)).expect("admitted"));
+    }
+    // Ten at once (the per-second burst), then one per 100 ms until the minute's burst of 20
+    // is spent, then one per 3 s.
+    assert_eq!(&at[..10], &[0; 10]);
+    assert_eq!(at[10], 100_000);
+    assert_eq!(at[19], 1_000_000);
+    assert_eq!(at[20], 3_000_000);
+    assert_eq!(at[24], 15_000_000);
+}
+
+#[test]
+fn weighted_costs_and_a_cost_that_never_fits() {
+    // 60 requests/min (burst 10) and 1,000 tokens/min (burst 1,000).
+    let config = AllowanceConfig::per_minute(60, 10)
+        .expect("valid")
+        .with_limit(
+            Limit::per_minute(1_000, 1_000)
+                .expect("valid")
+                .counting_cost(),
+        )
+        .expect("two limits");
+    let p = *config.params();
+    let mut s = State::default();
+    assert_eq!(
+        admit_at(&mut s, 0, &p, FIRST.cost(600)),
+        Admission::Admitted
+    );
+    // 400 tokens left: a 500-token request waits for 100 tokens (6 s).
+    assert_eq!(
+        admitted_at(0, admit_at(&mut s, 0, &p, FIRST.cost(500))),
+        Some(6_000_000)
+    );
+    // A light request does not overtake it: FIFO.
+    assert_eq!(
+        admitted_at(0, admit_at(&mut s, 0, &p, FIRST.cost(1))),
+        Some(6_060_000)
+    );
+    assert_eq!(
+        admit_at(&mut s, 0, &p, FIRST.cost(1_001)),
+        Admission::TooCostly
+    );
+}
+
+#[test]
+fn quota_probe_lease_is_single_flight_and_backs_off() {
+    let p = params(2, 2);
+    let mut s = State::default();
+    let lease = |s: &mut State, now, token| match apply(
+        s,
+        now,
+        &p,
+        &Op::Lease {
+            ttl_us: 1_000_000,
+            token,
+        },
+    ) {
+        Reply::Lease { granted } => granted,
+        other => panic!("{other:?}"),
+    };
+    assert!(lease(&mut s, 0, 1));
+    assert!(!lease(&mut s, 10, 2), "held");
+    // A prober that died: its lease expires and another takes over.
+    assert!(lease(&mut s, 1_000_000, 2));
+    // The first prober's late report does not release the second's lease.
+    apply(
+        &mut s,
+        1_000_001,
+        &p,
+        &Op::FinishProbe {
+            token: 1,
+            outcome: ProbeOutcome::Failed,
+        },
+    );
+    assert!(!lease(&mut s, 1_000_002, 3));
+    // Failures back off, doubling from the minimum.
+    apply(
+        &mut s,
+        1_000_002,
+        &p,
+        &Op::FinishProbe {
+            token: 2,
+            outcome: ProbeOutcome::Failed,
+        },
+    );
+    let backoff = p.probe_backoff_min_us * 2;
+    assert!(!lease(&mut s, 1_000_002 + backoff - 1, 3));
+    assert!(lease(&mut s, 1_000_002 + backoff, 3));
+    // An exhausted quota closes the allowance for everyone.
+    let reply = apply(
+        &mut s,
+        5_000_000,
+        &p,
+        &Op::FinishProbe {
+            token: 3,
+            outcome: ProbeOutcome::Exhausted {
+                retry_in: Duration::from_secs(60),
+            },
+        },
+    );
+    assert!(matches!(reply, Reply::ProbeFinished(Some(_))));
+    assert_eq!(
+        admit_at(&mut s, 5_000_000, &p, FIRST),
+        Admission::Closed {
+            until: Some(Duration::from_secs(60)),
+            by: ClosedBy::Quota
+        }
+    );
+    assert!(!lease(&mut s, 5_000_001, 4), "closed: nothing to probe");
+}
+
+#[test]
+fn a_backward_clock_step_never_lengthens_a_wait() {
+    let p = params(2, 1);
+    let hour = 3_600_000_000;
+    let mut s = State::default();
+    let t = 10 * hour;
+    assert_eq!(admit_at(&mut s, t, &p, FIRST), Admission::Admitted);
+    defer_at(&mut s, t, &p, 2_000_000);
+    // The clock steps back one hour: the cooldown still ends 2 s after it was raised.
+    let Admission::Reserved { wait, .. } = admit_at(&mut s, t - hour, &p, FIRST) else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, Duration::from_secs(2));
+}
+
+#[test]
+fn events_round_trip_as_words() {
+    let events = [
+        Event {
+            epoch: 3,
+            rebased: 7,
+            kind: EventKind::Cooldown {
+                until: 99,
+                shift: 5,
+            },
+        },
+        Event {
+            epoch: 4,
+            rebased: 0,
+            kind: EventKind::Closed {
+                until: FOREVER,
+                by: ClosedBy::Quota,
+            },
+        },
+        Event {
+            epoch: 5,
+            rebased: 0,
+            kind: EventKind::Cleared,
+        },
+    ];
+    for e in events {
+        assert_eq!(Event::from_words(&e.to_words()), Some(e));
+    }
+    assert_eq!(Event::from_words(&[1, 2, 9, 0, 0]), None);
+    assert_eq!(Event::from_words(&[1, 2]), None);
+}
+
+#[test]
+fn micros_round_up_and_refuse_overflow() {
+    assert_eq!(micros_ceil(Duration::from_nanos(1)), Some(1));
+    assert_eq!(micros_ceil(Duration::from_micros(7)), Some(7));
+    assert_eq!(micros_ceil(MAX_DELAY), Some(MAX_DELAY_US));
+    assert_eq!(micros_ceil(MAX_DELAY + Duration::from_micros(1)), None);
+    assert_eq!(micros_ceil(Duration::MAX), None);
+}
+
+#[test]
+fn interval_rounds_up_never_faster() {
+    assert_eq!(params(3, 1).limits()[0].interval_us, 333_334);
+}
+
+proptest! {
+    /// Admissions (immediate or reserved) in any window of length w are at most
+    /// burst + rate * w, with cooldowns, releases and retries mixed in.
+    #[test]
+    fn window_bound(
+        per_sec in 1u32..50,
+        burst in 1u32..10,
+        ops in proptest::collection::vec((0u64..400_000, 0u8..6, 0u64..3_000_000), 1..200),
+    ) {
+        let p = params(per_sec, burst);
+        let interval = p.limits()[0].interval_us;
+        let mut s = State::default();
+        let mut now = 0u64;
+        // Every slot handed out, by id; a released one is removed.
+        let mut slots: Vec<Option<u64>> = vec![];
+        let mut held: Vec<(usize, Reservation)> = vec![];
+        for (gap, op, x) in ops {
+            now += gap;
+            held.retain(|(_, r)| r.slot > now);
+            match op {
+                0..=2 => {
+                    let req = if op == 2 { FIRST.max_wait(Duration::from_micros(x)) } else { FIRST };
+                    match admit_at(&mut s, now, &p, req) {
+                        Admission::Admitted => slots.push(Some(now)),
+                        Admission::Reserved { reservation, .. } => {
+                            held.push((slots.len(), reservation));
+                            slots.push(Some(reservation.slot));
+                        }
+                        Admission::Refused { .. } => {}
+                        other => prop_assert!(false, "{other:?}"),
+                    }
+                }
+                3 => {
+                    if let Reply::Defer(d) = apply(&mut s, now, &p, &Op::Defer { delay_us: Some(x) }) {
+                        if let Some(e) = d.event {
+                            for (id, r) in &mut held {
+                                let before = r.slot;
+                                prop_assert!(matches!(r.apply(&e), Applied::Moved(_)));
+                                prop_assert!(r.slot >= before);
+                                slots[*id] = Some(r.slot);
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    // The newest pending holder leaves.
+                    if let Some(pos) = held.iter().rposition(|(_, r)| r.slot > now) {
+                        let (id, r) = held.remove(pos);
+                        if let Reply::Release { released: true } = apply(&mut s, now, &p, &Op::Release(r)) {
+                            slots[id] = None;
+                        }
+                    }
+                }
+            }
+        }
+        let mut at: Vec<u64> = slots.into_iter().flatten().collect();
+        at.sort_unstable();
+        for (i, start) in at.iter().enumerate() {
+            for (j, end) in at.iter().enumerate().skip(i) {
+                let count = (j - i + 1) as u64;
+                let bound = u64::from(burst) + (end - start) / interval;
+                prop_assert!(count <= bound, "{count} admissions in {}us > {bound}", end - start);
+            }
+        }
+    }
+
+    /// No admission happens inside a cooldown, whenever it was raised relative to the
+    /// reservations: every slot lies outside every cooldown that was raised before it fired.
+    #[test]
+    fn nothing_inside_a_cooldown(
+        ops in proptest::collection::vec((0u64..300_000, any::<bool>(), 1u64..2_000_000), 1..120),
+    ) {
+        let p = params(5, 2);
+        let mut s = State::default();
+        let mut now = 0;
+        let mut held: Vec<Reservation> = vec![];
+        let mut cooldowns: Vec<(u64, u64)> = vec![];
+        let mut fired: Vec<u64> = vec![];
+        for (gap, defer, delay) in ops {
+            now += gap;
+            // Holders whose slot has come fire.
+            held.retain(|r| { if r.slot <= now { fired.push(r.slot); false } else { true } });
+            if defer {
+                if let Reply::Defer(d) = apply(&mut s, now, &p, &Op::Defer { delay_us: Some(delay) }) {
+                    if d.extended { cooldowns.push((now, now + delay)); }
+                    if let Some(e) = d.event { for r in &mut held { prop_assert!(matches!(r.apply(&e), Applied::Moved(_))); } }
+                }
+            } else {
+                match admit_at(&mut s, now, &p, FIRST) {
+                    Admission::Admitted => fired.push(now),
+                    Admission::Reserved { reservation, .. } => held.push(reservation),
+                    other => prop_assert!(false, "{other:?}"),
+                }
+            }
+        }
+        fired.extend(held.iter().map(|r| r.slot));
+        for at in fired {
+            for (from, until) in &cooldowns {
+                prop_assert!(!(at > *from && at < *until), "admission at {at} inside cooldown {from}..{until}");
+            }
+        }
+    }
+
+    /// The cooldown deadline never decreases, whatever the order of defers.
+    #[test]
+    fn deadline_never_decreases(ops in proptest::collection::vec((0u64..1_000_000, 0u64..10_000_000), 1..100)) {
+        let p = params(10, 3);
+        let mut s = State::default();
+        let mut now = 0;
+        let mut last = 0;
+        for (advance, delay) in ops {
+            now += advance;
+            defer_at(&mut s, now, &p, delay);
+            prop_assert!(s.blocked_until >= last);
+            prop_assert!(s.blocked_until >= now + delay);
+            last = s.blocked_until;
+        }
+    }
+
+    /// Reserved slots are handed out in arrival order (FIFO), whatever the costs.
+    #[test]
+    fn fifo_whatever_the_cost(costs in proptest::collection::vec(1u32..100, 1..60)) {
+        let config = AllowanceConfig::per_second(5, 5).expect("valid")
+            .with_limit(Limit::per_second(500, 100).expect("valid").counting_cost()).expect("two");
+        let p = *config.params();
+        let mut s = State::default();
+        let mut last = 0;
+        for c in costs {
+            let at = admitted_at(0, admit_at(&mut s, 0, &p, FIRST.cost(c))).expect("admitted");
+            prop_assert!(at >= last);
+            last = at;
+        }
+    }
+}

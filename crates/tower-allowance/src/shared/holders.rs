@@ -1,0 +1,256 @@
+//! This process's holders of reserved slots, and what they must hear of.
+//!
+//! A caller whose admission was reserved sleeps on its own timer until its slot, so one
+//! admission costs one wakeup. Meanwhile the store may publish events (a cooldown that moves
+//! every pending slot, a closure): the registry applies each event, in epoch order and once,
+//! to every holder, and wakes only the holders whose slot moved or who must fail now.
+
+use std::{
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Mutex, MutexGuard, PoisonError,
+    },
+    task::Waker,
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::{
+    error::Exhausted,
+    rule::{Applied, ClosedBy, Event, EventKind, Reservation, FOREVER},
+};
+
+/// Recent events kept for holders that register (or catch up) late.
+const LOG_LEN: usize = 64;
+
+/// What a holder should do now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// Sleep until this instant (it may have moved).
+    Wait(Instant),
+    /// The allowance closed: fail.
+    Closed(Exhausted),
+    /// A cooldown pushed the slot past the holder's deadline: fail now.
+    Doomed,
+    /// Not registered (already removed).
+    Gone,
+}
+
+struct Entry {
+    reservation: Reservation,
+    at: Instant,
+    deadline: Option<Instant>,
+    waker: Option<Waker>,
+    closed: Option<Exhausted>,
+}
+
+/// The local view of the shared state, for snapshots.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Known {
+    pub(crate) blocked_until: Option<Instant>,
+    pub(crate) closed: Option<Exhausted>,
+}
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    entries: BTreeMap<u64, Entry>,
+    log: VecDeque<Event>,
+    known: Known,
+}
+
+/// The registry. Shared behind the allowance's `Arc` (and weakly by the store's watcher).
+pub(crate) struct Holders {
+    registry: Mutex<Registry>,
+    /// Callers waiting right now (holders, and callers waiting out a store outage).
+    waiting: AtomicUsize,
+}
+
+impl Holders {
+    pub(crate) fn new() -> Self {
+        Self {
+            registry: Mutex::new(Registry::default()),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        // Critical sections are bookkeeping that cannot panic.
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Callers waiting right now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// One more caller waiting outside the registry (a store outage).
+    pub(crate) fn enter(&self) {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// [`Holders::enter`] undone.
+    pub(crate) fn leave(&self) {
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// What this process knows of the shared state.
+    pub(crate) fn known(&self) -> Known {
+        self.lock().known
+    }
+
+    /// Records a cooldown deadline learned from a reply.
+    pub(crate) fn learn_cooldown(&self, until: Instant) {
+        let mut r = self.lock();
+        r.known.blocked_until = Some(r.known.blocked_until.map_or(until, |b| b.max(until)));
+    }
+
+    /// Records a closure learned from a reply.
+    pub(crate) fn learn_closed(&self, closed: Exhausted) {
+        self.lock().known.closed = Some(closed);
+    }
+
+    /// Registers a holder of `reservation`, due at `at`; applies any event it missed.
+    pub(crate) fn register(
+        &self,
+        reservation: Reservation,
+        at: Instant,
+        deadline: Option<Instant>,
+        waker: &Waker,
+    ) -> (u64, Check) {
+        let mut r = self.lock();
+        let id = r.next_id;
+        r.next_id += 1;
+        let mut entry = Entry {
+            reservation,
+            at,
+            deadline,
+            waker: Some(waker.clone()),
+            closed: None,
+        };
+        catch_up(&mut entry, &r.log);
+        let check = entry.check();
+        r.entries.insert(id, entry);
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        (id, check)
+    }
+
+    /// The holder's current instruction; keeps `waker` for the next change.
+    pub(crate) fn check(&self, id: u64, waker: &Waker) -> Check {
+        let mut r = self.lock();
+        let Some(entry) = r.entries.get_mut(&id) else {
+            return Check::Gone;
+        };
+        match &entry.waker {
+            Some(w) if w.will_wake(waker) => {}
+            _ => entry.waker = Some(waker.clone()),
+        }
+        entry.check()
+    }
+
+    /// Removes a holder (its slot came, or it left); returns its reservation as it stands.
+    pub(crate) fn remove(&self, id: u64) -> Option<Reservation> {
+        let entry = self.lock().entries.remove(&id)?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(entry.reservation)
+    }
+
+    /// Applies `event` (from a reply or from another process) to every holder, once, in epoch
+    /// order; wakes the holders it moved or doomed.
+    pub(crate) fn event(&self, event: Event) {
+        let mut wake = Vec::new();
+        {
+            let mut r = self.lock();
+            // Keep the log ordered by epoch, without duplicates.
+            let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
+            if r.log.get(pos).is_some_and(|e| e.epoch() == event.epoch()) {
+                return;
+            }
+            r.log.insert(pos, event);
+            if r.log.len() > LOG_LEN {
+                r.log.pop_front();
+            }
+            match event.kind() {
+                EventKind::Closed { until, by } if until == FOREVER => {
+                    r.known.closed = Some(Exhausted::new(None, by));
+                }
+                EventKind::Cleared => r.known = Known::default(),
+                _ => {}
+            }
+            let Registry { entries, log, .. } = &mut *r;
+            for entry in entries.values_mut() {
+                let before = (entry.at, entry.closed.is_some());
+                catch_up(entry, log);
+                if (entry.at, entry.closed.is_some()) != before {
+                    wake.extend(entry.waker.take());
+                }
+            }
+        }
+        wake.into_iter().for_each(Waker::wake);
+    }
+
+    /// Events may have been missed: every holder still behind `epoch` is moved to at least
+    /// `blocked_until` (the bound a missed cooldown could have set; errs late) and catches up.
+    pub(crate) fn resync(&self, epoch: u64, blocked_until: Instant) {
+        let mut wake = Vec::new();
+        {
+            let mut r = self.lock();
+            for entry in r.entries.values_mut() {
+                if entry.reservation.epoch < epoch {
+                    entry.reservation.epoch = epoch;
+                    if entry.at < blocked_until {
+                        entry.at = blocked_until;
+                        wake.extend(entry.waker.take());
+                    }
+                }
+            }
+            r.log.retain(|e| e.epoch() > epoch);
+        }
+        wake.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// Applies the logged events the entry has not seen, in order, stopping at a gap.
+fn catch_up(entry: &mut Entry, log: &VecDeque<Event>) {
+    for event in log {
+        match entry.reservation.apply(event) {
+            Applied::Seen => {}
+            Applied::Gap => break,
+            Applied::Moved(us) => {
+                entry.at = entry
+                    .at
+                    .checked_add(Duration::from_micros(us))
+                    .unwrap_or(entry.at);
+            }
+            Applied::Closed => {
+                let (until, by) = match event.kind() {
+                    EventKind::Closed { until, by } => (until, by),
+                    _ => (FOREVER, ClosedBy::ServerDelay),
+                };
+                // The local instant of a store-clock `until` is known relative to the slot.
+                let local = (until != FOREVER).then(|| {
+                    let after_slot = until.saturating_sub(entry.reservation.slot());
+                    entry
+                        .at
+                        .checked_add(Duration::from_micros(after_slot))
+                        .unwrap_or(entry.at)
+                });
+                entry.closed = Some(Exhausted::new(local, by));
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn check(&self) -> Check {
+        if let Some(closed) = self.closed {
+            return Check::Closed(closed);
+        }
+        if self.deadline.is_some_and(|d| d < self.at) {
+            return Check::Doomed;
+        }
+        Check::Wait(self.at)
+    }
+}

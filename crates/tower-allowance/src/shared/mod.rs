@@ -1,0 +1,172 @@
+//! What every clone of an [`Allowance`](crate::Allowance) and every future it creates shares,
+//! behind one `Arc`: the configuration, the store, this process's holders and counters.
+//!
+//! The handle (`allowance/`) and the admission future (`acquire.rs`) both depend on this
+//! module and not on each other.
+
+use std::{
+    fmt,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+};
+
+use tokio::time::Instant;
+
+use crate::{
+    error::Exhausted,
+    quota::QuotaGuard,
+    rule::{Deferred, Event, Op, Reply, Reservation},
+    store::{EventSink, Store, StoreError, StoreFuture},
+    AllowanceConfig,
+};
+
+pub(crate) mod holders;
+pub(crate) mod stats;
+
+pub(crate) use self::{holders::Holders, stats::Stats};
+
+/// The state behind an allowance's `Arc`.
+pub(crate) struct Shared {
+    pub(crate) name: Arc<str>,
+    pub(crate) config: AllowanceConfig,
+    pub(crate) store: Box<dyn Store>,
+    pub(crate) holders: Arc<Holders>,
+    pub(crate) stats: Stats,
+    /// Successes not yet recorded in the store: they travel with the next admission.
+    pub(crate) pending_deposits: AtomicU64,
+    /// Seeds per-request jitter streams so that concurrent retries do not share one.
+    pub(crate) jitter_seq: AtomicU64,
+    /// The quota probe, when configured.
+    pub(crate) quota: Option<QuotaGuard>,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Allowance")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("store", &self.store)
+            .field("waiting", &self.holders.waiting())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a store's watcher delivers other processes' events. Held weakly by the store.
+pub(crate) struct Sink(pub(crate) std::sync::Weak<Shared>);
+
+impl EventSink for Sink {
+    fn event(&self, event: Event) {
+        if let Some(shared) = self.0.upgrade() {
+            shared.holders.event(event);
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+
+    fn resync(&self) {
+        // Events may have been lost (a dropped subscription): read the state, and move every
+        // holder that has not heard of the latest epoch to at least the cooldown's end.
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        handle.spawn(async move {
+            let now = Instant::now();
+            if let Ok(Reply::State(state)) = shared.apply_async(Op::Read { deposits: 0 }).await {
+                let until = now.checked_add(state.blocked_for).unwrap_or(now);
+                shared.holders.resync(state.epoch, until);
+            }
+        });
+    }
+}
+
+impl Shared {
+    /// Applies `op`: synchronously when the store can, else through its future.
+    pub(crate) fn apply(&self, now: Instant, op: Op) -> Applying {
+        match self.store.try_apply(now, self.config.params(), &op) {
+            Some(result) => Applying::Done(result),
+            None => Applying::Pending(self.store.apply(self.config.params(), op)),
+        }
+    }
+
+    /// Applies `op` and waits for the answer.
+    pub(crate) async fn apply_async(&self, op: Op) -> Result<Reply, StoreError> {
+        match self.apply(Instant::now(), op) {
+            Applying::Done(result) => result,
+            Applying::Pending(fut) => fut.await,
+        }
+    }
+
+    /// Takes the successes waiting to travel with the next store call.
+    pub(crate) fn take_deposits(&self) -> u64 {
+        if self.pending_deposits.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.pending_deposits.swap(0, Ordering::AcqRel)
+    }
+
+    /// Puts back deposits whose store call failed.
+    pub(crate) fn restore_deposits(&self, n: u64) {
+        if n > 0 {
+            self.pending_deposits.fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    /// What a cooldown raise did, for this process: counters, holders, the known deadline.
+    pub(crate) fn after_defer(&self, now: Instant, deferred: &Deferred) {
+        if deferred.extended {
+            self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                allowance = &*self.name,
+                blocked_for = ?deferred.blocked_for,
+                "allowance cooldown extended"
+            );
+            if let Some(until) = now.checked_add(deferred.blocked_for) {
+                self.holders.learn_cooldown(until);
+            }
+        }
+        if let Some(closed) = deferred.closed {
+            let until = closed.and_then(|d| now.checked_add(d));
+            self.holders
+                .learn_closed(Exhausted::new(until, crate::rule::ClosedBy::ServerDelay));
+            tracing::warn!(
+                allowance = &*self.name,
+                until = ?closed,
+                "a server asked for a wait beyond max_cooldown: allowance closed"
+            );
+        }
+        if let Some(event) = deferred.event {
+            self.holders.event(event);
+        }
+    }
+
+    /// Gives a slot back whose holder left before using it (best effort: a release that
+    /// cannot be made is a bounded loss of one slot).
+    pub(crate) fn release(&self, reservation: Reservation) {
+        let op = Op::Release(reservation);
+        match self.apply(Instant::now(), op) {
+            Applying::Done(_) => {}
+            Applying::Pending(fut) => {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(async move {
+                        if let Err(e) = fut.await {
+                            tracing::debug!(error = %e, "could not release a reserved slot");
+                        }
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A store call, answered or in flight.
+pub(crate) enum Applying {
+    Done(Result<Reply, StoreError>),
+    Pending(StoreFuture<Reply>),
+}

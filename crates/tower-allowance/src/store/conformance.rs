@@ -1,0 +1,500 @@
+//! The conformance suite every [`Store`] must pass (feature `conformance`).
+//!
+//! It replays the same operations, and the same requests through the real layers, against a
+//! store, and checks every answer and every instant exactly. [`MemoryStore`] passes it by
+//! construction; the Redis store runs it in CI; a third-party store runs it in its own tests:
+//!
+//! ```
+//! use tower_allowance::store::{conformance, MemoryStore};
+//!
+//! #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! async fn main() {
+//!     conformance::run(|| async { MemoryStore::new() }).await;
+//! }
+//! ```
+//!
+//! # Requirements
+//!
+//! - Run it on a current-thread runtime with a **paused** clock (`start_paused = true`):
+//!   instants are checked to the microsecond.
+//! - The store must decide on tokio's clock (a test mode of a store with its own clock: the
+//!   Redis store's `follow_tokio_clock`), answer [`Store::try_apply`] synchronously, and
+//!   `make` must return a store with fresh state each time (a new name, say).
+//!
+//! Each check panics with what differed.
+
+use std::{
+    convert::Infallible,
+    future::Future,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use http::{Request, Response, StatusCode};
+use tokio::time::Instant;
+use tower::{service_fn, ServiceExt};
+
+use super::Store;
+use crate::{
+    error::AbandonReason,
+    quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
+    retry::RetryConfig,
+    rule::{Admission, ClosedBy, Op, Reply},
+    store::AdmitRequest,
+    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, BoxError, Cost, Deadline, Limit,
+    Outcome, ReplenishingBudget, RetryBudgetConfig,
+};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// Runs every check, each on a fresh store from `make`.
+///
+/// # Panics
+///
+/// When the store decides differently from the rule.
+pub async fn run<F, Fut, S>(mut make: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = S>,
+    S: Store,
+{
+    burst_then_reserved_slots(make().await).await;
+    max_wait_reserves_nothing(make().await).await;
+    cooldown_then_metered_restart(make().await).await;
+    cooldown_moves_waiting_callers(make().await).await;
+    cooldown_never_shortens(make().await).await;
+    fixed_budget_is_exact(make().await).await;
+    replenishing_budget_with_folded_deposits(make().await).await;
+    a_left_slot_goes_back(make().await).await;
+    several_limits_and_costs(make().await).await;
+    absurd_delay_closes_until_cleared(make().await).await;
+    fifo_through_the_admission_layer(make().await).await;
+    over_budget_retry_ends_at_once_with_the_429(make().await).await;
+    deadline_abandons_at_once(make().await).await;
+    quota_verdict_is_shared(make().await).await;
+}
+
+fn allowance<S: Store>(config: AllowanceConfig, store: S) -> Allowance {
+    Allowance::with_store(config, store)
+}
+
+fn per_second(rate: u32, burst: u32) -> AllowanceConfig {
+    match AllowanceConfig::per_second(rate, burst) {
+        Ok(c) => c,
+        Err(e) => panic!("valid config: {e}"),
+    }
+}
+
+async fn admit(a: &Allowance, req: AdmitRequest) -> Admission {
+    match a.shared.apply_async(Op::Admit(req)).await {
+        Ok(Reply::Admit(adm)) => adm,
+        other => panic!("admit answered {other:?}"),
+    }
+}
+
+/// The instant an acquire completes, or its error's abandonment reason.
+async fn acquire_at(a: &Allowance, options: AcquireOptions) -> Result<Duration, AbandonReason> {
+    let start = Instant::now();
+    match a.acquire_with(options).await {
+        Ok(()) => Ok(start.elapsed()),
+        Err(e) => Err(e.abandon_reason().unwrap_or(AbandonReason::Overloaded)),
+    }
+}
+
+async fn burst_then_reserved_slots<S: Store>(store: S) {
+    let a = allowance(per_second(10, 3), store);
+    for i in 0..3 {
+        assert_eq!(
+            admit(&a, AdmitRequest::first()).await,
+            Admission::Admitted,
+            "burst #{i}"
+        );
+    }
+    for i in 1..=3u64 {
+        let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+            panic!("burst spent: reserved");
+        };
+        assert_eq!(wait, Duration::from_millis(100 * i), "reservation #{i}");
+    }
+}
+
+async fn max_wait_reserves_nothing<S: Store>(store: S) {
+    let a = allowance(per_second(10, 1), store);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    let refused = admit(&a, AdmitRequest::first().max_wait(50 * MS)).await;
+    assert_eq!(
+        refused,
+        Admission::Refused {
+            wait: 100 * MS,
+            cooldown: false
+        }
+    );
+    // Nothing was spent: the next slot is still 100 ms away.
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, 100 * MS);
+}
+
+async fn cooldown_then_metered_restart<S: Store>(store: S) {
+    let a = allowance(per_second(10, 2), store);
+    let d = a.defer(300 * MS).await.expect("defer");
+    assert!(d.extended);
+    assert_eq!(d.blocked_for, 300 * MS);
+    let mut at = vec![];
+    for _ in 0..5 {
+        match admit(&a, AdmitRequest::first()).await {
+            Admission::Reserved { wait, .. } => at.push(wait.as_millis()),
+            other => panic!("cooling down: reserved after it, got {other:?}"),
+        }
+    }
+    assert_eq!(at, [300, 300, 400, 500, 600], "the restart is metered");
+    let state = a.store_state().await.expect("state");
+    assert_eq!(state.blocked_for, 300 * MS);
+}
+
+async fn cooldown_moves_waiting_callers<S: Store>(store: S) {
+    let a = allowance(per_second(2, 2), store);
+    let mut waiting = vec![];
+    for _ in 0..6 {
+        let a = a.clone();
+        waiting.push(tokio::spawn(async move {
+            acquire_at(&a, AcquireOptions::new()).await
+        }));
+    }
+    tokio::time::sleep(200 * MS).await;
+    // A server asks everyone to wait 1 s: every pending slot moves back by 1 s, in order.
+    a.defer(Duration::from_secs(1)).await.expect("defer");
+    let mut at = vec![];
+    for w in waiting {
+        at.push(w.await.expect("task").expect("admitted").as_millis());
+    }
+    assert_eq!(at, [0, 0, 1500, 2000, 2500, 3000]);
+}
+
+async fn cooldown_never_shortens<S: Store>(store: S) {
+    let a = allowance(per_second(2, 2), store);
+    assert!(a.defer(5 * 1000 * MS).await.expect("defer").extended);
+    tokio::time::advance(100 * MS).await;
+    let d = a.defer(Duration::from_secs(1)).await.expect("defer");
+    assert!(!d.extended);
+    assert_eq!(d.blocked_for, 4900 * MS);
+    tokio::time::advance(900 * MS).await;
+    let d = a.defer(Duration::from_secs(8)).await.expect("defer");
+    assert!(d.extended);
+    assert_eq!(d.blocked_for, Duration::from_secs(8));
+}
+
+async fn fixed_budget_is_exact<S: Store>(store: S) {
+    let a = allowance(
+        per_second(1_000, 1_000).with_retry_budget(RetryBudgetConfig::fixed(4)),
+        store,
+    );
+    let mut spent = 0;
+    for _ in 0..10 {
+        match admit(&a, AdmitRequest::retry()).await {
+            Admission::Admitted => spent += 1,
+            Admission::BudgetExhausted => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(spent, 4);
+    // The refused retries took no token: 996 of the burst are left.
+    let mut left = 0;
+    while admit(&a, AdmitRequest::first().max_wait(Duration::ZERO)).await == Admission::Admitted {
+        left += 1;
+    }
+    assert_eq!(left, 996);
+    assert_eq!(
+        a.store_state().await.expect("state").retries_remaining,
+        Some(0)
+    );
+}
+
+async fn replenishing_budget_with_folded_deposits<S: Store>(store: S) {
+    let budget = match ReplenishingBudget::new(Duration::from_secs(10), 1, 0.2) {
+        Ok(b) => b,
+        Err(e) => panic!("{e}"),
+    };
+    let a = allowance(
+        per_second(1_000, 1_000).with_retry_budget(RetryBudgetConfig::Replenishing(budget)),
+        store,
+    );
+    assert_eq!(
+        a.store_state().await.expect("state").retries_remaining,
+        Some(10)
+    );
+    assert_eq!(
+        admit(&a, AdmitRequest::first().deposits(50)).await,
+        Admission::Admitted
+    );
+    assert_eq!(
+        a.store_state().await.expect("state").retries_remaining,
+        Some(20)
+    );
+    for _ in 0..20 {
+        assert_eq!(admit(&a, AdmitRequest::retry()).await, Admission::Admitted);
+    }
+    assert_eq!(
+        admit(&a, AdmitRequest::retry()).await,
+        Admission::BudgetExhausted
+    );
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        a.store_state().await.expect("state").retries_remaining,
+        Some(10),
+        "the window passed: the floor is back"
+    );
+}
+
+async fn a_left_slot_goes_back<S: Store>(store: S) {
+    let a = allowance(per_second(10, 1), store);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    // A caller that gives up before its slot gives it back (it is the latest).
+    let early = tokio::time::timeout(50 * MS, a.acquire()).await;
+    assert!(early.is_err(), "timed out");
+    let at = acquire_at(&a, AcquireOptions::new())
+        .await
+        .expect("admitted");
+    assert_eq!(
+        at,
+        50 * MS,
+        "the next caller got the released slot (at 100 ms)"
+    );
+}
+
+async fn several_limits_and_costs<S: Store>(store: S) {
+    // 60 requests/min (burst 10) and 1,000 tokens/min (burst 1,000).
+    let config = AllowanceConfig::per_minute(60, 10)
+        .and_then(|c| c.with_limit(Limit::per_minute(1_000, 1_000)?.counting_cost()))
+        .expect("valid");
+    let a = allowance(config, store);
+    assert_eq!(
+        admit(&a, AdmitRequest::first().cost(600)).await,
+        Admission::Admitted
+    );
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first().cost(500)).await else {
+        panic!("reserved until 100 tokens accrue");
+    };
+    assert_eq!(wait, Duration::from_secs(6));
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first().cost(1)).await else {
+        panic!("FIFO: behind the heavy one");
+    };
+    assert_eq!(wait, Duration::from_millis(6_060));
+    assert_eq!(
+        admit(&a, AdmitRequest::first().cost(1_001)).await,
+        Admission::TooCostly
+    );
+    let res = acquire_at(&a, AcquireOptions::new().cost(5_000)).await;
+    assert_eq!(res, Err(AbandonReason::TooCostly));
+    // Through the layer, the `Cost` extension charges the request.
+    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default()).layer_service(ok_service());
+    let mut req = Request::new(String::new());
+    req.extensions_mut().insert(Cost(2_000));
+    let result = svc.oneshot(req).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::TooCostly)
+    );
+}
+
+async fn absurd_delay_closes_until_cleared<S: Store>(store: S) {
+    let config = per_second(2, 2)
+        .with_max_cooldown(Duration::from_secs(60))
+        .expect("valid");
+    let a = allowance(config, store);
+    let d = a.defer(Duration::from_secs(3_600)).await.expect("defer");
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(3_600))));
+    assert_eq!(
+        admit(&a, AdmitRequest::first()).await,
+        Admission::Closed {
+            until: Some(Duration::from_secs(3_600)),
+            by: ClosedBy::ServerDelay
+        }
+    );
+    assert_eq!(
+        acquire_at(&a, AcquireOptions::new()).await,
+        Err(AbandonReason::CooldownTooLong)
+    );
+    let snapshot = a.snapshot();
+    assert!(snapshot.closed.is_some(), "visible in the snapshot");
+    a.clear().await.expect("clear");
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+}
+
+fn ok_service() -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
+       + Send {
+    service_fn(|_req: Request<String>| async { Ok(Response::new(String::new())) })
+}
+
+/// A service that answers 429 with `Retry-After`, counting calls.
+fn throttling(
+    retry_after: &'static str,
+    calls: Arc<AtomicUsize>,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
+       + Send {
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static(retry_after),
+            );
+            Ok(res)
+        }
+    })
+}
+
+async fn fifo_through_the_admission_layer<S: Store>(store: S) {
+    let a = allowance(per_second(100, 1), store);
+    let order = Arc::new(Mutex::new(vec![]));
+    let mut tasks = vec![];
+    for i in 0..20 {
+        let svc = crate::admission::AdmissionLayer::new(a.clone()).layer_service(ok_service());
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let _ = svc.oneshot(Request::new(String::new())).await;
+            order.lock().map(|mut o| o.push(i)).ok();
+        }));
+        // Arrivals in a known order.
+        tokio::task::yield_now().await;
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let order = order.lock().map(|o| o.clone()).unwrap_or_default();
+    assert_eq!(
+        order,
+        (0..20).collect::<Vec<_>>(),
+        "admitted in arrival order"
+    );
+}
+
+async fn over_budget_retry_ends_at_once_with_the_429<S: Store>(store: S) {
+    let a = allowance(
+        per_second(2, 2).with_retry_budget(RetryBudgetConfig::fixed(0)),
+        store,
+    );
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default())
+        .layer_service(throttling("1", calls.clone()));
+    let start = Instant::now();
+    let result = svc.oneshot(Request::new(String::new())).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::BudgetExhausted)
+    );
+    assert_eq!(
+        result.as_ref().map(Response::status).ok(),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "it ends with the 429 it got"
+    );
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "at once, not after Retry-After"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+async fn deadline_abandons_at_once<S: Store>(store: S) {
+    let a = allowance(per_second(2, 2), store);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default())
+        .layer_service(throttling("30", calls.clone()));
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(10)));
+    let start = Instant::now();
+    let result = svc.oneshot(req).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Debug)]
+struct SpentQuota(Arc<AtomicUsize>);
+
+impl QuotaProbe for SpentQuota {
+    fn probe(
+        &self,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<QuotaStatus, BoxError>> + Send>> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async {
+            Ok(QuotaStatus::Exhausted {
+                retry_in: Duration::from_secs(3_600),
+            })
+        })
+    }
+}
+
+/// Two allowances over one state (two processes): one probe for both, and the verdict
+/// closes both.
+async fn quota_verdict_is_shared<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let probes = Arc::new(AtomicUsize::new(0));
+    let make = |store: Arc<S>| {
+        let trigger = QuotaTrigger::after_consecutive(1).expect("valid");
+        Allowance::builder(per_second(10, 10))
+            .store(store)
+            .quota_probe(SpentQuota(probes.clone()), trigger)
+            .build()
+    };
+    let (a, b) = (make(store.clone()), make(store));
+    let no_retry = RetryConfig::default().with_max_attempts(1).expect("valid");
+    let quota_429 = service_fn(|_req: Request<String>| async {
+        let mut res = Response::new(String::new());
+        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        Ok::<_, Infallible>(res)
+    });
+    // Throttling without Retry-After, in both: the trigger fires in both.
+    for x in [&a, &b] {
+        let svc = AllowanceLayer::new(x.clone(), no_retry.clone()).layer_service(quota_429);
+        let _ = svc.oneshot(Request::new(String::new())).await;
+    }
+    // Let the probes (spawned tasks) run.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(probes.load(Ordering::SeqCst), 1, "one probe for the group");
+    for x in [&a, &b] {
+        assert_eq!(
+            acquire_at(x, AcquireOptions::new()).await,
+            Err(AbandonReason::QuotaExhausted),
+            "closed for every holder of the state"
+        );
+    }
+    assert_eq!(b.store_state().await.expect("state").probes, 1);
+}
+
+/// `ServiceExt::layer`-like helper.
+trait LayerService<S> {
+    type Service;
+    fn layer_service(&self, inner: S) -> Self::Service;
+}
+
+impl<L: tower::Layer<S>, S> LayerService<S> for L {
+    type Service = L::Service;
+    fn layer_service(&self, inner: S) -> Self::Service {
+        self.layer(inner)
+    }
+}
