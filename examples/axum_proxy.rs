@@ -44,6 +44,7 @@ type Odds = <AllowanceLayer as Layer<HttpClient>>::Service;
 #[derive(Clone)]
 pub(crate) struct AppState {
     odds: Odds,
+    allowance: Allowance,
     upstream: String,
     key: String,
     /// How long an inbound request may wait for the upstream.
@@ -59,9 +60,10 @@ pub(crate) fn app(
 ) -> Result<Router, BoxError> {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let retry = RetryConfig::default().with_max_attempts(4)?;
-    let odds = AllowanceLayer::new(allowance, retry).layer(client);
+    let odds = AllowanceLayer::new(allowance.clone(), retry).layer(client);
     let state = AppState {
         odds,
+        allowance,
         upstream,
         key,
         patience,
@@ -102,19 +104,29 @@ async fn fetch(state: &AppState, event_id: &str) -> Result<Response, BoxError> {
             );
             Ok(response)
         }
-        // Given up on (deadline, budget, quota...): tell our caller, honestly.
+        // The upstream's final answer was a failure (a 404, a 401...): pass it on.
+        Outcome::Unsuccessful(status) => Ok((status, "upstream answered").into_response()),
+        // Given up on (deadline, budget, quota...): tell our caller, honestly, and when to
+        // come back: the shared cooldown's remaining time, as this process last learned it.
         Outcome::Abandoned(reason) => {
             let mut response = (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("upstream allowance: request abandoned ({reason})"),
             )
                 .into_response();
+            let snapshot = state.allowance.snapshot();
+            let wait = snapshot
+                .closed
+                .and_then(|c| c.reopens_in)
+                .or(snapshot.cooling_for)
+                .unwrap_or(Duration::from_secs(1));
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             response
                 .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
             Ok(response)
         }
-        Outcome::Failed => Err(result.err().unwrap_or_else(|| "failed".into())),
+        _ => Err(result.err().unwrap_or_else(|| "failed".into())),
     }
 }
 

@@ -7,7 +7,7 @@
 //! The allowance carries one [`QuotaProbe`] (`GET /v1/usage`). The first 429 without
 //! `Retry-After` triggers it, once for the whole allowance; its verdict ("exceeded", renews
 //! at the end of the month) closes the allowance: waiting and new calls fail at once with
-//! `QuotaExhausted { until }`, reported as abandoned, never as success. Nothing polls.
+//! `Exhausted { until }`, reported as abandoned, never as success. Nothing polls.
 //!
 //! ```text
 //! cargo run --example quota_exhausted
@@ -29,7 +29,7 @@ use hyper_util::{
 };
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
-    error::QuotaExhausted,
+    error::Exhausted,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
@@ -149,9 +149,9 @@ pub(crate) async fn run(
         tasks.push(tokio::spawn(async move {
             let result = stack.oneshot(request).await;
             let reopens_in = result.as_ref().err().and_then(|e| {
-                e.downcast_ref::<QuotaExhausted>().map(|q| {
+                e.downcast_ref::<Exhausted>().and_then(|q| {
                     q.until()
-                        .saturating_duration_since(tokio::time::Instant::now())
+                        .map(|u| u.saturating_duration_since(tokio::time::Instant::now()))
                 })
             });
             (Outcome::of(&result), reopens_in)

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_allowance::{
     cooldown::CooldownLayer,
-    error::{AbandonReason, UnrepresentableDelay},
+    error::{AbandonReason, Exhausted},
     retry::RetryConfig,
     Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome, RetryBudgetConfig,
 };
@@ -104,26 +104,32 @@ async fn missing_or_invalid_delays_never_invent_a_cooldown() {
     assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
 }
 
-// Seed test 8.
+// Seed test 8: an unrepresentable delay is never clamped shorter; it closes the allowance
+// (until cleared), visibly, for everyone.
 #[tokio::test(start_paused = true)]
-async fn an_unrepresentable_delay_fails_instead_of_shortening() {
+async fn an_unrepresentable_delay_closes_the_allowance_instead_of_shortening() {
     let allowance = allowance();
-    let err = observe(
+    let res = observe(
         &allowance,
         response_with(429, &[("retry-after", "999999999999999999999")]),
     )
     .await
-    .expect_err("typed failure");
-    assert!(err.is::<UnrepresentableDelay>());
+    .expect("the response is passed through");
+    assert_eq!(res.status(), 429);
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(state.closed, Some(None), "closed until cleared");
+    assert_eq!(state.blocked_for, Duration::ZERO, "nothing clamped");
+    let err = allowance.acquire().await.expect_err("closed");
+    assert_eq!(err.abandon_reason(), Some(AbandonReason::CooldownTooLong));
+    let e = err.into_box();
+    let exhausted = e.downcast_ref::<Exhausted>().expect("typed");
+    assert_eq!(exhausted.until(), None);
     assert_eq!(
-        Outcome::of::<()>(&Err(err)),
-        Outcome::Abandoned(AbandonReason::UnrepresentableDelay)
+        Outcome::of::<()>(&Err(e)),
+        Outcome::Abandoned(AbandonReason::CooldownTooLong)
     );
-    assert_eq!(
-        blocked_for(&allowance).await,
-        Duration::ZERO,
-        "nothing clamped"
-    );
+    allowance.clear().await.expect("an operator clears it");
+    allowance.acquire().await.expect("open again");
 }
 
 // Seed test 3, through responses arriving out of order.
@@ -360,7 +366,7 @@ async fn without_retry_after_backoff_is_bounded_and_seeded() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn success_is_completed_and_a_404_is_not_retried() {
+async fn success_is_completed_and_a_404_is_unsuccessful_not_retried() {
     let allowance = allowance();
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seen = calls.clone();
@@ -389,7 +395,11 @@ async fn success_is_completed_and_a_404_is_not_retried() {
                 .expect("request"),
         )
         .await;
-    assert_eq!(Outcome::of(&missing), Outcome::Completed);
+    // Ended (not retried), but not a success: never reported as completed.
+    assert_eq!(
+        Outcome::of(&missing),
+        Outcome::Unsuccessful(StatusCode::NOT_FOUND)
+    );
     assert_eq!(missing.expect("response").status(), 404);
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
 }

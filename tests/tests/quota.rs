@@ -15,7 +15,7 @@ use integration_tests::throttling;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::{AbandonReason, QuotaExhausted},
+    error::{AbandonReason, Exhausted},
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
@@ -95,16 +95,19 @@ async fn exhausted_quota_probes_once_and_abandons_every_job() {
         .oneshot(Request::new(String::new()))
         .await
         .expect_err("closed");
-    let closed = err.downcast_ref::<QuotaExhausted>().expect("typed");
-    assert!(closed.until() > Instant::now());
+    let closed = err.downcast_ref::<Exhausted>().expect("typed");
+    assert!(closed.until().is_some_and(|u| u > Instant::now()));
+    assert_eq!(closed.closed_by(), tower_allowance::rule::ClosedBy::Quota);
+    let snapshot = allowance.snapshot();
+    assert!(snapshot.closed.is_some(), "visible in the snapshot");
     assert_eq!(upstream.calls(), seen_at_verdict);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(start.elapsed() < Duration::from_secs(3600));
     assert_eq!(allowance.quota_probes(), 1);
 
-    // It reopens on an explicit reset: calls reach the upstream again (and, since the
+    // It reopens when an operator clears it: calls reach the upstream again (and, since the
     // quota is still spent there, the probe closes it again, once).
-    allowance.reset_quota();
+    allowance.clear().await.expect("clear");
     let result = svc.oneshot(Request::new(String::new())).await;
     assert!(upstream.calls() > seen_at_verdict);
     assert_eq!(

@@ -176,6 +176,12 @@ fn count(
     match Outcome::of(result) {
         Outcome::Completed => completed.fetch_add(1, Ordering::Relaxed),
         Outcome::Abandoned(_) => abandoned.fetch_add(1, Ordering::Relaxed),
-        Outcome::Failed => panic!("unexpected failure: {:?}", result.as_ref().err()),
+        other => panic!(
+            "unexpected {other:?}: {:?}",
+            result
+                .as_ref()
+                .map(|r| r.status())
+                .map_err(ToString::to_string)
+        ),
     };
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_allowance::{
-    store::{Admit, Decision, Store},
+    rule::{Admission, Op, Reply},
+    store::{AdmitRequest, Store},
     Allowance, AllowanceConfig, BoxError,
 };
 use tower_allowance_redis::{
@@ -47,7 +48,9 @@ async fn main() -> Result<(), BoxError> {
     // Warm up both paths.
     for _ in 0..500 {
         redis::cmd("PING").query_async::<String>(&mut ping).await?;
-        store.admit(&config, Admit::first()).await?;
+        store
+            .apply(config.params(), Op::Admit(AdmitRequest::first()))
+            .await?;
     }
     // Interleaved, so both see the same machine load.
     let (mut pings, mut admits) = (Vec::with_capacity(N), Vec::with_capacity(N));
@@ -57,9 +60,11 @@ async fn main() -> Result<(), BoxError> {
         redis::cmd("PING").query_async::<String>(&mut ping).await?;
         pings.push(t.elapsed());
         let t = Instant::now();
-        let decision = store.admit(&config, Admit::first()).await?;
+        let decision = store
+            .apply(config.params(), Op::Admit(AdmitRequest::first()))
+            .await?;
         admits.push(t.elapsed());
-        assert!(matches!(decision, Decision::Admitted { .. }));
+        assert!(matches!(decision, Reply::Admit(Admission::Admitted)));
     }
     let rt = store.round_trips() - rt_before;
     let (ping_p50, p99) = percentiles(pings);
@@ -82,7 +87,11 @@ async fn main() -> Result<(), BoxError> {
             let t = Instant::now();
             match round {
                 "PING" => drop(redis::cmd("PING").query_async::<String>(&mut ping).await?),
-                "admit" => drop(store.admit(&config, Admit::first()).await?),
+                "admit" => drop(
+                    store
+                        .apply(config.params(), Op::Admit(AdmitRequest::first()))
+                        .await?,
+                ),
                 _ => allowance.acquire().await?,
             }
             samples.push(t.elapsed());
@@ -118,7 +127,9 @@ async fn main() -> Result<(), BoxError> {
         let (store, config) = (store.clone(), config.clone());
         tasks.spawn(async move {
             for _ in 0..PER_TASK {
-                store.admit(&config, Admit::first()).await?;
+                store
+                    .apply(config.params(), Op::Admit(AdmitRequest::first()))
+                    .await?;
             }
             Ok::<_, BoxError>(())
         });
@@ -128,7 +139,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let took = started.elapsed();
     println!(
-        "{TASKS} tasks x {PER_TASK} via RedisStore::admit: {:.0} admissions/s ({took:.2?})",
+        "{TASKS} tasks x {PER_TASK} via RedisStore::apply(Admit): {:.0} admissions/s ({took:.2?})",
         total / took.as_secs_f64()
     );
 

@@ -158,6 +158,16 @@ impl TestRedis {
     ///
     /// When the server cannot be reached.
     pub async fn command(&self, args: &[&str]) -> String {
+        self.commands(&[args]).await
+    }
+
+    /// Sends several commands on one connection (so that an `AUTH` applies to the next ones)
+    /// and returns the raw replies, one per line. Replies must be one line each.
+    ///
+    /// # Panics
+    ///
+    /// When the server cannot be reached.
+    pub async fn commands(&self, commands: &[&[&str]]) -> String {
         let addr = self
             .url
             .trim_start_matches("redis://")
@@ -165,16 +175,27 @@ impl TestRedis {
             .next()
             .map(|a| a.rsplit('@').next().unwrap_or(a).to_owned())
             .expect("a host:port in the URL");
-        let mut cmd = format!("*{}\r\n", args.len());
-        for a in args {
-            cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        let mut cmd = String::new();
+        for args in commands {
+            cmd.push_str(&format!("*{}\r\n", args.len()));
+            for a in *args {
+                cmd.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+            }
         }
         let exchange = async {
             let mut stream = tokio::net::TcpStream::connect(&addr).await?;
             stream.write_all(cmd.as_bytes()).await?;
-            let mut buf = vec![0u8; 4096];
-            let n = stream.read(&mut buf).await?;
-            buf.truncate(n);
+            let mut buf = Vec::new();
+            let mut chunk = vec![0u8; 4096];
+            // The first reply may span lines (`KEYS`): one read for a single command.
+            loop {
+                let n = stream.read(&mut chunk).await?;
+                buf.extend_from_slice(&chunk[..n]);
+                let lines = buf.windows(2).filter(|w| w == b"\r\n").count();
+                if n == 0 || commands.len() == 1 || lines >= commands.len() {
+                    break;
+                }
+            }
             Ok::<_, std::io::Error>(buf)
         };
         let reply = tokio::time::timeout(Duration::from_secs(5), exchange)

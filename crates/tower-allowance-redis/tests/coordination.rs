@@ -7,7 +7,8 @@ use std::{error::Error, time::Duration};
 
 use tokio::time::Instant;
 use tower_allowance::{
-    store::{Admit, Decision, Store},
+    rule::{Admission, Op, Reply},
+    store::{AdmitRequest, Store, StoreState},
     Allowance, AllowanceConfig, ReplenishingBudget, RetryBudgetConfig,
 };
 use tower_allowance_redis::{
@@ -22,6 +23,28 @@ async fn connect(redis: &TestRedis, name: &str) -> RedisStore {
     RedisStore::connect(redis.url(), name, RedisStoreOptions::new())
         .await
         .expect("connect")
+}
+
+async fn admit(store: &RedisStore, config: &AllowanceConfig, req: AdmitRequest) -> Admission {
+    match store
+        .apply(config.params(), Op::Admit(req))
+        .await
+        .expect("redis")
+    {
+        Reply::Admit(a) => a,
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn state(store: &RedisStore, config: &AllowanceConfig) -> StoreState {
+    match store
+        .apply(config.params(), Op::Read { deposits: 0 })
+        .await
+        .expect("redis")
+    {
+        Reply::State(s) => s,
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The whole chain of an error, for checks on what it says.
@@ -61,10 +84,10 @@ async fn fixed_budget_is_exact_across_connections_and_tasks() {
                 let (mut admitted, mut refused) = (0u64, 0u64);
                 // Each task tries several times, so tasks race for the last units.
                 for _ in 0..4 {
-                    match store.admit(&config, Admit::retry()).await.expect("redis") {
-                        Decision::Admitted { .. } => admitted += 1,
-                        Decision::BudgetExhausted => refused += 1,
-                        Decision::Wait { .. } => panic!("tokens are plentiful"),
+                    match admit(&store, &config, AdmitRequest::retry()).await {
+                        Admission::Admitted => admitted += 1,
+                        Admission::BudgetExhausted => refused += 1,
+                        other => panic!("tokens are plentiful: {other:?}"),
                     }
                 }
                 (admitted, refused)
@@ -83,8 +106,7 @@ async fn fixed_budget_is_exact_across_connections_and_tasks() {
     );
     assert_eq!(admitted, K, "exactly the budget is spent");
     assert_eq!(refused, asked - K);
-    let state = stores[0].state(&config).await.expect("state");
-    assert_eq!(state.retries_remaining, Some(0));
+    assert_eq!(state(&stores[0], &config).await.retries_remaining, Some(0));
 }
 
 #[tokio::test]
@@ -101,7 +123,7 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
 
     let deferred = a.defer(2_000 * MS).await.expect("defer");
     assert!(deferred.extended);
-    // B asks the store once, is told the cooldown's remaining time, and sleeps it.
+    // B asks the store once, is given a slot at the cooldown's end, and sleeps until it.
     let started = Instant::now();
     let round_trips = b_store.round_trips();
     b.acquire().await.expect("admitted after the cooldown");
@@ -113,8 +135,8 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
     );
     assert_eq!(
         b_store.round_trips() - round_trips,
-        2,
-        "one answer to wait, one admission: no polling"
+        1,
+        "one reservation: no polling, no second call"
     );
     // A shorter Retry-After seen by B does not shorten the deadline A raised later.
     a.defer(1_000 * MS).await.expect("defer");
@@ -129,13 +151,13 @@ async fn steady_state_admission_is_one_round_trip() {
         return;
     };
     let store = connect(&redis, &unique_name("rtt")).await;
-    assert_eq!(store.round_trips(), 1, "connect preloads the scripts once");
+    assert_eq!(store.round_trips(), 1, "connect preloads the script once");
     let config = AllowanceConfig::per_second(100_000, 1_000).expect("valid");
     // Through the store...
     for i in 0..50 {
         let before = store.round_trips();
-        let decision = store.admit(&config, Admit::first()).await.expect("redis");
-        assert!(matches!(decision, Decision::Admitted { .. }), "{i}");
+        let decision = admit(&store, &config, AdmitRequest::first()).await;
+        assert_eq!(decision, Admission::Admitted, "{i}");
         assert_eq!(store.round_trips() - before, 1);
     }
     // ...and through an allowance, as the layers use it.
@@ -146,8 +168,8 @@ async fn steady_state_admission_is_one_round_trip() {
     }
     assert_eq!(store.round_trips() - before, 200);
 
-    // A waiting caller sleeps for the wait it was given instead of polling: at most one
-    // extra round trip per admission.
+    // A waiting caller is given its slot and sleeps until it: one round trip per admission,
+    // waiting or not.
     let counting = connect(&redis, &unique_name("rtt-wait2")).await;
     let slow = Allowance::with_store(
         AllowanceConfig::per_second(20, 1).expect("valid"),
@@ -159,7 +181,7 @@ async fn steady_state_admission_is_one_round_trip() {
     }
     let spent = counting.round_trips() - before;
     eprintln!("6 metered admissions (50 ms apart): {spent} round trips");
-    assert!(spent <= 11, "{spent} round trips: polling?");
+    assert_eq!(spent, 6, "{spent} round trips: polling?");
 }
 
 #[tokio::test]
@@ -181,11 +203,19 @@ async fn every_key_has_a_ttl_and_there_is_one_key() {
     assert_eq!(pttl().await, ":-2", "no key before the first write");
 
     let config = AllowanceConfig::per_second(10, 1).expect("valid");
-    store.admit(&config, Admit::first()).await.expect("redis");
+    admit(&store, &config, AdmitRequest::first()).await;
     let ttl = parse_int(&pttl().await);
     assert!(ttl > 0 && ttl <= 10_100, "admission: PTTL {ttl}");
 
-    store.defer(&config, 60_000 * MS).await.expect("redis");
+    store
+        .apply(
+            config.params(),
+            Op::Defer {
+                delay_us: Some(60_000_000),
+            },
+        )
+        .await
+        .expect("redis");
     let ttl = parse_int(&pttl().await);
     assert!(
         ttl > 69_000 && ttl <= 70_000,
@@ -202,13 +232,16 @@ async fn every_key_has_a_ttl_and_there_is_one_key() {
     .expect("connect");
     let budget = ReplenishingBudget::new(Duration::from_secs(30), 1, 0.1).expect("valid");
     let config = config.with_retry_budget(RetryBudgetConfig::Replenishing(budget));
-    budget_store.deposit(&config).await.expect("redis");
+    budget_store
+        .apply(config.params(), Op::Read { deposits: 1 })
+        .await
+        .expect("redis");
     let ttl = parse_int(&redis.command(&["PTTL", budget_store.key()]).await);
     assert!(ttl > 29_000 && ttl <= 30_000, "30 s window: PTTL {ttl}");
 
     // Nothing else was written for either allowance, whatever the traffic.
     for _ in 0..20 {
-        store.admit(&config, Admit::retry()).await.expect("redis");
+        admit(&store, &config, AdmitRequest::retry()).await;
     }
     let keys = redis.command(&["KEYS", &format!("ta:{{{name}}}*")]).await;
     assert!(keys.starts_with("*1\r\n"), "one key per allowance: {keys}");
@@ -256,14 +289,27 @@ async fn the_password_never_shows() {
     let err = RedisStore::connect(&url, "pw", options.clone())
         .await
         .expect_err("authentication fails");
-    assert_eq!(err.kind(), ConnectErrorKind::Unreachable);
+    assert_eq!(err.kind(), ConnectErrorKind::Refused, "{}", chain(&err));
     let text = format!("{} / {err:?}", chain(&err));
     assert!(!text.contains("hunter2"), "{text}");
 
+    // A refusal is never masked by the local fallback.
+    let fallback = options
+        .clone()
+        .failure_policy(FailurePolicy::LocalFallback {
+            expected_processes: std::num::NonZeroU32::MIN,
+        });
+    let err = RedisStore::connect(&url, "pw", fallback)
+        .await
+        .expect_err("a wrong password is not an outage");
+    assert_eq!(err.kind(), ConnectErrorKind::Refused);
+    assert!(!format!("{} / {err:?}", chain(&err)).contains("hunter2"));
+    // A server that is not there: the fallback store starts without it; its Debug is clean.
+    let down = "redis://user:hunter2-secret@127.0.0.1:1/";
     let fallback = options.failure_policy(FailurePolicy::LocalFallback {
         expected_processes: std::num::NonZeroU32::MIN,
     });
-    let store = RedisStore::connect(&url, "pw", fallback)
+    let store = RedisStore::connect(down, "pw", fallback)
         .await
         .expect("a fallback store starts without redis");
     let debug = format!("{store:?}");

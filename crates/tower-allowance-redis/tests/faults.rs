@@ -1,19 +1,16 @@
-//! Redis failing under a running allowance: killed, hung, restarted, scripts flushed. Every
-//! call answers within its timeout, as the failure policy says, and coordination resumes by
-//! itself. Each test owns a private `redis-server` it can kill. Real time.
+//! Redis failing under a running allowance: killed, hung, restarted, scripts flushed, its
+//! password changed. Every call answers within its timeout; an outage delays admissions
+//! (or fails them fast, or falls back, as configured) and coordination resumes by itself; a
+//! refusal surfaces at once. Each test owns a private `redis-server` it can kill. Real time.
 
-use std::{
-    error::Error,
-    num::NonZeroU32,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{error::Error, num::NonZeroU32, time::Duration};
 
 use tokio::time::Instant;
 use tower_allowance::{
     error::AcquireError,
-    store::{Admit, Decision, Store, StoreError},
-    Allowance, AllowanceConfig,
+    rule::{Admission, Op, Reply},
+    store::{AdmitRequest, Store, StoreError, StoreErrorKind},
+    Allowance, AllowanceConfig, OutagePolicy,
 };
 use tower_allowance_redis::{
     error::{CallError, CallErrorKind},
@@ -41,11 +38,22 @@ fn call_error(e: &StoreError) -> CallErrorKind {
         .expect("a redis store call error")
 }
 
+async fn admit(store: &RedisStore, config: &AllowanceConfig) -> Result<Admission, StoreError> {
+    match store
+        .apply(config.params(), Op::Admit(AdmitRequest::first()))
+        .await?
+    {
+        Reply::Admit(a) => Ok(a),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// Asks until Redis answers again, bounded: coordination resumes by itself.
 async fn until_redis_answers(store: &RedisStore, config: &AllowanceConfig) -> Duration {
     let started = Instant::now();
     loop {
-        if store.state(config).await.is_ok() && !store.is_degraded() {
+        let read = store.apply(config.params(), Op::Read { deposits: 0 }).await;
+        if read.is_ok() && !store.is_degraded() {
             return started.elapsed();
         }
         assert!(
@@ -57,15 +65,17 @@ async fn until_redis_answers(store: &RedisStore, config: &AllowanceConfig) -> Du
 }
 
 #[tokio::test]
-async fn fail_closed_fails_fast_then_recovers() {
+async fn an_outage_is_reported_fast_and_coordination_resumes() {
     let Some(mut redis) = TestRedis::start_private().await else {
         return;
     };
-    let name = unique_name("fail-closed");
-    let store = RedisStore::connect(redis.url(), &name, options(FailurePolicy::FailClosed))
+    let name = unique_name("outage");
+    let store = RedisStore::connect(redis.url(), &name, options(FailurePolicy::Report))
         .await
         .expect("connect");
-    let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
+    let config = AllowanceConfig::per_second(1_000, 100)
+        .expect("valid")
+        .with_outage_policy(OutagePolicy::FailFast);
     let allowance = Allowance::with_store(config.clone(), store.clone());
     allowance.acquire().await.expect("redis is up");
 
@@ -73,35 +83,126 @@ async fn fail_closed_fails_fast_then_recovers() {
     let mut kinds = vec![];
     for _ in 0..6 {
         let started = Instant::now();
-        let err = store
-            .admit(&config, Admit::first())
-            .await
-            .expect_err("redis is down: fail closed");
+        let err = admit(&store, &config).await.expect_err("redis is down");
         let took = started.elapsed();
         assert!(took <= TIMEOUT + SLACK, "a call took {took:?}");
+        assert_eq!(
+            err.kind(),
+            StoreErrorKind::Unavailable,
+            "an outage, not a refusal"
+        );
         kinds.push(call_error(&err));
     }
-    eprintln!("fail-closed errors while redis is down: {kinds:?}");
-    // The layers report it as the typed StoreUnavailable, also within the timeout.
+    eprintln!("errors while redis is down: {kinds:?}");
+    // Failing fast, the layers report the typed StoreUnavailable within the timeout.
     let started = Instant::now();
-    let err = allowance.acquire().await.expect_err("fail closed");
+    let err = allowance.acquire().await.expect_err("fail fast");
     assert!(started.elapsed() <= TIMEOUT + SLACK);
-    assert!(matches!(err, AcquireError::Store(_)), "{err:?}");
-    assert_eq!(err.to_string(), "allowance store unavailable");
+    let AcquireError::Store(unavailable) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(
+        unavailable.store_error().kind(),
+        StoreErrorKind::Unavailable
+    );
     assert!(store.is_degraded());
 
     redis.restart().await;
     let took = until_redis_answers(&store, &config).await;
-    eprintln!("fail-closed store answered again {took:?} after the restart");
+    eprintln!("store answered again {took:?} after the restart");
     // Coordination resumed: another process sees this one's cooldown.
     allowance.defer(1_000 * MS).await.expect("defer");
-    let other = RedisStore::connect(redis.url(), &name, options(FailurePolicy::FailClosed))
+    let other = RedisStore::connect(redis.url(), &name, options(FailurePolicy::Report))
         .await
         .expect("connect");
-    match other.admit(&config, Admit::first()).await.expect("redis") {
-        Decision::Wait { cooldown, .. } => assert!(cooldown),
+    match admit(&other, &config).await.expect("redis") {
+        Admission::Reserved { wait, .. } => assert!(wait > 800 * MS, "{wait:?}"),
         d => panic!("the shared cooldown holds: {d:?}"),
     }
+}
+
+/// The default outage policy waits for Redis: an admission that meets a dead Redis is
+/// delayed until it is back, never failed and never sent without the store.
+#[tokio::test]
+async fn a_short_outage_delays_admission_instead_of_failing_it() {
+    let Some(mut redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let store = RedisStore::connect(
+        redis.url(),
+        &unique_name("wait"),
+        options(FailurePolicy::Report),
+    )
+    .await
+    .expect("connect");
+    let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
+    let allowance = Allowance::with_store(config, store.clone());
+    allowance.acquire().await.expect("redis is up");
+    redis.kill();
+    let waiting = tokio::spawn({
+        let allowance = allowance.clone();
+        async move {
+            let started = Instant::now();
+            allowance.acquire().await.map(|()| started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(!waiting.is_finished(), "still waiting for redis");
+    assert_eq!(allowance.snapshot().waiting, 1, "counted as waiting");
+    redis.restart().await;
+    let waited = waiting
+        .await
+        .expect("task")
+        .expect("admitted once redis is back");
+    eprintln!("admitted {waited:?} after redis went down (down ~1.5 s)");
+    assert!(waited >= 1_400 * MS && waited <= 4_000 * MS, "{waited:?}");
+}
+
+/// A wrong password (here: one set while running) is a refusal, not an outage: it surfaces
+/// at once, typed, and the local fallback does not mask it.
+#[tokio::test]
+async fn a_refusal_surfaces_at_once_and_is_never_masked() {
+    let Some(redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let policy = FailurePolicy::LocalFallback {
+        expected_processes: NonZeroU32::MIN,
+    };
+    let store = RedisStore::connect(redis.url(), &unique_name("auth"), options(policy))
+        .await
+        .expect("connect");
+    let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
+    let allowance = Allowance::with_store(config.clone(), store.clone());
+    allowance.acquire().await.expect("redis is up");
+    // A password from now on, and every other connection dropped: reconnecting without the
+    // password is refused.
+    let replies = redis
+        .commands(&[
+            &["CONFIG", "SET", "requirepass", "now-required"],
+            &["AUTH", "now-required"],
+            &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"],
+        ])
+        .await;
+    assert!(replies.starts_with("+OK\r\n+OK\r\n:"), "{replies}");
+    let started = Instant::now();
+    let err = loop {
+        match allowance.acquire().await {
+            Err(e) => break e,
+            // The connection may not have noticed the kill yet.
+            Ok(()) => assert!(started.elapsed() < Duration::from_secs(5), "never refused"),
+        }
+    };
+    let AcquireError::Store(unavailable) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(
+        unavailable.store_error().kind(),
+        StoreErrorKind::Rejected,
+        "{:?}",
+        unavailable.store_error()
+    );
+    let took = started.elapsed();
+    assert!(took <= 3 * TIMEOUT + SLACK, "surfaced after {took:?}");
 }
 
 #[tokio::test]
@@ -112,18 +213,15 @@ async fn a_hung_redis_times_out() {
     let store = RedisStore::connect(
         redis.url(),
         &unique_name("hung"),
-        options(FailurePolicy::FailClosed),
+        options(FailurePolicy::Report),
     )
     .await
     .expect("connect");
     let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
-    store.admit(&config, Admit::first()).await.expect("up");
+    admit(&store, &config).await.expect("up");
     redis.freeze();
     let started = Instant::now();
-    let err = store
-        .admit(&config, Admit::first())
-        .await
-        .expect_err("no answer");
+    let err = admit(&store, &config).await.expect_err("no answer");
     let took = started.elapsed();
     redis.thaw();
     assert_eq!(call_error(&err), CallErrorKind::Timeout);
@@ -177,8 +275,9 @@ async fn local_fallback_keeps_admitting_at_the_divided_rate() {
     redis.restart().await;
     let took = until_redis_answers(&store, &config).await;
     eprintln!("fallback store back on redis {took:?} after the restart");
-    // Coordination resumed: decisions are shared again (state written to Redis), and the
-    // probe that found Redis back reloaded the scripts the restart lost: one round trip.
+    // Coordination resumed: decisions are shared again (state written to Redis); the first
+    // call reloaded the script the restart lost, and then one round trip per admission.
+    allowance.acquire().await.expect("admitted");
     let before = store.round_trips();
     allowance.acquire().await.expect("admitted");
     assert_eq!(store.round_trips() - before, 1);
@@ -193,23 +292,22 @@ async fn script_flush_mid_run_is_invisible() {
     let store = RedisStore::connect(
         redis.url(),
         &unique_name("flush"),
-        options(FailurePolicy::FailClosed),
+        options(FailurePolicy::Report),
     )
     .await
     .expect("connect");
     let config = AllowanceConfig::per_second(100_000, 10_000).expect("valid");
 
     // One flush, counted: EVALSHA -> NOSCRIPT, SCRIPT LOAD, EVALSHA; then one again.
-    store.admit(&config, Admit::first()).await.expect("up");
+    admit(&store, &config).await.expect("up");
     assert_eq!(redis.command(&["SCRIPT", "FLUSH"]).await, "+OK");
     let before = store.round_trips();
-    store
-        .admit(&config, Admit::first())
+    admit(&store, &config)
         .await
         .expect("reloaded transparently");
     assert_eq!(store.round_trips() - before, 3);
     let before = store.round_trips();
-    store.admit(&config, Admit::first()).await.expect("up");
+    admit(&store, &config).await.expect("up");
     assert_eq!(store.round_trips() - before, 1);
 
     // Flushes racing with 16 tasks admitting through an allowance: no caller sees an error.
@@ -246,71 +344,6 @@ async fn script_flush_mid_run_is_invisible() {
     assert!(!store.is_degraded());
 }
 
-/// Records this crate's events (level only), for the switch-over warnings.
-#[derive(Default)]
-struct Events(Mutex<Vec<tracing::Level>>);
-
-impl Events {
-    fn count(&self, level: tracing::Level) -> usize {
-        let events = self.0.lock().expect("lock");
-        events.iter().filter(|l| **l == level).count()
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target().starts_with("tower_allowance_redis")
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        self.0.lock().expect("lock").push(*event.metadata().level());
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn switching_to_the_fallback_warns_once_and_back_informs_once() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
-    let events = Arc::new(Events::default());
-    // This thread runs the whole test (and the store's background probes).
-    let _guard = tracing::subscriber::set_default(events.clone());
-    let policy = FailurePolicy::LocalFallback {
-        expected_processes: NonZeroU32::new(2).expect("non-zero"),
-    };
-    let store = RedisStore::connect(redis.url(), &unique_name("warn"), options(policy))
-        .await
-        .expect("connect");
-    let config = AllowanceConfig::per_second(1_000, 100).expect("valid");
-    store.admit(&config, Admit::first()).await.expect("up");
-    assert_eq!(events.count(tracing::Level::WARN), 0);
-
-    redis.kill();
-    for _ in 0..5 {
-        let decision = store.admit(&config, Admit::first()).await;
-        assert!(
-            matches!(decision, Ok(Decision::Admitted { .. })),
-            "{decision:?}"
-        );
-    }
-    assert_eq!(
-        events.count(tracing::Level::WARN),
-        1,
-        "one warning per switch"
-    );
-
-    redis.restart().await;
-    until_redis_answers(&store, &config).await;
-    assert_eq!(events.count(tracing::Level::INFO), 1, "one event when back");
-    assert_eq!(events.count(tracing::Level::WARN), 1);
-}
-
 #[tokio::test]
 async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
     let Some(mut redis) = TestRedis::start_private().await else {
@@ -323,16 +356,20 @@ async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
         .await
         .expect("connect");
     let config = AllowanceConfig::per_second(100, 10).expect("valid");
-    let deferred = store.defer(&config, 2_000 * MS).await.expect("redis is up");
-    assert!(deferred.extended);
-    redis.kill();
-    match store
-        .admit(&config, Admit::first())
+    let deferred = store
+        .apply(
+            config.params(),
+            Op::Defer {
+                delay_us: Some(2_000_000),
+            },
+        )
         .await
-        .expect("fallback")
-    {
-        Decision::Wait { wait, cooldown } => {
-            assert!(cooldown, "the local fallback knows the shared cooldown");
+        .expect("redis is up");
+    assert!(matches!(deferred, Reply::Defer(d) if d.extended));
+    redis.kill();
+    match admit(&store, &config).await.expect("fallback") {
+        Admission::Reserved { wait, .. } => {
+            // The local fallback knows the shared cooldown: the slot is after it.
             assert!(wait > 1_500 * MS && wait <= 2_000 * MS, "{wait:?}");
         }
         d => panic!("admitted during a cooldown: {d:?}"),

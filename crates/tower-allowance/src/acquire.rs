@@ -498,3 +498,38 @@ impl Future for Acquire<'_> {
         self.project().inner.poll(cx)
     }
 }
+
+pin_project! {
+    /// [`Acquire`] that owns a handle to the allowance (`'static`, for spawning); returned by
+    /// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned).
+    #[must_use = "futures do nothing unless polled"]
+    pub struct OwnedAcquire {
+        #[pin]
+        inner: OwnedAdmit,
+    }
+}
+
+impl OwnedAcquire {
+    pub(crate) fn new(shared: Arc<Shared>, options: AcquireOptions) -> Self {
+        Self {
+            inner: Admit::new(shared, options),
+        }
+    }
+}
+
+impl std::fmt::Debug for OwnedAcquire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedAcquire")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for OwnedAcquire {
+    type Output = Result<(), AcquireError>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project().inner.poll(cx)
+    }
+}

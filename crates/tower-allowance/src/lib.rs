@@ -64,7 +64,7 @@ pub mod rule;
 pub mod store;
 
 pub use crate::{
-    acquire::{Acquire, AcquireOptions},
+    acquire::{Acquire, AcquireOptions, OwnedAcquire},
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
         AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,

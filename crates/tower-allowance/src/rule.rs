@@ -80,8 +80,8 @@ pub const MAX_LIMITS: usize = 4;
 pub const BUDGET_SLOTS: u64 = 10;
 
 /// How long after its slot a reservation still counts as pending when a cooldown is raised
-/// (one second: far beyond a timer's granularity or a store's round trip).
-pub const PENDING_GRACE_US: u64 = 1_000_000;
+/// (100 ms: well beyond a timer's granularity or a store's round trip).
+pub const PENDING_GRACE_US: u64 = 100_000;
 
 /// `closed_until` for a state closed until an operator clears it.
 pub const FOREVER: u64 = u64::MAX;
@@ -254,6 +254,9 @@ pub struct State {
     pub(crate) epoch: u64,
     /// The latest slot ever reserved: reservations are pending while it is ahead of now.
     pub(crate) reserved_until: u64,
+    /// The latest slot set by a `not_before` beyond the schedule (off the bucket's contiguous
+    /// block of reservations): while one is pending, cooldowns translate rigidly.
+    pub(crate) irregular_until: u64,
     /// Closed (exhausted) until this instant; 0 when open, [`FOREVER`] until cleared.
     pub(crate) closed_until: u64,
     /// Why it is closed.
@@ -486,7 +489,7 @@ impl Reservation {
     /// Events apply in epoch order, each once: one already seen changes nothing
     /// ([`Applied::Seen`]); one beyond the next expected epoch is not applied
     /// ([`Applied::Gap`]) until the events in between have been.
-    pub fn apply(&mut self, event: &Event) -> Applied {
+    pub fn apply(&mut self, event: &Event, params: &Params) -> Applied {
         if event.epoch <= self.epoch {
             return Applied::Seen;
         }
@@ -505,16 +508,17 @@ impl Reservation {
         }
         match event.kind {
             EventKind::Cooldown { until, shift } => {
+                // The store moved each limit's schedule; the slot is the earliest instant at
+                // which every limit conforms again, never before the cooldown's end and never
+                // earlier than it was.
                 let old = self.slot;
-                if shift > 0 {
-                    for t in &mut self.tat {
-                        if *t > 0 {
-                            *t = t.saturating_add(shift);
-                        }
-                    }
+                let mut slot = old.max(until);
+                for (l, limit) in params.limits().iter().enumerate() {
+                    self.tat[l] = self.tat[l].saturating_add(shift[l]);
+                    slot = slot.max(self.tat[l].saturating_sub(limit.tolerance_us));
                 }
-                self.slot = self.slot.saturating_add(shift).max(until);
-                Applied::Moved(self.slot - old)
+                self.slot = slot;
+                Applied::Moved(slot - old)
             }
             EventKind::Closed { .. } => Applied::Closed,
             EventKind::Cleared => Applied::Moved(0),
@@ -535,8 +539,8 @@ pub enum Applied {
     Closed,
 }
 
-/// Words in an encoded [`Event`]: epoch, rebased, kind, and two per kind.
-pub const EVENT_WORDS: usize = 5;
+/// Words in an encoded [`Event`]: epoch, rebased, kind, and five per kind.
+pub const EVENT_WORDS: usize = 8;
 
 /// Something every holder of a reservation must hear of, published by the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -566,7 +570,7 @@ impl Event {
             EventKind::Cooldown { until, shift } => {
                 w[2] = 1;
                 w[3] = until;
-                w[4] = shift;
+                w[4..].copy_from_slice(&shift);
             }
             EventKind::Closed { until, by } => {
                 w[2] = 2;
@@ -584,10 +588,11 @@ impl Event {
             return None;
         }
         let kind = match w[2] {
-            1 => EventKind::Cooldown {
-                until: w[3],
-                shift: w[4],
-            },
+            1 => {
+                let mut shift = [0; MAX_LIMITS];
+                shift.copy_from_slice(&w[4..]);
+                EventKind::Cooldown { until: w[3], shift }
+            }
             2 => EventKind::Closed {
                 until: w[3],
                 by: ClosedBy::from_code(w[4])?,
@@ -606,12 +611,12 @@ impl Event {
 /// What an [`Event`] says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    /// The cooldown was extended to `until`; every pending reservation moved by `shift`.
+    /// The cooldown was extended to `until`; each limit's pending schedule moved by its shift.
     Cooldown {
         /// The new cooldown deadline, on the store's clock.
         until: u64,
-        /// Microseconds every pending reservation moves (zero when none was pending).
-        shift: u64,
+        /// Per limit, microseconds the pending schedule moved (zeros when none was pending).
+        shift: [u64; MAX_LIMITS],
     },
     /// The allowance closed until `until` ([`FOREVER`]: until cleared).
     Closed {
@@ -836,6 +841,7 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     state.tat.iter_mut().for_each(back);
     back(&mut state.blocked_until);
     back(&mut state.reserved_until);
+    back(&mut state.irregular_until);
     if state.closed_until != FOREVER {
         back(&mut state.closed_until);
     }
@@ -899,9 +905,8 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
     if req.retry && remaining(&mut state.budget, now, &params.budget) < 1 {
         return Admission::BudgetExhausted;
     }
-    let t0 = now
-        .max(state.blocked_until)
-        .max(now.saturating_add(req.not_before_us));
+    let natural = now.max(state.blocked_until);
+    let t0 = natural.max(now.saturating_add(req.not_before_us));
     let n = params.limit_count;
     let Some((at, new_tat)) = schedule(&state.tat[..n], params.limits(), t0, req.cost) else {
         return Admission::TooCostly;
@@ -923,6 +928,10 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
         return Admission::Admitted;
     }
     state.reserved_until = state.reserved_until.max(at);
+    if t0 > natural && at == t0 {
+        // Set by its own delay, not by the schedule: off the bucket's contiguous block.
+        state.irregular_until = state.irregular_until.max(at);
+    }
     Admission::Reserved {
         wait: us(wait),
         reservation: Reservation {
@@ -988,21 +997,21 @@ pub fn extend_cooldown(
             event: None,
         };
     }
-    // Pending reservations move by the part of the cooldown that was added. A slot that came
-    // due less than `PENDING_GRACE_US` ago counts as pending: its holder may not have fired
-    // yet (timer granularity, a store's round trip), and it will move when it hears of this.
-    let pending =
-        state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now;
-    let shift = if pending {
-        until - now.max(state.blocked_until)
-    } else {
-        0
-    };
-    if shift > 0 {
-        for t in &mut state.tat[..params.limit_count] {
-            *t = t.saturating_add(shift);
+    let shift = cooldown_shift(state, now, until, params);
+    for (l, s) in shift.iter().enumerate().take(params.limit_count) {
+        state.tat[l] = state.tat[l].saturating_add(*s);
+    }
+    if shift.iter().any(|s| *s > 0) {
+        // The last reservation's new slot: where every limit conforms again.
+        let mut last = until;
+        for (l, limit) in params.limits().iter().enumerate() {
+            last = last.max(state.tat[l].saturating_sub(limit.tolerance_us));
         }
-        state.reserved_until = state.reserved_until.saturating_add(shift);
+        state.reserved_until = state.reserved_until.max(last);
+        if state.irregular_until.saturating_add(PENDING_GRACE_US) > now {
+            let rigid = until.saturating_sub(now.max(state.blocked_until));
+            state.irregular_until = state.irregular_until.saturating_add(rigid);
+        }
     }
     state.blocked_until = until;
     state.epoch += 1;
@@ -1016,6 +1025,40 @@ pub fn extend_cooldown(
             kind: EventKind::Cooldown { until, shift },
         }),
     }
+}
+
+/// How far each limit's pending schedule moves when the cooldown is raised to `until` at
+/// `now`: what re-running the pending reservations from `until` would give, or more.
+///
+/// - Nothing pending (no reservation due later than `PENDING_GRACE_US` ago): nothing moves;
+///   the bucket refills while blocked, and callers arriving later get the recovered burst.
+/// - During a cooldown, or with a reservation placed by its own `not_before` pending, the
+///   schedule translates rigidly by the time added: `until - max(now, previous deadline)`.
+/// - Otherwise the pending reservations form one contiguous block of the bucket's schedule,
+///   starting above `now - grace + tolerance - interval`; re-run from `until`, the block
+///   starts at `until`, with the burst that recovered meanwhile. For a limit counted in
+///   requests that is a shift of `until - (now - grace + tolerance - interval)`; for a limit
+///   counted in cost (whose last unit may be large) it is the rigid translation. Either way
+///   never more than the translation.
+pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [u64; MAX_LIMITS] {
+    let mut shift = [0; MAX_LIMITS];
+    let pending = |at: u64| at != 0 && at.saturating_add(PENDING_GRACE_US) > now;
+    if !pending(state.reserved_until) {
+        return shift;
+    }
+    let rigid = until.saturating_sub(now.max(state.blocked_until));
+    let translate = state.blocked_until > now || pending(state.irregular_until);
+    for (l, limit) in params.limits().iter().enumerate() {
+        shift[l] = match limit.unit {
+            Unit::Requests if !translate => {
+                let block_start =
+                    now.saturating_sub(PENDING_GRACE_US) + limit.tolerance_us - limit.interval_us;
+                until.saturating_sub(block_start).min(rigid)
+            }
+            _ => rigid,
+        };
+    }
+    shift
 }
 
 /// Closes the allowance for `delay_us` from now (`None`: until cleared); a longer closure

@@ -17,8 +17,8 @@ local function units(l, cost)
   return 1
 end
 
-local function event(kind, w3, w4)
-  return {s.ep, s.rb, kind, w3, w4}
+local function event(kind, w3, w4, w5, w6, w7)
+  return {s.ep, s.rb, kind, w3, w4 or 0, w5 or 0, w6 or 0, w7 or 0}
 end
 
 -- === The retry budget ===
@@ -98,6 +98,7 @@ local function rebase()
   for l = 1, MAX_LIMITS do s['t' .. l] = sat_sub(s['t' .. l], step) end
   s.bu = sat_sub(s.bu, step)
   s.ru = sat_sub(s.ru, step)
+  s.ir = sat_sub(s.ir, step)
   if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
   s.lu = sat_sub(s.lu, step)
   s.np = sat_sub(s.np, step)
@@ -134,7 +135,8 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   local c = closed()
   if c then return c end
   if retry and P.kind ~= 0 and remaining() < 1 then return {3} end
-  local t0 = math.max(now, s.bu, now + not_before)
+  local natural = math.max(now, s.bu)
+  local t0 = math.max(natural, now + not_before)
   local at, new = schedule(t0, cost)
   if not at then return {5} end
   local wait = at - now
@@ -148,6 +150,7 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end
   s.ru = math.max(s.ru, at)
+  if t0 > natural and at == t0 then s.ir = math.max(s.ir, at) end
   local reply = {1, wait, at}
   for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
   reply[#reply + 1] = s.ep
@@ -183,6 +186,27 @@ local function close(delay, by)
   return event(2, s.cl, s.cb)
 end
 
+local function pending(at)
+  return at ~= 0 and at + PENDING_GRACE_US > now
+end
+
+-- Per limit, how far the pending schedule moves when the cooldown is raised to `until_us`.
+local function cooldown_shift(until_us)
+  local shift = {0, 0, 0, 0}
+  if not pending(s.ru) then return shift end
+  local rigid = sat_sub(until_us, math.max(now, s.bu))
+  local translate = s.bu > now or pending(s.ir)
+  for l = 1, P.n do
+    if P.unit[l] == 0 and not translate then
+      local block_start = sat_sub(now, PENDING_GRACE_US) + P.tol[l] - P.iv[l]
+      shift[l] = math.min(sat_sub(until_us, block_start), rigid)
+    else
+      shift[l] = rigid
+    end
+  end
+  return shift
+end
+
 -- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}.
 local function extend_cooldown(delay)
   if delay < 0 or delay > P.max_cd then
@@ -193,17 +217,23 @@ local function extend_cooldown(delay)
   end
   local until_us = now + delay
   if until_us <= s.bu then return {0, sat_sub(s.bu, now), 0, 0, 0} end
-  local shift = 0
-  if s.ru ~= 0 and s.ru + PENDING_GRACE_US > now then
-    shift = until_us - math.max(now, s.bu)
+  local shift = cooldown_shift(until_us)
+  local moved = false
+  for l = 1, P.n do
+    s['t' .. l] = s['t' .. l] + shift[l]
+    if shift[l] > 0 then moved = true end
   end
-  if shift > 0 then
-    for l = 1, P.n do s['t' .. l] = s['t' .. l] + shift end
-    s.ru = s.ru + shift
+  if moved then
+    local last = until_us
+    for l = 1, P.n do last = math.max(last, sat_sub(s['t' .. l], P.tol[l])) end
+    s.ru = math.max(s.ru, last)
+    if s.ir + PENDING_GRACE_US > now then
+      s.ir = s.ir + sat_sub(until_us, math.max(now, s.bu))
+    end
   end
   s.bu = until_us
   s.ep = s.ep + 1
-  return {1, until_us - now, 0, 0, 1, unpack(event(1, until_us, shift))}
+  return {1, until_us - now, 0, 0, 1, unpack(event(1, until_us, shift[1], shift[2], shift[3], shift[4]))}
 end
 
 local function clear()

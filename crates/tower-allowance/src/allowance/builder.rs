@@ -59,6 +59,7 @@ impl AllowanceBuilder {
     pub fn build(self) -> Allowance {
         let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
         let name = self.name.unwrap_or_else(|| Arc::from("default"));
+        let params = *self.config.params();
         let shared = Arc::new_cyclic(|weak| {
             // The store delivers other processes' events to the allowance (held weakly:
             // the store never keeps the allowance alive).
@@ -68,7 +69,7 @@ impl AllowanceBuilder {
                 name,
                 config: self.config,
                 store,
-                holders: Arc::new(Holders::new()),
+                holders: Arc::new(Holders::new(params)),
                 stats: Stats::default(),
                 pending_deposits: AtomicU64::new(0),
                 jitter_seq: AtomicU64::new(0),

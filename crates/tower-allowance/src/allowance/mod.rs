@@ -8,7 +8,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    acquire::{Acquire, AcquireOptions},
+    acquire::{Acquire, AcquireOptions, OwnedAcquire},
     error::{DeferError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
@@ -125,6 +125,13 @@ impl Allowance {
     /// ```
     pub fn acquire_with(&self, options: AcquireOptions) -> Acquire<'_> {
         Acquire::new(&self.shared, options)
+    }
+
+    /// [`Allowance::acquire_with`], as a `'static` future that holds a clone of the handle
+    /// (to spawn, or to keep in a struct). [`Allowance::acquire`] borrows instead, and is
+    /// a reference-count increment cheaper.
+    pub fn acquire_owned(&self, options: AcquireOptions) -> OwnedAcquire {
+        OwnedAcquire::new(self.shared.clone(), options)
     }
 
     /// Raises the shared cooldown to at least `delay` from now: no admission before then.

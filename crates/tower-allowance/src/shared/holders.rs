@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use crate::{
     error::Exhausted,
-    rule::{Applied, ClosedBy, Event, EventKind, Reservation, FOREVER},
+    rule::{Applied, ClosedBy, Event, EventKind, Params, Reservation, FOREVER},
 };
 
 /// Recent events kept for holders that register (or catch up) late.
@@ -63,14 +63,16 @@ struct Registry {
 
 /// The registry. Shared behind the allowance's `Arc` (and weakly by the store's watcher).
 pub(crate) struct Holders {
+    params: Params,
     registry: Mutex<Registry>,
     /// Callers waiting right now (holders, and callers waiting out a store outage).
     waiting: AtomicUsize,
 }
 
 impl Holders {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(params: Params) -> Self {
         Self {
+            params,
             registry: Mutex::new(Registry::default()),
             waiting: AtomicUsize::new(0),
         }
@@ -130,7 +132,7 @@ impl Holders {
             waker: Some(waker.clone()),
             closed: None,
         };
-        catch_up(&mut entry, &r.log);
+        catch_up(&mut entry, &r.log, &self.params);
         let check = entry.check();
         r.entries.insert(id, entry);
         self.waiting.fetch_add(1, Ordering::AcqRel);
@@ -182,7 +184,7 @@ impl Holders {
             let Registry { entries, log, .. } = &mut *r;
             for entry in entries.values_mut() {
                 let before = (entry.at, entry.closed.is_some());
-                catch_up(entry, log);
+                catch_up(entry, log, &self.params);
                 if (entry.at, entry.closed.is_some()) != before {
                     wake.extend(entry.waker.take());
                 }
@@ -213,9 +215,9 @@ impl Holders {
 }
 
 /// Applies the logged events the entry has not seen, in order, stopping at a gap.
-fn catch_up(entry: &mut Entry, log: &VecDeque<Event>) {
+fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
     for event in log {
-        match entry.reservation.apply(event) {
+        match entry.reservation.apply(event, params) {
             Applied::Seen => {}
             Applied::Gap => break,
             Applied::Moved(us) => {
