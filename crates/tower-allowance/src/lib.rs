@@ -60,6 +60,7 @@ pub mod error;
 pub mod headers;
 pub mod quota;
 pub mod retry;
+pub mod signals;
 pub mod store;
 
 pub use crate::{
