@@ -306,7 +306,7 @@ impl Dialect {
 
     /// The readers in this dialect, in [`Reader`] order.
     pub fn readers(&self) -> impl Iterator<Item = Reader> + '_ {
-        Reader::ALL.into_iter().filter(|r| self.contains(*r))
+        Reader::ALL.iter().copied().filter(|r| self.contains(*r))
     }
 
     /// Reads `headers` with every reader in this dialect. See the [module docs](self).
@@ -347,8 +347,8 @@ impl Default for Dialect {
 // === impl Reader ===
 
 impl Reader {
-    /// Every reader, in order.
-    pub const ALL: [Reader; 8] = [
+    /// Every reader, in order. A slice, so that adding a reader is not a breaking change.
+    pub const ALL: &'static [Reader] = &[
         Reader::RetryAfter,
         Reader::RetryAfterMs,
         Reader::Ietf,

@@ -156,7 +156,8 @@ fn to_map(pairs: &[(&'static str, Vec<u8>)]) -> HeaderMap {
 
 fn dialect_of(mask: u16) -> Dialect {
     Reader::ALL
-        .into_iter()
+        .iter()
+        .copied()
         .enumerate()
         .filter(|(i, _)| mask & (1 << i) != 0)
         .fold(Dialect::none(), |d, (_, r)| d.with(r))
