@@ -19,6 +19,7 @@
 //! ```
 
 pub mod cli;
+pub mod dialect;
 pub mod fake;
 pub mod live;
 pub mod multi;

@@ -61,6 +61,7 @@ pub mod headers;
 pub mod quota;
 pub mod retry;
 pub mod rule;
+pub mod signals;
 pub mod store;
 
 pub use crate::{

@@ -1,0 +1,103 @@
+//! GitHub's REST API: `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (epoch seconds),
+//! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](super::Reader::RetryAfter)
+//! reader's.
+
+use http::HeaderName;
+
+use super::{values, Collector, Reader};
+
+pub(super) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(super) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
+pub(super) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
+
+/// `x-ratelimit-remaining: 0` waits until `x-ratelimit-reset`, in epoch seconds.
+pub(super) fn read(c: &mut Collector<'_>) {
+    let left = c.wait_when_spent(
+        Reader::Github,
+        &X_RATELIMIT_REMAINING,
+        &X_RATELIMIT_RESET,
+        values::epoch_seconds,
+    );
+    if let Some(left) = left {
+        c.remaining(left);
+    }
+    if let Some(limit) = values::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
+        c.limit(limit);
+    }
+    c.bucket(&X_RATELIMIT_RESOURCE);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::signals::tests::{at, headers};
+    use crate::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
+
+    /// GitHub's documented example ("Rate limits for the REST API" and the older
+    /// "Resources in the REST API" page): `Date` and an epoch reset 1247 s later.
+    const EXAMPLE: &[(&str, &[u8])] = &[
+        ("date", b"Mon, 01 Jul 2013 17:27:06 GMT"),
+        ("x-ratelimit-limit", b"60"),
+        ("x-ratelimit-remaining", b"56"),
+        ("x-ratelimit-used", b"4"),
+        ("x-ratelimit-reset", b"1372700873"),
+        ("x-ratelimit-resource", b"core"),
+    ];
+
+    fn example(remaining: &'static [u8]) -> http::HeaderMap {
+        let mut h = headers(EXAMPLE);
+        h.insert(
+            "x-ratelimit-remaining",
+            http::HeaderValue::from_static(std::str::from_utf8(remaining).unwrap_or("x")),
+        );
+        h
+    }
+
+    fn cx() -> ReadContext {
+        ReadContext::new(at("Mon, 01 Jul 2013 17:27:06 GMT"))
+    }
+
+    #[test]
+    fn documented_example() {
+        let r = Dialect::github().read(&example(b"56"), &cx());
+        assert_eq!(r.wait, None, "56 left: no wait");
+        assert_eq!((r.remaining, r.limit), (Some(56), Some(60)));
+        assert_eq!(r.bucket.as_deref(), Some("core"));
+        assert_eq!(r.date, DateTrust::NotNeeded);
+        let r = Dialect::github().read(&example(b"0"), &cx());
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1247))));
+        assert_eq!(r.source, Some(Reader::Github));
+        assert_eq!(r.date, DateTrust::Trusted);
+    }
+
+    #[test]
+    fn secondary_limit_retry_after() {
+        // A secondary limit: `retry-after`, with the primary limit far from spent.
+        let mut h = example(b"4999");
+        h.insert("retry-after", http::HeaderValue::from_static("60"));
+        let r = Dialect::github().read(&h, &cx());
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(60))));
+        assert_eq!(r.source, Some(Reader::RetryAfter));
+    }
+
+    #[test]
+    fn reset_is_always_epoch_in_this_dialect() {
+        // A small value is an epoch in 1970: long past, so zero.
+        let h = headers(&[
+            ("x-ratelimit-remaining", b"0"),
+            ("x-ratelimit-reset", b"30"),
+        ]);
+        let r = Dialect::github().read(&h, &cx());
+        assert_eq!(r.wait, Some(Wait::For(Duration::ZERO)));
+        assert_eq!(r.date, DateTrust::Absent);
+        // Far future beyond MAX_DELAY, and beyond u64.
+        for far in [&b"99999999999"[..], b"99999999999999999999999"] {
+            let h = headers(&[("x-ratelimit-remaining", b"0"), ("x-ratelimit-reset", far)]);
+            let r = Dialect::github().read(&h, &cx());
+            assert!(matches!(r.wait, Some(Wait::TooLong { .. })), "{far:?}");
+        }
+    }
+}

@@ -1,0 +1,562 @@
+//! Reading the rate-limit signals real APIs send: pure header readers, one per dialect.
+//!
+//! A [`Dialect`] is a small set of [`Reader`]s, chosen per allowance. [`Dialect::read`] turns
+//! a response's headers into one [`Reading`]: the longest wait any reader in the set asked
+//! for, the smallest remaining count, the most restrictive advertised policy, and how
+//! absolute times were measured. It reads no clock (the local wall clock comes in a
+//! [`ReadContext`]), never panics on input, and allocates only what the reading holds.
+//!
+//! ```
+//! use std::time::{Duration, SystemTime};
+//! use http::HeaderMap;
+//! use tower_allowance::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // GitHub's documented example: the primary limit is spent until 17:47:53 UTC.
+//! let mut headers = HeaderMap::new();
+//! headers.insert("date", "Mon, 01 Jul 2013 17:27:06 GMT".parse()?);
+//! headers.insert("x-ratelimit-limit", "60".parse()?);
+//! headers.insert("x-ratelimit-remaining", "0".parse()?);
+//! headers.insert("x-ratelimit-reset", "1372700873".parse()?);
+//!
+//! // The caller's wall clock, read once by the caller (here: 2 s behind the server).
+//! let now = httpdate::parse_http_date("Mon, 01 Jul 2013 17:27:04 GMT")?;
+//! let reading = Dialect::github().read(&headers, &ReadContext::new(now));
+//! assert_eq!(reading.wait, Some(Wait::For(Duration::from_secs(1247))));
+//! assert_eq!(reading.source, Some(Reader::Github));
+//! assert_eq!(reading.remaining, Some(0));
+//! assert_eq!(reading.date, DateTrust::Trusted);
+//!
+//! // A positive remaining count never produces a wait.
+//! headers.insert("x-ratelimit-remaining", "1".parse()?);
+//! assert_eq!(Dialect::github().read(&headers, &ReadContext::new(now)).wait, None);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Readers and the headers they read
+//!
+//! | [`Reader`] | headers | wait when |
+//! | --- | --- | --- |
+//! | [`RetryAfter`](Reader::RetryAfter) | `Retry-After`: delay-seconds (`1*DIGIT`) or an HTTP-date (IMF-fixdate, RFC 850, asctime) | present |
+//! | [`RetryAfterMs`](Reader::RetryAfterMs) | `retry-after-ms`: milliseconds, `1*DIGIT ["." 1*DIGIT]` | present |
+//! | [`Ietf`](Reader::Ietf) | `RateLimit-Policy: "default";q=100;w=60`, `RateLimit: "default";r=0;t=30` (draft-ietf-httpapi-ratelimit-headers-10) | an item has `r=0` |
+//! | [`IetfLegacy`](Reader::IetfLegacy) | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds; drafts up to -06) | remaining is 0 |
+//! | [`Github`](Reader::Github) | `x-ratelimit-limit`, `-remaining`, `-reset` (epoch seconds), `-resource` (`-used` is not needed) | remaining is 0 |
+//! | [`OpenAi`](Reader::OpenAi) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go durations (`1s`, `6m0s`, `20ms`) | a remaining is 0 |
+//! | [`Anthropic`](Reader::Anthropic) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`, resets in RFC 3339 | a remaining is 0 |
+//! | [`Odds`](Reader::Odds) | `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and `-Reset` (epoch or delta, see below) | remaining is 0 |
+//!
+//! The status code is not considered: which responses to read is the caller's choice.
+//!
+//! # Semantics
+//!
+//! - **The longest wait wins.** Over every reader in the set and every duplicate field line,
+//!   [`Reading::wait`] is the longest, and [`Reading::source`] names the reader that asked
+//!   for it (on a tie, the first in [`Reader`] order). A value too large to represent
+//!   ([`Wait::TooLong`]: beyond [`MAX_DELAY`], 2^53 µs, or digits that overflow) is longer
+//!   than any other and is never clamped: `Retry-After: 1` plus
+//!   `Retry-After: 99999999999999999999` is `TooLong`. Arithmetic is checked throughout.
+//! - **Invalid values are ignored.** `later`, `-1`, `1.5` (for `Retry-After`), empty values and
+//!   bytes that are not UTF-8 never invent a wait and never shorten one. Each IETF field
+//!   line is parsed on its own (with `sfv`), so one malformed line does not discard the
+//!   others. Structured-field integers have at most 15 digits: a longer `t` makes its line
+//!   invalid (RFC 9651), and the line is ignored rather than read as `TooLong`.
+//! - **Remaining counts are approximate.** `remaining == 0` together with a reset time of
+//!   the same family means "wait until that reset". A positive remaining never produces a
+//!   wait, and is never a promise: several responses each saying "1 left" do not reserve
+//!   several slots. [`Reading::remaining`] is the smallest request count reported (token
+//!   counts only matter when they reach 0); among duplicate lines, the smallest counts.
+//! - **IETF policies are matched by name.** A `RateLimit` item with `r=0` waits `t` seconds;
+//!   without `t`, it waits the window `w` of the `RateLimit-Policy` of the same name (the
+//!   longest the server can mean), or not at all. Its remaining counts as requests unless
+//!   its policy declares another quota unit (`qu`). [`Reading::policy`] is the most
+//!   restrictive request policy with a window (lowest `q/w`); the first 16 policies are
+//!   read.
+//! - **Absolute times** (epoch seconds, RFC 3339, HTTP-date) are measured against the
+//!   response's `Date` when it parses and lies within [`ReadContext::max_skew`] of the
+//!   local clock ([`DateTrust::Trusted`]). Otherwise they are measured against the local
+//!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
+//!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
+//!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
+//! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the [`Odds`]
+//!   reader (the standard dialect) a generic `X-RateLimit-Reset` of at least
+//!   [`EPOCH_THRESHOLD`] (1,000,000,000: September 2001) is epoch seconds, and a smaller one
+//!   delta seconds: no API resets a window 31 years ahead, and no server's clock reads 2001.
+//!
+//! [`MAX_DELAY`]: crate::MAX_DELAY
+//! [`Odds`]: Reader::Odds
+//!
+//! # Cost
+//!
+//! A response without headers is answered at once; otherwise each reader in the set looks
+//! up a few names built at compile time. Allocation happens only for what a [`Reading`]
+//! holds (a bucket name, the text of a `TooLong` value), and inside `sfv` for an escaped
+//! policy name or a byte-sequence parameter.
+
+use std::time::{Duration, SystemTime};
+
+use http::{header, HeaderMap};
+
+use crate::algorithm::MAX_DELAY;
+
+mod anthropic;
+mod github;
+mod ietf;
+mod odds;
+mod openai;
+mod retry_after;
+mod values;
+
+#[cfg(test)]
+mod tests;
+
+use values::Value;
+
+pub use odds::EPOCH_THRESHOLD;
+
+/// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
+///
+/// [`Dialect::default`] is [`Dialect::standard`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dialect {
+    readers: u16,
+}
+
+/// One family of rate-limit headers. See the [module docs](self) for the headers each reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Reader {
+    /// RFC 9110 `Retry-After`: delay-seconds or an HTTP-date.
+    RetryAfter,
+    /// `retry-after-ms`: a delay in milliseconds.
+    RetryAfterMs,
+    /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit` and `RateLimit-Policy`.
+    Ietf,
+    /// Earlier drafts: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
+    IetfLegacy,
+    /// GitHub: `x-ratelimit-*` with an epoch-seconds reset.
+    Github,
+    /// OpenAI: `x-ratelimit-*-requests` and `-tokens` with Go-duration resets.
+    OpenAi,
+    /// Anthropic: `anthropic-ratelimit-*` with RFC 3339 resets.
+    Anthropic,
+    /// The odds API shape: `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset`.
+    Odds,
+}
+
+/// What a reading is measured against: the local wall clock, passed in, and how far a
+/// response's `Date` may stray from it and still be trusted.
+///
+/// # Why five minutes
+///
+/// A `Date` header exists to correct the local clock, so it must be allowed to differ: an
+/// unsynchronised host or a VM resumed from suspend is off by seconds to minutes, which is
+/// exactly what `Date` should fix. A `Date` further off than that is more likely the
+/// server's error (a clock at 1970, a cached response) than ours. Trusting a `Date` within
+/// the bound errs by at most the bound; five minutes is the tolerance Kerberos settled on
+/// for the same trade-off, and it keeps a bogus `Date` from turning into a decades-long wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReadContext {
+    now: SystemTime,
+    max_skew: Duration,
+}
+
+/// What a response's headers say about the allowance. See the [module docs](self).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Reading {
+    /// The longest wait any reader in the set asked for.
+    pub wait: Option<Wait>,
+    /// The reader that produced [`wait`](Self::wait).
+    pub source: Option<Reader>,
+    /// The smallest remaining request count reported.
+    pub remaining: Option<u64>,
+    /// The smallest request limit reported.
+    pub limit: Option<u64>,
+    /// The most restrictive advertised policy (lowest quota per window).
+    pub policy: Option<Policy>,
+    /// The bucket the limit applies to: `X-RateLimit-Bucket` (odds), or GitHub's
+    /// `x-ratelimit-resource`; 1 to 128 visible ASCII characters.
+    pub bucket: Option<String>,
+    /// How absolute times were measured.
+    pub date: DateTrust,
+}
+
+/// A wait a server asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// Wait this long from the response (at most [`MAX_DELAY`]; zero for a
+    /// time already past).
+    For(Duration),
+    /// A wait longer than [`MAX_DELAY`], or a number too large to parse.
+    /// Never clamped: the caller decides what "too long" means.
+    TooLong {
+        /// The field value, as sent (trimmed).
+        value: String,
+    },
+}
+
+/// A limit a server advertised: `quota` requests per `window`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Policy {
+    /// Requests allowed per window.
+    pub quota: u64,
+    /// The window.
+    pub window: Duration,
+}
+
+/// How absolute times (epoch seconds, RFC 3339, HTTP-dates) in a response were measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DateTrust {
+    /// No absolute time was read.
+    #[default]
+    NotNeeded,
+    /// Against the response's `Date`, which is within the allowed skew of the local clock.
+    Trusted,
+    /// Against the local clock: the response has no `Date`.
+    Absent,
+    /// Against the local clock: the response's `Date` is further from it than allowed.
+    Untrusted {
+        /// How far, and in which direction, the `Date` is from the local clock.
+        skew: Skew,
+    },
+    /// Against the local clock: the response's `Date` is not an HTTP-date.
+    Unparseable,
+}
+
+/// The difference between a response's `Date` and the local clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Skew {
+    /// The server's `Date` is later than the local clock by this much.
+    Ahead(Duration),
+    /// The server's `Date` is earlier than the local clock by this much.
+    Behind(Duration),
+}
+
+// === impl Dialect ===
+
+impl Dialect {
+    /// No readers at all: every reading is empty.
+    pub const fn none() -> Self {
+        Self { readers: 0 }
+    }
+
+    /// The default: `Retry-After`, `retry-after-ms`, the IETF fields (current and older
+    /// drafts) and the odds API's `X-RateLimit-*`.
+    pub const fn standard() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::RetryAfterMs)
+            .with(Reader::Ietf)
+            .with(Reader::IetfLegacy)
+            .with(Reader::Odds)
+    }
+
+    /// GitHub's REST API: `Retry-After` (secondary limits) and `x-ratelimit-*`.
+    pub const fn github() -> Self {
+        Self::none().with(Reader::RetryAfter).with(Reader::Github)
+    }
+
+    /// OpenAI's API: `Retry-After`, `retry-after-ms` and `x-ratelimit-*-{requests,tokens}`.
+    pub const fn openai() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::RetryAfterMs)
+            .with(Reader::OpenAi)
+    }
+
+    /// Anthropic's API: `Retry-After` and `anthropic-ratelimit-*`.
+    pub const fn anthropic() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::Anthropic)
+    }
+
+    /// The odds API shape this project started from: `Retry-After` and `X-RateLimit-*`.
+    pub const fn odds() -> Self {
+        Self::none().with(Reader::RetryAfter).with(Reader::Odds)
+    }
+
+    /// The IETF fields only (current and older drafts), with `Retry-After`.
+    pub const fn ietf() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::Ietf)
+            .with(Reader::IetfLegacy)
+    }
+
+    /// This dialect and `reader`.
+    pub const fn with(self, reader: Reader) -> Self {
+        Self {
+            readers: self.readers | reader.bit(),
+        }
+    }
+
+    /// This dialect without `reader`.
+    pub const fn without(self, reader: Reader) -> Self {
+        Self {
+            readers: self.readers & !reader.bit(),
+        }
+    }
+
+    /// Whether `reader` is in this dialect.
+    pub const fn contains(&self, reader: Reader) -> bool {
+        self.readers & reader.bit() != 0
+    }
+
+    /// The readers in this dialect, in [`Reader`] order.
+    pub fn readers(&self) -> impl Iterator<Item = Reader> + '_ {
+        Reader::ALL.iter().copied().filter(|r| self.contains(*r))
+    }
+
+    /// Reads `headers` with every reader in this dialect. See the [module docs](self).
+    pub fn read(&self, headers: &HeaderMap, cx: &ReadContext) -> Reading {
+        let mut reading = Reading::default();
+        // Most responses carry none of these: answer without hashing a single name.
+        if headers.is_empty() || self.readers == 0 {
+            return reading;
+        }
+        let mut c = Collector {
+            headers,
+            cx,
+            reference: None,
+            reading: &mut reading,
+        };
+        for reader in self.readers() {
+            match reader {
+                Reader::RetryAfter => retry_after::read_seconds(&mut c),
+                Reader::RetryAfterMs => retry_after::read_millis(&mut c),
+                Reader::Ietf => ietf::read(&mut c),
+                Reader::IetfLegacy => ietf::read_legacy(&mut c),
+                Reader::Github => github::read(&mut c),
+                Reader::OpenAi => openai::read(&mut c),
+                Reader::Anthropic => anthropic::read(&mut c),
+                Reader::Odds => odds::read(&mut c),
+            }
+        }
+        reading
+    }
+}
+
+impl Default for Dialect {
+    fn default() -> Self {
+        Self::standard()
+    }
+}
+
+// === impl Reader ===
+
+impl Reader {
+    /// Every reader, in order. A slice, so that adding a reader is not a breaking change.
+    pub const ALL: &'static [Reader] = &[
+        Reader::RetryAfter,
+        Reader::RetryAfterMs,
+        Reader::Ietf,
+        Reader::IetfLegacy,
+        Reader::Github,
+        Reader::OpenAi,
+        Reader::Anthropic,
+        Reader::Odds,
+    ];
+
+    const fn bit(self) -> u16 {
+        1 << self as u16
+    }
+}
+
+// === impl ReadContext ===
+
+impl ReadContext {
+    /// The default [`max_skew`](Self::max_skew): five minutes (see the type's docs).
+    pub const DEFAULT_MAX_SKEW: Duration = Duration::from_secs(5 * 60);
+
+    /// A context at the local wall-clock time `now`, with the default maximum skew.
+    pub const fn new(now: SystemTime) -> Self {
+        Self {
+            now,
+            max_skew: Self::DEFAULT_MAX_SKEW,
+        }
+    }
+
+    /// Sets how far a response's `Date` may be from `now` and still be trusted.
+    pub const fn with_max_skew(mut self, max_skew: Duration) -> Self {
+        self.max_skew = max_skew;
+        self
+    }
+
+    /// The local wall-clock time.
+    pub const fn now(&self) -> SystemTime {
+        self.now
+    }
+
+    /// How far a response's `Date` may be from [`now`](Self::now) and still be trusted.
+    pub const fn max_skew(&self) -> Duration {
+        self.max_skew
+    }
+}
+
+// === impl Wait ===
+
+impl Wait {
+    /// The wait as a duration, `None` when it is [`Wait::TooLong`].
+    pub fn duration(&self) -> Option<Duration> {
+        match self {
+            Wait::For(d) => Some(*d),
+            Wait::TooLong { .. } => None,
+        }
+    }
+
+    /// Whether this wait is strictly longer than `other` (`TooLong` is longer than any
+    /// `For`; two `TooLong`s are equal).
+    pub fn is_longer_than(&self, other: &Wait) -> bool {
+        match (self, other) {
+            (Wait::For(a), Wait::For(b)) => a > b,
+            (Wait::TooLong { .. }, Wait::For(_)) => true,
+            (_, Wait::TooLong { .. }) => false,
+        }
+    }
+}
+
+// === impl DateTrust ===
+
+impl DateTrust {
+    /// Whether the response's `Date` was present but could not be used: worth a warning.
+    pub const fn should_warn(&self) -> bool {
+        matches!(self, DateTrust::Untrusted { .. } | DateTrust::Unparseable)
+    }
+}
+
+// === impl Collector ===
+
+/// A reading in progress: what each reader offers is folded in with max/min semantics.
+struct Collector<'a> {
+    headers: &'a HeaderMap,
+    cx: &'a ReadContext,
+    /// The time absolute values are measured against, once one has been needed.
+    reference: Option<SystemTime>,
+    reading: &'a mut Reading,
+}
+
+impl Collector<'_> {
+    /// Offers a wait `value` (as read from `text`) from `reader`; the longest is kept.
+    fn wait(&mut self, reader: Reader, value: Value, text: &str) {
+        let delay = match value {
+            Value::Delay(d) => Some(d),
+            Value::At(at) => Some(
+                at.duration_since(self.reference())
+                    .unwrap_or(Duration::ZERO),
+            ),
+            Value::TooLong => None,
+        };
+        let wait = match delay {
+            Some(d) if d <= MAX_DELAY => Wait::For(d),
+            _ => {
+                // Allocate the text only when it will be kept.
+                if matches!(self.reading.wait, Some(Wait::TooLong { .. })) {
+                    return;
+                }
+                Wait::TooLong {
+                    value: text.to_owned(),
+                }
+            }
+        };
+        if self
+            .reading
+            .wait
+            .as_ref()
+            .is_none_or(|current| wait.is_longer_than(current))
+        {
+            self.reading.wait = Some(wait);
+            self.reading.source = Some(reader);
+        }
+    }
+
+    /// The reference for absolute times, decided (and recorded in the reading) once.
+    fn reference(&mut self) -> SystemTime {
+        if let Some(reference) = self.reference {
+            return reference;
+        }
+        let now = self.cx.now;
+        let (trust, reference) = match self.headers.get(header::DATE) {
+            None => (DateTrust::Absent, now),
+            Some(value) => match std::str::from_utf8(value.as_bytes())
+                .ok()
+                .and_then(|d| httpdate::parse_http_date(d.trim_matches([' ', '\t'])).ok())
+            {
+                None => (DateTrust::Unparseable, now),
+                Some(date) => {
+                    let skew = match date.duration_since(now) {
+                        Ok(ahead) => Skew::Ahead(ahead),
+                        Err(behind) => Skew::Behind(behind.duration()),
+                    };
+                    let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
+                    if off <= self.cx.max_skew {
+                        (DateTrust::Trusted, date)
+                    } else {
+                        (DateTrust::Untrusted { skew }, now)
+                    }
+                }
+            },
+        };
+        self.reading.date = trust;
+        self.reference = Some(reference);
+        reference
+    }
+
+    /// Offers a remaining request count; the smallest is kept.
+    fn remaining(&mut self, remaining: u64) {
+        let r = &mut self.reading.remaining;
+        *r = Some(r.map_or(remaining, |r| r.min(remaining)));
+    }
+
+    /// Offers a request limit; the smallest is kept.
+    fn limit(&mut self, limit: u64) {
+        let l = &mut self.reading.limit;
+        *l = Some(l.map_or(limit, |l| l.min(limit)));
+    }
+
+    /// Offers an advertised policy; the most restrictive (lowest quota per window) is kept.
+    fn policy(&mut self, policy: Policy) {
+        let stricter = |a: &Policy, b: &Policy| {
+            u128::from(a.quota) * b.window.as_nanos() < u128::from(b.quota) * a.window.as_nanos()
+        };
+        if self
+            .reading
+            .policy
+            .as_ref()
+            .is_none_or(|current| stricter(&policy, current))
+        {
+            self.reading.policy = Some(policy);
+        }
+    }
+
+    /// Offers a bucket name; the first valid one is kept.
+    fn bucket(&mut self, name: &http::HeaderName) {
+        if self.reading.bucket.is_some() {
+            return;
+        }
+        self.reading.bucket = values::texts(self.headers, name)
+            .find(|v| v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+            .map(str::to_owned);
+    }
+
+    /// The common "remaining 0 + reset" rule: when the smallest count of `remaining` is 0,
+    /// every valid value of `reset` (read by `parse`) is offered as a wait.
+    fn wait_when_spent(
+        &mut self,
+        reader: Reader,
+        remaining: &http::HeaderName,
+        reset: &http::HeaderName,
+        parse: impl Fn(&str) -> Option<Value>,
+    ) -> Option<u64> {
+        let left = values::smallest_count(self.headers, remaining);
+        if left == Some(0) {
+            for text in values::texts(self.headers, reset) {
+                if let Some(value) = parse(text) {
+                    self.wait(reader, value, text);
+                }
+            }
+        }
+        left
+    }
+}

@@ -1,0 +1,117 @@
+//! The odds API shape this project started from: `X-RateLimit-Limit`, `-Remaining`,
+//! `-Bucket`, and a generic `X-RateLimit-Reset` that may be epoch or delta seconds.
+
+use http::HeaderName;
+
+use super::github::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
+use super::{values, Collector, Reader, Value};
+
+const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
+
+/// In a generic `X-RateLimit-Reset`, values at least this large are epoch seconds (on or
+/// after 2001-09-09T01:46:40Z); smaller ones are delta seconds.
+pub const EPOCH_THRESHOLD: u64 = 1_000_000_000;
+
+/// `X-RateLimit-Remaining: 0` waits until `X-RateLimit-Reset`, epoch or delta by
+/// [`EPOCH_THRESHOLD`].
+pub(super) fn read(c: &mut Collector<'_>) {
+    let left = c.wait_when_spent(
+        Reader::Odds,
+        &X_RATELIMIT_REMAINING,
+        &X_RATELIMIT_RESET,
+        epoch_or_delta,
+    );
+    if let Some(left) = left {
+        c.remaining(left);
+    }
+    if let Some(limit) = values::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
+        c.limit(limit);
+    }
+    c.bucket(&X_RATELIMIT_BUCKET);
+}
+
+fn epoch_or_delta(text: &str) -> Option<Value> {
+    match values::count(text) {
+        Some(n) if n < EPOCH_THRESHOLD => values::delay_seconds(text),
+        _ => values::epoch_seconds(text),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use crate::signals::tests::{headers, read};
+    use crate::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
+
+    #[test]
+    fn todays_upstream() {
+        // What allowance-sim's upstream sends on a 429 today.
+        let r = read(
+            Dialect::odds(),
+            &[
+                ("retry-after", b"1"),
+                ("x-ratelimit-limit", b"2"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-bucket", b"odds"),
+            ],
+        );
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1))));
+        assert_eq!((r.remaining, r.limit), (Some(0), Some(2)));
+        assert_eq!(r.bucket.as_deref(), Some("odds"));
+        // As `headers::rate_limit` does: invalid numbers and buckets are dropped.
+        let r = read(
+            Dialect::odds(),
+            &[
+                ("x-ratelimit-limit", b"2"),
+                ("x-ratelimit-remaining", b"-1"),
+                ("x-ratelimit-bucket", b"odds snapshot"),
+            ],
+        );
+        assert_eq!((r.limit, r.remaining, r.bucket), (Some(2), None, None));
+        let long = "b".repeat(129);
+        let r = read(Dialect::odds(), &[("x-ratelimit-bucket", long.as_bytes())]);
+        assert_eq!(r.bucket, None);
+        let ok = "b".repeat(128);
+        let r = read(Dialect::odds(), &[("x-ratelimit-bucket", ok.as_bytes())]);
+        assert_eq!(r.bucket, Some(ok));
+    }
+
+    #[test]
+    fn reset_heuristic_both_sides() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let cx = ReadContext::new(now);
+        let read_reset = |reset: &str| {
+            let h = headers(&[
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-reset", reset.as_bytes()),
+            ]);
+            Dialect::odds().read(&h, &cx)
+        };
+        // Just below: delta seconds (almost 32 years, but representable).
+        let r = read_reset("999999999");
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(999_999_999))));
+        assert_eq!(
+            (r.source, r.date),
+            (Some(Reader::Odds), DateTrust::NotNeeded)
+        );
+        let r = read_reset("30");
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));
+        // At the threshold: an epoch, long past.
+        let r = read_reset("1000000000");
+        assert_eq!(
+            (r.wait, r.date),
+            (Some(Wait::For(Duration::ZERO)), DateTrust::Absent)
+        );
+        let r = read_reset("1700000030");
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));
+        let r = read_reset("99999999999999999999");
+        assert!(matches!(r.wait, Some(Wait::TooLong { .. })));
+        // A positive remaining never waits, whatever the reset says.
+        let h = headers(&[
+            ("x-ratelimit-remaining", b"1"),
+            ("x-ratelimit-reset", b"30"),
+        ]);
+        assert_eq!(Dialect::odds().read(&h, &cx).wait, None);
+    }
+}

@@ -1,0 +1,222 @@
+//! `Retry-After` (RFC 9110 §10.2.3) and `retry-after-ms`.
+
+use http::{header, HeaderName};
+
+use super::{values, Collector, Reader, Value};
+
+const RETRY_AFTER_MS: HeaderName = HeaderName::from_static("retry-after-ms");
+
+/// `Retry-After`: delay-seconds, exactly `1*DIGIT`, or an HTTP-date in any of its three
+/// forms. Every valid field line is offered; the longest wins.
+pub(super) fn read_seconds(c: &mut Collector<'_>) {
+    for text in values::texts(c.headers, &header::RETRY_AFTER) {
+        let value = values::delay_seconds(text)
+            .or_else(|| httpdate::parse_http_date(text).ok().map(Value::At));
+        if let Some(value) = value {
+            c.wait(Reader::RetryAfter, value, text);
+        }
+    }
+}
+
+/// `retry-after-ms`: milliseconds, `1*DIGIT [ "." 1*DIGIT ]`.
+pub(super) fn read_millis(c: &mut Collector<'_>) {
+    for text in values::texts(c.headers, &RETRY_AFTER_MS) {
+        if let Some(value) = values::milliseconds(text) {
+            c.wait(Reader::RetryAfterMs, value, text);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::signals::tests::{at, headers, read, NOW};
+    use crate::signals::{DateTrust, Dialect, Reader, Skew, Wait};
+    use crate::MAX_DELAY;
+
+    fn secs(s: u64) -> Option<Wait> {
+        Some(Wait::For(Duration::from_secs(s)))
+    }
+
+    #[test]
+    fn delay_seconds() {
+        let r = read(Dialect::standard(), &[("retry-after", b"30")]);
+        assert_eq!((r.wait, r.source), (secs(30), Some(Reader::RetryAfter)));
+        assert_eq!(r.date, DateTrust::NotNeeded);
+        let r = read(Dialect::standard(), &[("retry-after", b" 0 ")]);
+        assert_eq!(r.wait, secs(0));
+    }
+
+    #[test]
+    fn invalid_values_never_invent_a_wait() {
+        for raw in [
+            &b"later"[..],
+            b"-1",
+            b"1.5",
+            b"",
+            b"  ",
+            b"+5",
+            b"5s",
+            b"0x10",
+            b"\xff\xfe",
+            b"1 2",
+        ] {
+            let r = read(Dialect::standard(), &[("retry-after", raw)]);
+            assert_eq!(r.wait, None, "{raw:?}");
+            assert_eq!(r.source, None, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn duplicates_longest_valid_wins_including_too_long() {
+        let r = read(
+            Dialect::standard(),
+            &[
+                ("retry-after", b"5"),
+                ("retry-after", b"later"),
+                ("retry-after", b"30"),
+                ("retry-after", b"-1"),
+            ],
+        );
+        assert_eq!(r.wait, secs(30));
+        let r = read(
+            Dialect::standard(),
+            &[
+                ("retry-after", b"1"),
+                ("retry-after", b"99999999999999999999"),
+            ],
+        );
+        assert_eq!(
+            r.wait,
+            Some(Wait::TooLong {
+                value: "99999999999999999999".into()
+            })
+        );
+        // Either order.
+        let r = read(
+            Dialect::standard(),
+            &[("retry-after", b"9007199255"), ("retry-after", b"1")],
+        );
+        assert_eq!(
+            r.wait,
+            Some(Wait::TooLong {
+                value: "9007199255".into()
+            })
+        );
+    }
+
+    #[test]
+    fn the_bound_is_max_delay_exactly() {
+        let max = MAX_DELAY.as_secs().to_string();
+        let r = read(Dialect::standard(), &[("retry-after", max.as_bytes())]);
+        assert_eq!(r.wait, secs(MAX_DELAY.as_secs()));
+        let over = (MAX_DELAY.as_secs() + 1).to_string();
+        let r = read(Dialect::standard(), &[("retry-after", over.as_bytes())]);
+        assert!(matches!(r.wait, Some(Wait::TooLong { .. })));
+    }
+
+    #[test]
+    fn http_dates_in_all_three_forms_against_a_trusted_date() {
+        // Local clock 2 minutes behind the server: within the skew, so Date is the reference.
+        let cx = crate::signals::ReadContext::new(at(NOW) - Duration::from_secs(120));
+        for ra in [
+            &b"Sun, 06 Nov 1994 08:50:07 GMT"[..],
+            b"Sunday, 06-Nov-94 08:50:07 GMT",
+            b"Sun Nov  6 08:50:07 1994",
+        ] {
+            let h = headers(&[("retry-after", ra), ("date", NOW.as_bytes())]);
+            let r = Dialect::standard().read(&h, &cx);
+            assert_eq!(r.wait, secs(30), "{ra:?}");
+            assert_eq!(r.date, DateTrust::Trusted);
+        }
+    }
+
+    #[test]
+    fn untrusted_unparseable_and_absent_dates_use_the_local_clock() {
+        let ra: &[u8] = b"Sun, 06 Nov 1994 08:50:07 GMT";
+        // The seed's hostile case: a Date at 1970 would ask for 25 years.
+        let r = read(
+            Dialect::standard(),
+            &[
+                ("retry-after", ra),
+                ("date", b"Thu, 01 Jan 1970 00:00:00 GMT"),
+            ],
+        );
+        assert_eq!(r.wait, secs(30));
+        assert!(matches!(
+            r.date,
+            DateTrust::Untrusted {
+                skew: Skew::Behind(_)
+            }
+        ));
+        assert!(r.date.should_warn());
+        let r = read(
+            Dialect::standard(),
+            &[
+                ("retry-after", ra),
+                ("date", b"Sun, 06 Nov 1994 09:49:37 GMT"),
+            ],
+        );
+        assert_eq!(r.wait, secs(30));
+        assert_eq!(
+            r.date,
+            DateTrust::Untrusted {
+                skew: Skew::Ahead(Duration::from_secs(3600))
+            }
+        );
+        let r = read(
+            Dialect::standard(),
+            &[("retry-after", ra), ("date", b"garbage")],
+        );
+        assert_eq!((r.wait, r.date), (secs(30), DateTrust::Unparseable));
+        let r = read(Dialect::standard(), &[("retry-after", ra)]);
+        assert_eq!((r.wait, r.date), (secs(30), DateTrust::Absent));
+        assert!(!r.date.should_warn());
+    }
+
+    #[test]
+    fn past_dates_are_a_zero_wait() {
+        let r = read(
+            Dialect::standard(),
+            &[
+                ("retry-after", b"Sun, 06 Nov 1994 08:00:00 GMT"),
+                ("date", NOW.as_bytes()),
+            ],
+        );
+        assert_eq!(r.wait, secs(0));
+        assert_eq!(r.source, Some(Reader::RetryAfter));
+    }
+
+    #[test]
+    fn retry_after_ms() {
+        let r = read(Dialect::openai(), &[("retry-after-ms", b"1500")]);
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_millis(1500))));
+        assert_eq!(r.source, Some(Reader::RetryAfterMs));
+        // The longer of the two wins, whichever header says it.
+        let r = read(
+            Dialect::openai(),
+            &[("retry-after-ms", b"1500"), ("retry-after", b"2")],
+        );
+        assert_eq!((r.wait, r.source), (secs(2), Some(Reader::RetryAfter)));
+        let r = read(
+            Dialect::openai(),
+            &[("retry-after-ms", b"2500.5"), ("retry-after", b"2")],
+        );
+        assert_eq!(
+            (r.wait, r.source),
+            (
+                Some(Wait::For(Duration::from_micros(2_500_500))),
+                Some(Reader::RetryAfterMs)
+            )
+        );
+        // Not in the GitHub dialect.
+        let r = read(Dialect::github(), &[("retry-after-ms", b"1500")]);
+        assert_eq!(r.wait, None);
+        let r = read(
+            Dialect::openai(),
+            &[("retry-after-ms", b"99999999999999999999")],
+        );
+        assert!(matches!(r.wait, Some(Wait::TooLong { .. })));
+    }
+}
