@@ -98,7 +98,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap};
 
-use crate::algorithm::MAX_DELAY;
+use crate::rule::MAX_DELAY;
 
 mod anthropic;
 mod github;

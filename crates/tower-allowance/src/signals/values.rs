@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
 
-use crate::algorithm::MAX_DELAY;
+use crate::rule::MAX_DELAY;
 
 /// One reset or delay value as read, before it is measured against a clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
