@@ -54,6 +54,7 @@ mod layer;
 mod outcome;
 
 pub mod admission;
+pub mod body;
 pub mod classify;
 pub mod cooldown;
 pub mod error;
