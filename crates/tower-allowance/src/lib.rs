@@ -58,6 +58,7 @@ pub mod body;
 pub mod classify;
 pub mod cooldown;
 pub mod error;
+pub mod grpc;
 pub mod headers;
 pub mod quota;
 pub mod retry;
