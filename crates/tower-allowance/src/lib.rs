@@ -54,9 +54,11 @@ mod outcome;
 mod shared;
 
 pub mod admission;
+pub mod body;
 pub mod classify;
 pub mod cooldown;
 pub mod error;
+pub mod grpc;
 pub mod headers;
 pub mod quota;
 pub mod retry;

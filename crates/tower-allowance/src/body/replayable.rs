@@ -1,0 +1,321 @@
+//! `Replayable`: the request bodies a retry can send again, as the same type.
+
+use std::{fmt, sync::Arc};
+
+use bytes::Bytes;
+use http_body::Body;
+use http_body_util::{
+    combinators::{BoxBody, UnsyncBoxBody},
+    BodyExt, Either, Empty, Full,
+};
+
+use super::{ReplayBody, ReplayError, ReplayRefused};
+
+/// A request body type the allowance stack can send again for a retry, as the same type,
+/// so the inner service keeps receiving the body type it declared.
+///
+/// [`prepare`](Self::prepare) runs once per request, before the first attempt. It returns
+/// the body to send first and, when a retry will be possible, a [`Replay`] handle that
+/// makes the body of each further attempt.
+///
+/// | body | how it is replayed |
+/// |------|--------------------|
+/// | `Full<Bytes>`, `Empty<Bytes>` | cloned (the clone shares the bytes; the cap does not apply) |
+/// | `String` | cloned (a copy: not replayed when longer than the cap) |
+/// | `Either<L, R>` | as `L` or `R` |
+/// | `BoxBody<Bytes, E>`, `UnsyncBoxBody<Bytes, E>` | through a [`ReplayBody`], re-boxed; needs `E: From<ReplayRefused>`, as `BoxError` is |
+/// | `hyper::body::Incoming` (feature `hyper`) | not replayed: sent once, never retried |
+/// | `axum::body::Body` (feature `axum`) | through a [`ReplayBody`], in `Body::new` |
+/// | `tonic::body::Body` (feature `tonic`) | through a [`ReplayBody`], in `Body::new` |
+///
+/// # Your own body type
+///
+/// Box it (`BodyExt::boxed`), or implement this trait with [`Replay::from_fn`] (a body you
+/// can rebuild) or [`Replay::wrap`] (a body that keeps a copy while it streams):
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{combinators::UnsyncBoxBody, BodyExt};
+/// use tower_allowance::body::{Replay, ReplayError, Replayable};
+/// use tower_allowance::BoxError;
+///
+/// /// A body that must be `MyBody` all the way down.
+/// struct MyBody(UnsyncBoxBody<Bytes, BoxError>);
+/// # impl http_body::Body for MyBody {
+/// #     type Data = Bytes;
+/// #     type Error = BoxError;
+/// #     fn poll_frame(
+/// #         mut self: std::pin::Pin<&mut Self>,
+/// #         cx: &mut std::task::Context<'_>,
+/// #     ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+/// #         std::pin::Pin::new(&mut self.0).poll_frame(cx)
+/// #     }
+/// # }
+///
+/// impl Replayable for MyBody {
+///     fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+///         Replay::wrap(self, cap, |copy| {
+///             MyBody(copy.map_err(ReplayError::into_body_error).boxed_unsync())
+///         })
+///     }
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a request body the allowance can replay for a retry",
+    label = "`Replayable` is not implemented for this body type",
+    note = "replayable bodies: `Full<Bytes>`, `Empty<Bytes>`, `String`, `Either<L, R>`, `BoxBody<Bytes, E>` and `UnsyncBoxBody<Bytes, E>` (with `E: From<ReplayRefused>`, such as `BoxError`); with crate features: `hyper::body::Incoming` (`hyper`, sent once), `axum::body::Body` (`axum`), `tonic::body::Body` (`tonic`)",
+    note = "for your own body: box it with `BodyExt::boxed`, or implement `Replayable` with `Replay::from_fn` (a body you can rebuild) or `Replay::wrap` (a copy kept while it streams)"
+)]
+pub trait Replayable: Sized {
+    /// The body for the first attempt, and a [`Replay`] for the next ones, if a retry is
+    /// possible. `cap` bounds the bytes a body that has to keep a copy may keep.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>);
+}
+
+/// Makes the body of each retry of one request.
+///
+/// `Clone + Send + Sync + 'static` for any body type, so it can travel in the request's
+/// extensions.
+///
+/// # Clone
+///
+/// Clones share one source (behind an `Arc`): the same copy, the same rebuild function.
+/// Cloning never copies the body.
+pub struct Replay<B> {
+    source: Arc<dyn Source<B> + Send + Sync>,
+}
+
+/// Where a [`Replay`] gets its bodies from.
+trait Source<B> {
+    fn body(&self) -> Option<B>;
+    fn is_capped(&self) -> bool;
+}
+
+// === impl Replay ===
+
+impl<B: 'static> Replay<B> {
+    /// Replays by calling `rebuild` for each attempt: for a body that is cheap to make again,
+    /// such as `move || body.clone()`.
+    pub fn from_fn<F>(rebuild: F) -> Self
+    where
+        F: Fn() -> B + Send + Sync + 'static,
+    {
+        Self {
+            source: Arc::new(FromFn(rebuild)),
+        }
+    }
+
+    /// Replays `body` through a [`ReplayBody`] that keeps a copy of up to `cap` bytes while
+    /// the first attempt streams; `rebuild` turns a `ReplayBody<B>` back into a `B` (for the
+    /// first attempt too).
+    ///
+    /// Returns `body` untouched, and no `Replay`, when its size hint already exceeds the
+    /// cap.
+    pub fn wrap<F>(body: B, cap: usize, rebuild: F) -> (B, Option<Self>)
+    where
+        B: Body + Send + Unpin,
+        F: Fn(ReplayBody<B>) -> B + Send + Sync + 'static,
+    {
+        if body.size_hint().lower() > cap as u64 {
+            return (body, None);
+        }
+        let body = ReplayBody::new(body, cap);
+        let copy = Copied {
+            body: body.clone(),
+            rebuild,
+        };
+        let first = (copy.rebuild)(body);
+        let replay = Self {
+            source: Arc::new(copy),
+        };
+        (first, Some(replay))
+    }
+
+    /// A body for the next attempt, from the first byte; `None` when the body cannot be
+    /// replayed: it outgrew the cap, or it failed before its end.
+    ///
+    /// While an earlier attempt is still streaming, the body returned may still fail with
+    /// [`ReplayRefused`] if that attempt goes past the cap before the replay catches up;
+    /// ask once the earlier attempt is over (a retry policy does).
+    pub fn body(&self) -> Option<B> {
+        self.source.body()
+    }
+
+    /// Whether the body outgrew the cap, so no retry can send it.
+    pub fn is_capped(&self) -> bool {
+        self.source.is_capped()
+    }
+
+    /// A `Replay<C>` that makes each body with `f` from one of these, for wrapper types.
+    pub fn map<C, F>(self, f: F) -> Replay<C>
+    where
+        C: 'static,
+        F: Fn(B) -> C + Send + Sync + 'static,
+    {
+        Replay {
+            source: Arc::new(Mapped { replay: self, f }),
+        }
+    }
+}
+
+impl<B> Clone for Replay<B> {
+    fn clone(&self) -> Self {
+        Self {
+            source: Arc::clone(&self.source),
+        }
+    }
+}
+
+impl<B> fmt::Debug for Replay<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("capped", &self.source.is_capped())
+            .finish_non_exhaustive()
+    }
+}
+
+struct FromFn<F>(F);
+
+impl<B, F: Fn() -> B> Source<B> for FromFn<F> {
+    fn body(&self) -> Option<B> {
+        Some((self.0)())
+    }
+
+    fn is_capped(&self) -> bool {
+        false
+    }
+}
+
+struct Copied<B, F> {
+    /// Never polled: each replay is a fresh clone of it.
+    body: ReplayBody<B>,
+    rebuild: F,
+}
+
+impl<B, F: Fn(ReplayBody<B>) -> B> Source<B> for Copied<B, F> {
+    fn body(&self) -> Option<B> {
+        self.body
+            .can_replay()
+            .then(|| (self.rebuild)(self.body.clone()))
+    }
+
+    fn is_capped(&self) -> bool {
+        self.body.is_capped()
+    }
+}
+
+struct Mapped<B, F> {
+    replay: Replay<B>,
+    f: F,
+}
+
+impl<B: 'static, C, F: Fn(B) -> C> Source<C> for Mapped<B, F> {
+    fn body(&self) -> Option<C> {
+        self.replay.body().map(&self.f)
+    }
+
+    fn is_capped(&self) -> bool {
+        self.replay.is_capped()
+    }
+}
+
+// === impl Replayable ===
+
+impl Replayable for Full<Bytes> {
+    /// Cloned: the clones share the bytes, so the cap does not apply.
+    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+        let copy = self.clone();
+        (self, Some(Replay::from_fn(move || copy.clone())))
+    }
+}
+
+impl Replayable for Empty<Bytes> {
+    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+        (self, Some(Replay::from_fn(Empty::new)))
+    }
+}
+
+impl Replayable for String {
+    /// Cloned, which copies it: not replayed when longer than the cap.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        if self.len() > cap {
+            return (self, None);
+        }
+        let copy = self.clone();
+        (self, Some(Replay::from_fn(move || copy.clone())))
+    }
+}
+
+impl<L, R> Replayable for Either<L, R>
+where
+    L: Replayable + 'static,
+    R: Replayable + 'static,
+{
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        match self {
+            Either::Left(body) => {
+                let (body, replay) = body.prepare(cap);
+                (Either::Left(body), replay.map(|r| r.map(Either::Left)))
+            }
+            Either::Right(body) => {
+                let (body, replay) = body.prepare(cap);
+                (Either::Right(body), replay.map(|r| r.map(Either::Right)))
+            }
+        }
+    }
+}
+
+impl<E> Replayable for BoxBody<Bytes, E>
+where
+    E: From<ReplayRefused> + 'static,
+{
+    /// Wrapped in a [`ReplayBody`] and boxed again.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        Replay::wrap(self, cap, |body| {
+            BoxBody::new(body.map_err(ReplayError::into_body_error))
+        })
+    }
+}
+
+impl<E> Replayable for UnsyncBoxBody<Bytes, E>
+where
+    E: From<ReplayRefused> + 'static,
+{
+    /// Wrapped in a [`ReplayBody`] and boxed again.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        Replay::wrap(self, cap, |body| {
+            UnsyncBoxBody::new(body.map_err(ReplayError::into_body_error))
+        })
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl Replayable for hyper::body::Incoming {
+    /// Not replayable: an `Incoming` cannot be built from a copy, so the request is sent
+    /// once and never retried. Convert it (`BodyExt::boxed`) to make it replayable.
+    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+        (self, None)
+    }
+}
+
+#[cfg(feature = "axum")]
+impl Replayable for axum_core::body::Body {
+    /// Wrapped in a [`ReplayBody`], inside `Body::new`; an empty body is made afresh.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        if self.is_end_stream() {
+            return (Self::empty(), Some(Replay::from_fn(Self::empty)));
+        }
+        Replay::wrap(self, cap, Self::new)
+    }
+}
+
+#[cfg(feature = "tonic")]
+impl Replayable for tonic::body::Body {
+    /// Wrapped in a [`ReplayBody`], inside `Body::new`; an empty body is made afresh.
+    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
+        if self.is_end_stream() {
+            return (Self::empty(), Some(Replay::from_fn(Self::empty)));
+        }
+        Replay::wrap(self, cap, Self::new)
+    }
+}

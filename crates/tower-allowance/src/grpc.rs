@@ -1,0 +1,762 @@
+//! gRPC throttling signals (gRFC A6): `grpc-status` and `grpc-retry-pushback-ms`, read from
+//! a response's headers or trailers.
+//!
+//! A gRPC server throttles on an HTTP 200: `grpc-status: 8` (RESOURCE_EXHAUSTED), either
+//! in the headers of a *trailers-only* response or in the trailers after the messages,
+//! with its requested delay in `grpc-retry-pushback-ms`. The HTTP status classifier
+//! cannot see either. [`GrpcResponse::from_head`] reads the headers: a finished call's
+//! status, a call whose status is still to come in the trailers, or `None` for a response
+//! that is not gRPC (left to the HTTP status classifier). [`WatchTrailers`] shows the
+//! trailers to a closure as they pass, without holding the body back.
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::{HeaderMap, HeaderValue, StatusCode};
+//! use tower_allowance::{classify::Classification, grpc::{Code, GrpcResponse, Pushback}};
+//!
+//! // A trailers-only RESOURCE_EXHAUSTED asking for 1.5 s.
+//! let mut headers = HeaderMap::new();
+//! headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+//! headers.insert("grpc-status", HeaderValue::from_static("8"));
+//! headers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("1500"));
+//!
+//! let Some(GrpcResponse::TrailersOnly(status)) = GrpcResponse::from_head(StatusCode::OK, &headers)
+//! else { unreachable!("a trailers-only response") };
+//! assert_eq!(status.code(), Code::RESOURCE_EXHAUSTED);
+//! assert_eq!(status.classification(), Classification::Throttled);
+//! assert_eq!(status.pushback(), Some(Pushback::Delay(Duration::from_millis(1500))));
+//!
+//! // Not gRPC: for the HTTP status classifier.
+//! assert_eq!(GrpcResponse::from_head(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new()), None);
+//! ```
+//!
+//! # What is read, and how strictly
+//!
+//! - `grpc-status` is `1*DIGIT` (the gRPC over HTTP/2 grammar). A value that is not, or
+//!   does not fit in a `u32`, or a field sent more than once, is malformed: [`Code::from_bytes`]
+//!   returns `None`, and a response carrying it reads as [`Code::UNKNOWN`], as tonic does
+//!   (a final failure: never a reason to retry).
+//! - `grpc-retry-pushback-ms` as gRFC A6 says: a non-negative integer is the delay the
+//!   server asks for; a negative or unparsable value means *do not retry*. A field sent more
+//!   than once also means *do not retry*, as grpc-go decides: the server's intent cannot
+//!   be known, and retrying is the one choice that can make throttling worse. The integer
+//!   is parsed as grpc-go and grpc-java do (a 64-bit integer, an optional sign), so an
+//!   out-of-range value is unparsable too.
+
+use std::{
+    fmt,
+    pin::Pin,
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+
+use crate::classify::Classification;
+
+const GRPC_STATUS: &str = "grpc-status";
+const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+
+/// A gRPC status code, as carried by `grpc-status`.
+///
+/// Any `u32` is kept as is: a code this crate has no name for is still a final failure.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Code(u32);
+
+impl Code {
+    /// The call succeeded.
+    pub const OK: Code = Code(0);
+    /// The call was cancelled, typically by the caller.
+    pub const CANCELLED: Code = Code(1);
+    /// Unknown error; also what a malformed `grpc-status` reads as.
+    pub const UNKNOWN: Code = Code(2);
+    /// The client specified an invalid argument.
+    pub const INVALID_ARGUMENT: Code = Code(3);
+    /// The deadline expired before the operation could complete.
+    pub const DEADLINE_EXCEEDED: Code = Code(4);
+    /// Some requested entity was not found.
+    pub const NOT_FOUND: Code = Code(5);
+    /// The entity a client attempted to create already exists.
+    pub const ALREADY_EXISTS: Code = Code(6);
+    /// The caller does not have permission.
+    pub const PERMISSION_DENIED: Code = Code(7);
+    /// Some resource has been exhausted: a rate limit or a quota. Throttling.
+    pub const RESOURCE_EXHAUSTED: Code = Code(8);
+    /// The system is not in a state required for the operation.
+    pub const FAILED_PRECONDITION: Code = Code(9);
+    /// The operation was aborted, typically by a concurrency conflict.
+    pub const ABORTED: Code = Code(10);
+    /// The operation was attempted past the valid range.
+    pub const OUT_OF_RANGE: Code = Code(11);
+    /// The operation is not implemented or supported.
+    pub const UNIMPLEMENTED: Code = Code(12);
+    /// An internal error.
+    pub const INTERNAL: Code = Code(13);
+    /// The service is currently unavailable: transient.
+    pub const UNAVAILABLE: Code = Code(14);
+    /// Unrecoverable data loss or corruption.
+    pub const DATA_LOSS: Code = Code(15);
+    /// The request lacks valid authentication credentials.
+    pub const UNAUTHENTICATED: Code = Code(16);
+
+    const NAMES: [&'static str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+
+    /// The code with this number.
+    pub const fn new(code: u32) -> Self {
+        Self(code)
+    }
+
+    /// The code's number.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// Parses a `grpc-status` value: ASCII digits only, fitting in a `u32`; `None` for
+    /// anything else.
+    ///
+    /// ```
+    /// use tower_allowance::grpc::Code;
+    ///
+    /// assert_eq!(Code::from_bytes(b"14"), Some(Code::UNAVAILABLE));
+    /// assert_eq!(Code::from_bytes(b"+8"), None);
+    /// assert_eq!(Code::from_bytes(b""), None);
+    /// ```
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(bytes).ok()?.parse().ok().map(Self)
+    }
+
+    /// The canonical name (`"RESOURCE_EXHAUSTED"`), for the codes 0 to 16.
+    pub fn name(self) -> Option<&'static str> {
+        usize::try_from(self.0)
+            .ok()
+            .and_then(|i| Self::NAMES.get(i).copied())
+    }
+
+    /// What this code means to the allowance: OK is a success, RESOURCE_EXHAUSTED
+    /// throttling, UNAVAILABLE a transient failure, and every other code a final failure.
+    pub fn classification(self) -> Classification {
+        match self {
+            Self::OK => Classification::Success,
+            Self::RESOURCE_EXHAUSTED => Classification::Throttled,
+            Self::UNAVAILABLE => Classification::Transient,
+            _ => Classification::Failure,
+        }
+    }
+}
+
+impl fmt::Debug for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "Code::{name}"),
+            None => write!(f, "Code({})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "code {}", self.0),
+        }
+    }
+}
+
+/// What a server's `grpc-retry-pushback-ms` asks of a retry (gRFC A6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pushback {
+    /// Wait this long before the next attempt (`0` is allowed: retry at once).
+    Delay(Duration),
+    /// Do not retry: the value was negative, unparsable, or sent more than once.
+    DoNotRetry,
+}
+
+impl Pushback {
+    /// Reads `grpc-retry-pushback-ms` from response headers or trailers; `None` when
+    /// absent. See the [module docs](self) for the parsing rules.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{HeaderMap, HeaderValue};
+    /// use tower_allowance::grpc::Pushback;
+    ///
+    /// let mut trailers = HeaderMap::new();
+    /// assert_eq!(Pushback::from_header_map(&trailers), None);
+    /// trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("250"));
+    /// assert_eq!(Pushback::from_header_map(&trailers), Some(Pushback::Delay(Duration::from_millis(250))));
+    /// trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
+    /// assert_eq!(Pushback::from_header_map(&trailers), Some(Pushback::DoNotRetry));
+    /// ```
+    pub fn from_header_map(map: &HeaderMap) -> Option<Self> {
+        let value = single(map, GRPC_RETRY_PUSHBACK_MS)?;
+        let ms = value
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse::<i64>().ok())
+            .and_then(|ms| u64::try_from(ms).ok());
+        Some(match ms {
+            Some(ms) => Self::Delay(Duration::from_millis(ms)),
+            None => Self::DoNotRetry,
+        })
+    }
+}
+
+/// The status of a finished gRPC call: its code and the server's pushback, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GrpcStatus {
+    code: Code,
+    pushback: Option<Pushback>,
+}
+
+impl GrpcStatus {
+    /// Reads a call's status from trailers (or from the headers of a trailers-only
+    /// response); `None` without a `grpc-status` field. A malformed `grpc-status` reads as
+    /// [`Code::UNKNOWN`].
+    pub fn from_header_map(map: &HeaderMap) -> Option<Self> {
+        let code = single(map, GRPC_STATUS)?
+            .and_then(|value| Code::from_bytes(value.as_bytes()))
+            .unwrap_or(Code::UNKNOWN);
+        Some(Self {
+            code,
+            pushback: Pushback::from_header_map(map),
+        })
+    }
+
+    /// The status code.
+    pub fn code(&self) -> Code {
+        self.code
+    }
+
+    /// The server's `grpc-retry-pushback-ms`, if it sent one.
+    pub fn pushback(&self) -> Option<Pushback> {
+        self.pushback
+    }
+
+    /// What the call's code means to the allowance (see [`Code::classification`]). A
+    /// [`Pushback::DoNotRetry`] does not change it: a throttled call stays throttled (it
+    /// still cools the allowance down), it is just not retried.
+    pub fn classification(&self) -> Classification {
+        self.code.classification()
+    }
+}
+
+/// What a response's head says about a gRPC call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GrpcResponse {
+    /// A trailers-only response: the call is over and its status is in the headers.
+    TrailersOnly(GrpcStatus),
+    /// A gRPC response whose status will come in the trailers, after the messages: watch
+    /// them with [`WatchTrailers`].
+    StatusInTrailers,
+}
+
+impl GrpcResponse {
+    /// Reads a response's status line and headers.
+    ///
+    /// - a `grpc-status` field: [`TrailersOnly`](Self::TrailersOnly), whatever the HTTP
+    ///   status (the gRPC status is the more precise of the two);
+    /// - otherwise, a `content-type` of `application/grpc` (or `application/grpc+proto`,
+    ///   `application/grpc;...`) on an HTTP 200: [`StatusInTrailers`](Self::StatusInTrailers);
+    /// - otherwise `None`: not a gRPC response, or an HTTP-level answer from an
+    ///   intermediary (a proxy's 429 or 503): the HTTP status classifier's to judge.
+    pub fn from_head(status: StatusCode, headers: &HeaderMap) -> Option<Self> {
+        if let Some(status) = GrpcStatus::from_header_map(headers) {
+            return Some(Self::TrailersOnly(status));
+        }
+        (status == StatusCode::OK && is_grpc(headers)).then_some(Self::StatusInTrailers)
+    }
+}
+
+/// The field's only value: `None` when absent, `Some(None)` when sent more than once.
+fn single<'a>(map: &'a HeaderMap, name: &str) -> Option<Option<&'a HeaderValue>> {
+    let mut values = map.get_all(name).iter();
+    let first = values.next()?;
+    Some(values.next().is_none().then_some(first))
+}
+
+/// Whether `content-type` is `application/grpc`, alone or followed by `+` or `;`.
+fn is_grpc(headers: &HeaderMap) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    headers.get(CONTENT_TYPE).is_some_and(|value| {
+        let value = value.as_bytes();
+        value.len() >= GRPC.len()
+            && value[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+            && matches!(value.get(GRPC.len()), None | Some(b'+' | b';'))
+    })
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that shows its trailers to `F` as they pass, once.
+    ///
+    /// Frames are forwarded unchanged and at once: nothing is consumed, copied or
+    /// delayed, and `F` sees the trailers (by reference) just before the caller does.
+    /// A body that ends without trailers never calls `F`.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use bytes::Bytes;
+    /// use http::{HeaderMap, HeaderValue};
+    /// use http_body_util::{BodyExt, Full};
+    /// use tower_allowance::grpc::{Code, GrpcStatus, WatchTrailers};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// let mut trailers = HeaderMap::new();
+    /// trailers.insert("grpc-status", HeaderValue::from_static("8"));
+    /// let body = Full::new(Bytes::from_static(b"\0\0\0\0\0")).with_trailers(async { Some(Ok(trailers)) });
+    ///
+    /// let seen = Arc::new(Mutex::new(None));
+    /// let slot = Arc::clone(&seen);
+    /// let body = WatchTrailers::new(body, move |trailers: &HeaderMap| {
+    ///     *slot.lock().unwrap_or_else(|e| e.into_inner()) = GrpcStatus::from_header_map(trailers);
+    /// });
+    /// let collected = body.collect().await?;
+    /// assert!(collected.trailers().is_some(), "the trailers still reach the caller");
+    /// let status = seen.lock().unwrap_or_else(|e| e.into_inner()).map(|s| s.code());
+    /// assert_eq!(status, Some(Code::RESOURCE_EXHAUSTED));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub struct WatchTrailers<B, F> {
+        #[pin]
+        inner: B,
+        on_trailers: Option<F>,
+    }
+}
+
+// === impl WatchTrailers ===
+
+impl<B, F> WatchTrailers<B, F> {
+    /// Wraps `body`; `on_trailers` runs when its trailers pass, if they do.
+    pub fn new(body: B, on_trailers: F) -> Self {
+        Self {
+            inner: body,
+            on_trailers: Some(on_trailers),
+        }
+    }
+
+    /// The wrapped body.
+    pub fn get_ref(&self) -> &B {
+        &self.inner
+    }
+
+    /// The wrapped body, mutably.
+    pub fn get_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// The wrapped body, unwrapped (`F` is dropped without being called).
+    pub fn into_inner(self) -> B {
+        self.inner
+    }
+}
+
+impl<B: fmt::Debug, F> fmt::Debug for WatchTrailers<B, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WatchTrailers")
+            .field("inner", &self.inner)
+            .field("watching", &self.on_trailers.is_some())
+            .finish()
+    }
+}
+
+impl<B, F> Body for WatchTrailers<B, F>
+where
+    B: Body,
+    F: FnOnce(&HeaderMap),
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(trailers) = frame.trailers_ref() {
+                if let Some(on_trailers) = this.on_trailers.take() {
+                    on_trailers(trailers);
+                }
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        cell::Cell,
+        task::{Context, Waker},
+    };
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn map(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    fn status(code: Code, pushback: Option<Pushback>) -> GrpcStatus {
+        GrpcStatus { code, pushback }
+    }
+
+    fn ms(ms: u64) -> Option<Pushback> {
+        Some(Pushback::Delay(Duration::from_millis(ms)))
+    }
+
+    /// Response heads as servers and proxies send them.
+    #[test]
+    fn fixtures_of_real_responses() {
+        use GrpcResponse::*;
+        let grpc = ("content-type", "application/grpc");
+        let cases: &[(&str, StatusCode, HeaderMap, Option<GrpcResponse>)] = &[
+            (
+                "trailers-only RESOURCE_EXHAUSTED with pushback (a throttling server)",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "8"),
+                    ("grpc-message", "quota exceeded for key"),
+                    ("grpc-retry-pushback-ms", "1500"),
+                ]),
+                Some(TrailersOnly(status(Code::RESOURCE_EXHAUSTED, ms(1500)))),
+            ),
+            (
+                "trailers-only UNAVAILABLE (an envoy with no healthy upstream)",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "14"),
+                    ("grpc-message", "no healthy upstream"),
+                ]),
+                Some(TrailersOnly(status(Code::UNAVAILABLE, None))),
+            ),
+            (
+                "a streaming OK: status in the trailers",
+                StatusCode::OK,
+                map(&[
+                    ("content-type", "application/grpc+proto"),
+                    ("grpc-encoding", "identity"),
+                ]),
+                Some(StatusInTrailers),
+            ),
+            (
+                "content-type with parameters, any case",
+                StatusCode::OK,
+                map(&[("content-type", "Application/GRPC; charset=utf-8")]),
+                Some(StatusInTrailers),
+            ),
+            (
+                "pushback negative: do not retry",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")]),
+                Some(TrailersOnly(status(
+                    Code::RESOURCE_EXHAUSTED,
+                    Some(Pushback::DoNotRetry),
+                ))),
+            ),
+            (
+                "pushback malformed: do not retry",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "8"),
+                    ("grpc-retry-pushback-ms", "1.5s"),
+                ]),
+                Some(TrailersOnly(status(
+                    Code::RESOURCE_EXHAUSTED,
+                    Some(Pushback::DoNotRetry),
+                ))),
+            ),
+            (
+                "pushback twice, even equal: do not retry (grpc-go)",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "8"),
+                    ("grpc-retry-pushback-ms", "100"),
+                    ("grpc-retry-pushback-ms", "100"),
+                ]),
+                Some(TrailersOnly(status(
+                    Code::RESOURCE_EXHAUSTED,
+                    Some(Pushback::DoNotRetry),
+                ))),
+            ),
+            (
+                "grpc-status malformed: UNKNOWN, a final failure",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "eight")]),
+                Some(TrailersOnly(status(Code::UNKNOWN, None))),
+            ),
+            (
+                "grpc-status twice: malformed",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "0"), ("grpc-status", "8")]),
+                Some(TrailersOnly(status(Code::UNKNOWN, None))),
+            ),
+            (
+                "grpc-status wins over the HTTP status",
+                StatusCode::SERVICE_UNAVAILABLE,
+                map(&[grpc, ("grpc-status", "8")]),
+                Some(TrailersOnly(status(Code::RESOURCE_EXHAUSTED, None))),
+            ),
+            (
+                "a non-gRPC 429: left to the HTTP status classifier",
+                StatusCode::TOO_MANY_REQUESTS,
+                map(&[("content-type", "application/json"), ("retry-after", "1")]),
+                None,
+            ),
+            (
+                "a proxy's 429 on a gRPC call, no grpc-status: the HTTP classifier's too",
+                StatusCode::TOO_MANY_REQUESTS,
+                map(&[grpc]),
+                None,
+            ),
+            (
+                "grpc-web is not gRPC over HTTP/2: its trailers are in the body",
+                StatusCode::OK,
+                map(&[("content-type", "application/grpc-web+proto")]),
+                None,
+            ),
+            ("no headers at all", StatusCode::OK, HeaderMap::new(), None),
+        ];
+        for (name, http_status, headers, expected) in cases {
+            assert_eq!(
+                GrpcResponse::from_head(*http_status, headers),
+                *expected,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn classification_of_every_code() {
+        for code in 0..=20 {
+            let expected = match code {
+                0 => Classification::Success,
+                8 => Classification::Throttled,
+                14 => Classification::Transient,
+                _ => Classification::Failure,
+            };
+            assert_eq!(Code::new(code).classification(), expected, "{code}");
+        }
+        assert_eq!(
+            status(Code::RESOURCE_EXHAUSTED, Some(Pushback::DoNotRetry)).classification(),
+            Classification::Throttled
+        );
+        assert_eq!(Code::RESOURCE_EXHAUSTED.to_string(), "RESOURCE_EXHAUSTED");
+        assert_eq!(format!("{:?}", Code::OK), "Code::OK");
+        assert_eq!(Code::new(17).to_string(), "code 17");
+        assert_eq!(Code::new(u32::MAX).name(), None);
+    }
+
+    #[test]
+    fn parsing_rules_at_the_edges() {
+        for (value, expected) in [
+            ("0", ms(0)),
+            ("+5", ms(5)),
+            ("-0", ms(0)),
+            ("9223372036854775807", ms(i64::MAX as u64)),
+            ("9223372036854775808", Some(Pushback::DoNotRetry)),
+            ("", Some(Pushback::DoNotRetry)),
+            (" 5", Some(Pushback::DoNotRetry)),
+            ("5ms", Some(Pushback::DoNotRetry)),
+        ] {
+            let trailers = map(&[("grpc-retry-pushback-ms", value)]);
+            assert_eq!(Pushback::from_header_map(&trailers), expected, "{value:?}");
+        }
+        for (value, expected) in [
+            (&b"0"[..], Some(Code::OK)),
+            (b"08", Some(Code::RESOURCE_EXHAUSTED)),
+            (b"4294967295", Some(Code::new(u32::MAX))),
+            (b"4294967296", None),
+            (b"-1", None),
+            (b"1 ", None),
+            (b"\xff", None),
+        ] {
+            assert_eq!(Code::from_bytes(value), expected, "{value:?}");
+        }
+        // Trailers of a streamed call: status and pushback.
+        let trailers = map(&[("grpc-status", "0"), ("grpc-message", "")]);
+        assert_eq!(
+            GrpcStatus::from_header_map(&trailers),
+            Some(status(Code::OK, None))
+        );
+        assert_eq!(GrpcStatus::from_header_map(&HeaderMap::new()), None);
+    }
+
+    // === WatchTrailers ===
+
+    type Item = Result<Frame<Bytes>, std::convert::Infallible>;
+
+    fn stream(
+        items: Vec<Item>,
+    ) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Item>>> {
+        StreamBody::new(futures_util::stream::iter(items))
+    }
+
+    /// Every frame, polled with a no-op waker (the test bodies are always ready).
+    fn frames<B: Body + Unpin>(mut body: B) -> Vec<Frame<B::Data>>
+    where
+        B::Error: fmt::Debug,
+    {
+        let mut frames = Vec::new();
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            frames.push(frame.expect("infallible"));
+        }
+        frames
+    }
+
+    #[test]
+    fn watch_trailers_sees_trailers_once_and_forwards_every_frame_unchanged() {
+        let trailers = map(&[("grpc-status", "8"), ("grpc-retry-pushback-ms", "200")]);
+        let calls = Cell::new(0);
+        let seen = Cell::new(None);
+        let body = stream(vec![
+            Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x02hi"))),
+            Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\0"))),
+            Ok(Frame::trailers(trailers.clone())),
+        ]);
+        let watched = WatchTrailers::new(body, |t: &HeaderMap| {
+            calls.set(calls.get() + 1);
+            seen.set(GrpcStatus::from_header_map(t));
+        });
+        let frames = frames(watched);
+        assert_eq!(frames.len(), 3);
+        assert_eq!(
+            frames[0].data_ref().map(|d| &d[..]),
+            Some(&b"\0\0\0\0\x02hi"[..])
+        );
+        assert_eq!(
+            frames[1].data_ref().map(|d| &d[..]),
+            Some(&b"\0\0\0\0\0"[..])
+        );
+        assert_eq!(frames[2].trailers_ref(), Some(&trailers));
+        assert_eq!(calls.get(), 1);
+        assert_eq!(seen.get(), Some(status(Code::RESOURCE_EXHAUSTED, ms(200))));
+    }
+
+    #[test]
+    fn watch_trailers_without_trailers_never_calls_and_keeps_hints() {
+        let called = Cell::new(false);
+        let watched =
+            WatchTrailers::new(Full::new(Bytes::from_static(b"plain")), |_: &HeaderMap| {
+                called.set(true)
+            });
+        assert_eq!(watched.size_hint().exact(), Some(5));
+        assert!(!watched.is_end_stream());
+        assert_eq!(watched.get_ref().size_hint().exact(), Some(5));
+        let frames = frames(watched);
+        assert_eq!(frames.len(), 1);
+        assert!(!called.get());
+    }
+
+    #[tokio::test]
+    async fn watch_trailers_collects_like_the_inner_body() -> Result<(), std::convert::Infallible> {
+        let trailers = map(&[("grpc-status", "0")]);
+        let body = Full::new(Bytes::from_static(b"ok")).with_trailers({
+            let trailers = trailers.clone();
+            async move { Some(Ok(trailers)) }
+        });
+        let seen = Cell::new(None);
+        let collected = WatchTrailers::new(body, |t: &HeaderMap| {
+            seen.set(GrpcStatus::from_header_map(t))
+        })
+        .collect()
+        .await?;
+        assert_eq!(collected.trailers(), Some(&trailers));
+        assert_eq!(collected.to_bytes(), "ok");
+        assert_eq!(seen.get().map(|s| s.code()), Some(Code::OK));
+        Ok(())
+    }
+
+    // === properties ===
+
+    proptest! {
+        /// Arbitrary bytes in every field this module reads: never a panic, and the
+        /// documented rules hold.
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            status_bytes in prop::collection::vec(any::<u8>(), 0..24),
+            pushback_bytes in prop::collection::vec(any::<u8>(), 0..24),
+            content_type in prop::collection::vec(any::<u8>(), 0..32),
+            http_status in 100u16..=999,
+        ) {
+            let mut headers = HeaderMap::new();
+            for (name, bytes) in [
+                (GRPC_STATUS, &status_bytes),
+                (GRPC_RETRY_PUSHBACK_MS, &pushback_bytes),
+                ("content-type", &content_type),
+            ] {
+                if let Ok(value) = HeaderValue::from_bytes(bytes) {
+                    headers.insert(name, value);
+                }
+            }
+            let http_status = StatusCode::from_u16(http_status).expect("100..=999");
+            let head = GrpcResponse::from_head(http_status, &headers);
+            if headers.contains_key(GRPC_STATUS) {
+                prop_assert!(matches!(head, Some(GrpcResponse::TrailersOnly(_))));
+            }
+            let _ = Code::from_bytes(&status_bytes);
+            if let Some(status) = GrpcStatus::from_header_map(&headers) {
+                let _ = status.classification();
+                prop_assert_eq!(status.pushback(), Pushback::from_header_map(&headers));
+            }
+            if let Some(code) = Code::from_bytes(&status_bytes) {
+                prop_assert_eq!(code.get().to_string().parse::<u32>().ok(), Some(code.get()));
+            }
+        }
+
+        /// Every integer pushback: non-negative is a delay, negative is "do not retry".
+        #[test]
+        fn pushback_integers(ms in any::<i64>()) {
+            let value = HeaderValue::from_str(&ms.to_string()).expect("digits");
+            let mut trailers = HeaderMap::new();
+            trailers.insert(GRPC_RETRY_PUSHBACK_MS, value);
+            let expected = u64::try_from(ms)
+                .map(|ms| Pushback::Delay(Duration::from_millis(ms)))
+                .unwrap_or(Pushback::DoNotRetry);
+            prop_assert_eq!(Pushback::from_header_map(&trailers), Some(expected));
+        }
+    }
+}
