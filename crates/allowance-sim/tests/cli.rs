@@ -59,6 +59,45 @@ fn virtual_run_matches_the_seed_figures() {
     assert_eq!(v["last_attempt_ms"], 3000);
 }
 
+/// At 3/s an interval is 333.3 ms: the minimum is rounded up, never down, and a shared run
+/// that achieves it reports it exactly (the makespan is rounded up too).
+#[test]
+fn the_minimum_is_rounded_up() {
+    let v = run_json(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--jobs",
+        "2",
+        "--burst",
+        "1",
+        "--rate",
+        "3",
+    ]);
+    assert_eq!(v["min_makespan_ms"], 334, "{v}");
+    assert_eq!(v["makespan_ms"], 334, "{v}");
+    // Three intervals are exactly one second, not 999 ms.
+    let v = run_json(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--jobs",
+        "4",
+        "--burst",
+        "1",
+        "--rate",
+        "3",
+    ]);
+    assert_eq!(v["min_makespan_ms"], 1000, "{v}");
+    // Never below the minimum; tokio's timer fires on whole milliseconds, so each of the
+    // three waits may end up to 1 ms late.
+    let makespan = v["makespan_ms"].as_u64().expect("ms");
+    assert!((1000..=1003).contains(&makespan), "{v}");
+    assert_eq!(allowance_sim::report::min_makespan_ms(7, 1, 7), 858);
+}
+
 #[test]
 fn virtual_run_reports_abandonments_by_reason() {
     // Two attempts each, no budget: the naive herd leaves jobs abandoned (max_attempts).
