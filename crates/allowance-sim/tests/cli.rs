@@ -98,6 +98,33 @@ fn the_minimum_is_rounded_up() {
     assert_eq!(allowance_sim::report::min_makespan_ms(7, 1, 7), 858);
 }
 
+/// Where several attempts of one worker fall in one column, the ASCII timeline shows how
+/// many, and the legend says so.
+#[test]
+fn the_ascii_timeline_counts_attempts_sharing_a_cell() {
+    // 100 jobs on 2 workers at 50/s: about 50 attempts per lane in 64 columns.
+    let out = run(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--workers",
+        "2",
+        "--jobs",
+        "100",
+        "--burst",
+        "10",
+        "--rate",
+        "50",
+    ]);
+    let lanes: Vec<&str> = out.lines().filter(|l| l.starts_with('w')).collect();
+    assert_eq!(lanes.len(), 2, "{out}");
+    // The burst's ten attempts at 0 ms share worker 0's first cell; later cells hold two.
+    assert!(lanes[0][6..].starts_with('+'), "{out}");
+    assert!(lanes.iter().any(|l| l[6..].contains('2')), "{out}");
+    assert!(out.contains("2-9 that many attempts in one cell"), "{out}");
+}
+
 #[test]
 fn virtual_run_reports_abandonments_by_reason() {
     // Two attempts each, no budget: the naive herd leaves jobs abandoned (max_attempts).
