@@ -70,10 +70,10 @@ pub enum Command {
     Run(RunArgs),
     /// Run the throttling upstream alone (GET /v1/events/{id}/odds/snapshot, GET /v1/usage).
     Serve(ServeArgs),
-    /// The same workers and stack against any HTTP endpoint: one GET per job.
+    /// The same workers and stack against any HTTP or HTTPS endpoint: one GET per job.
     ///
     /// Counts come from the responses the workers received. `{job}` in the URL is replaced
-    /// by the job's number.
+    /// by the job's number. https trusts the system's roots, plus --ca-cert.
     Http(HttpArgs),
     /// The coordination-efficiency sweep: naive, split:4 and shared over a grid of workers,
     /// jobs and upstream buckets (virtual time), plus shared on Redis across 4 processes
@@ -132,6 +132,9 @@ pub struct WorkerArgs {
     /// The shared allowance's name in Redis.
     #[arg(long, default_value = "sim")]
     pub name: String,
+    /// A PEM file of CA certificates to trust besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// The workers and the allowance they use.
@@ -242,6 +245,10 @@ pub struct HttpArgs {
     /// A header for every request, as 'Name: value' (repeatable).
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
+    /// For https: also trust the CA certificates in this PEM file (a private CA, or a
+    /// self-signed server certificate), besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// The workers and the allowance.
     #[command(flatten)]
     pub workload: Workload,
@@ -355,15 +362,22 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             for line in &args.headers {
                 target = target.header_line(line)?;
             }
+            if let Some(path) = &args.ca_cert {
+                target = target.ca_cert_file(path)?;
+            }
             let rt = real_runtime()?;
             let report = if args.workload.processes > 1 || args.workload.redis.is_some() {
-                rt.block_on(multi::run_processes(
+                let spawn = multi::Spawn {
+                    ca_cert: args.ca_cert.clone(),
+                };
+                rt.block_on(multi::run_processes_with(
                     &std::env::current_exe()?,
                     &s,
                     &args.url,
                     &args.headers,
                     &args.workload.store(),
                     args.workload.processes as usize,
+                    &spawn,
                 ))
             } else {
                 let progress = Progress::maybe(&rt, &s, out_is_terminal());
@@ -424,6 +438,9 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             let mut target = Target::new(args.url.clone());
             for line in &args.headers {
                 target = target.header_line(line)?;
+            }
+            if let Some(path) = &args.ca_cert {
+                target = target.ca_cert_file(path)?;
             }
             let store = match &args.workload.redis {
                 Some(url) => StoreChoice::Redis {
@@ -557,6 +574,10 @@ fn print_report(
             .map(|(reason, n)| format!("{reason}: {n}"))
             .collect();
         writeln!(out, "abandoned by reason: {}", reasons.join(", "))?;
+    }
+    if report.failed > 0 {
+        let first = report.first_error.as_deref().unwrap_or("not reported");
+        writeln!(out, "failed: {} (first error: {first})", report.failed)?;
     }
     writeln!(
         out,

@@ -9,7 +9,11 @@
 //! (times shifted by when each child was started) and, for `run --real`, counts attempts
 //! and 429s from its upstream's own log.
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
 
 use tokio::time::Instant;
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
@@ -27,6 +31,9 @@ pub struct ChildReport {
     pub attempts: Vec<Mark>,
     /// Jobs, ms from the child's start.
     pub ends: Vec<ChildEnd>,
+    /// The child's first failed job's error, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
 }
 
 /// One job's end, as a child reports it.
@@ -58,6 +65,7 @@ impl ChildReport {
                     outcome: e.outcome.to_owned(),
                 })
                 .collect(),
+            first_error: report.first_error.clone(),
         }
     }
 }
@@ -83,14 +91,22 @@ pub fn run_name() -> String {
     format!("sim-{}-{random:016x}", std::process::id())
 }
 
+/// What the children need beyond the scenario, the target and the store.
+#[derive(Clone, Debug, Default)]
+pub struct Spawn {
+    /// A PEM file of CA certificates every child trusts for `https://` targets, besides the
+    /// system's roots (`--ca-cert`).
+    pub ca_cert: Option<PathBuf>,
+}
+
 /// The arguments of the `worker` child for process `index` of `processes`.
 fn child_args(
     s: &Scenario,
     target_url: &str,
     headers: &[String],
     store: &StoreChoice,
-    index: usize,
-    processes: usize,
+    spawn: &Spawn,
+    (index, processes): (usize, usize),
 ) -> (Vec<String>, usize) {
     let base = s.workers / processes;
     let extra = s.workers % processes;
@@ -126,6 +142,9 @@ fn child_args(
     for h in headers {
         args.extend(["--header".to_owned(), h.clone()]);
     }
+    if let Some(path) = &spawn.ca_cert {
+        args.extend(["--ca-cert".to_owned(), path.display().to_string()]);
+    }
     if let StoreChoice::Redis { url, name } = store {
         args.extend([
             "--redis".to_owned(),
@@ -151,11 +170,29 @@ pub async fn run_processes(
     store: &StoreChoice,
     processes: usize,
 ) -> Result<RunReport, BoxError> {
+    let spawn = Spawn::default();
+    run_processes_with(exe, s, target_url, headers, store, processes, &spawn).await
+}
+
+/// [`run_processes`] with the extra settings of `spawn` (a CA file).
+///
+/// # Errors
+///
+/// As [`run_processes`].
+pub async fn run_processes_with(
+    exe: &Path,
+    s: &Scenario,
+    target_url: &str,
+    headers: &[String],
+    store: &StoreChoice,
+    processes: usize,
+    spawn: &Spawn,
+) -> Result<RunReport, BoxError> {
     let processes = processes.clamp(1, s.workers.max(1));
     let start = Instant::now();
     let mut children = Vec::with_capacity(processes);
     for index in 0..processes {
-        let (args, _) = child_args(s, target_url, headers, store, index, processes);
+        let (args, _) = child_args(s, target_url, headers, store, spawn, (index, processes));
         let started = start.elapsed();
         let child = tokio::process::Command::new(exe)
             .args(&args)
@@ -169,6 +206,7 @@ pub async fn run_processes(
     }
     let mut attempts = Vec::new();
     let mut ends = Vec::new();
+    let mut first_error = None;
     for (started, child) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
@@ -183,6 +221,7 @@ pub async fn run_processes(
         }
         let part: ChildReport = serde_json::from_slice(&output.stdout)
             .map_err(|e| format!("a worker process printed no report: {e}"))?;
+        first_error = first_error.or(part.first_error);
         let shift = u64::try_from(started.as_millis()).unwrap_or(0);
         attempts.extend(part.attempts.into_iter().map(|mut m| {
             m.at_ms += shift;
@@ -202,6 +241,7 @@ pub async fn run_processes(
     let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
     let mut report = RunReport::new(s, "real", "client", timeline, makespan);
     report.scenario = format!("{} x{processes} {}", report.scenario, store.describe());
+    report.first_error = first_error;
     Ok(report)
 }
 
@@ -251,7 +291,15 @@ mod tests {
         };
         let mut covered = Vec::new();
         for i in 0..4 {
-            let (args, n) = child_args(&s, "http://x/{job}", &[], &StoreChoice::Memory, i, 4);
+            let spawn = Spawn::default();
+            let (args, n) = child_args(
+                &s,
+                "http://x/{job}",
+                &[],
+                &StoreChoice::Memory,
+                &spawn,
+                (i, 4),
+            );
             let at = args
                 .iter()
                 .position(|a| a == "--worker-offset")

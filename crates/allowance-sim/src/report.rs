@@ -179,6 +179,10 @@ pub struct RunReport {
     pub abandoned_by_reason: BTreeMap<&'static str, usize>,
     /// Jobs that failed otherwise (transport errors).
     pub failed: usize,
+    /// The first failed job's error, with its causes (e.g. a TLS certificate the client
+    /// does not trust); absent when nothing failed or the run's clients do not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
     /// Until the last job finished, in ms, rounded up (as the minimum is).
     pub makespan_ms: u64,
     /// The theoretical minimum makespan for this many jobs at this allowance:
@@ -245,6 +249,7 @@ impl RunReport {
             abandoned: abandoned_by_reason.values().sum(),
             abandoned_by_reason,
             failed,
+            first_error: None,
             makespan_ms: ceil_ms(makespan),
             min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
             last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),
