@@ -135,6 +135,9 @@ pub struct WorkerArgs {
     /// A PEM file of CA certificates to trust besides the system's roots.
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
+    /// Print `progress N` lines on stderr as jobs end.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// The workers and the allowance they use.
@@ -328,10 +331,17 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             }
             let report = if spread {
                 let rt = real_runtime()?;
-                rt.block_on(run_real_spread(&s, &args))?
+                let progress = Progress::maybe(&rt, &s, on_a_terminal());
+                let spawn = multi::Spawn {
+                    ca_cert: None,
+                    progress: progress.as_ref().map(|p| p.done.clone()),
+                };
+                let report = rt.block_on(run_real_spread(&s, &args, &spawn));
+                drop(progress);
+                report?
             } else if args.real {
                 let rt = real_runtime()?;
-                let progress = Progress::maybe(&rt, &s, out_is_terminal());
+                let progress = Progress::maybe(&rt, &s, on_a_terminal());
                 let counter = progress.as_ref().map(|p| p.done.clone());
                 let report = rt.block_on(live::run_real_with_progress(
                     &s,
@@ -366,9 +376,12 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 target = target.ca_cert_file(path)?;
             }
             let rt = real_runtime()?;
+            let progress = Progress::maybe(&rt, &s, on_a_terminal());
+            let counter = progress.as_ref().map(|p| p.done.clone());
             let report = if args.workload.processes > 1 || args.workload.redis.is_some() {
                 let spawn = multi::Spawn {
                     ca_cert: args.ca_cert.clone(),
+                    progress: counter,
                 };
                 rt.block_on(multi::run_processes_with(
                     &std::env::current_exe()?,
@@ -380,12 +393,9 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                     &spawn,
                 ))
             } else {
-                let progress = Progress::maybe(&rt, &s, out_is_terminal());
-                let counter = progress.as_ref().map(|p| p.done.clone());
-                let report = rt.block_on(live::run_http(&s, &target, counter));
-                drop(progress);
-                report
+                rt.block_on(live::run_http(&s, &target, counter))
             };
+            drop(progress);
             let upstream = format!("target: GET {}", args.url);
             print_report(
                 &report?,
@@ -454,7 +464,11 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 total_workers: args.total_workers,
             };
             let rt = real_runtime()?;
-            let line = rt.block_on(multi::run_child(&s, &target, &store, share))?;
+            let line = rt.block_on(async {
+                let done = args.progress.then(|| Arc::new(AtomicUsize::new(0)));
+                let _lines = done.clone().map(multi::ProgressLines::start);
+                multi::run_child(&s, &target, &store, share, done).await
+            })?;
             writeln!(out, "{line}")?;
             Ok(())
         }
@@ -463,7 +477,11 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
 
 /// `run --real` over several processes and/or a Redis allowance: starts the upstream here,
 /// the workers in child processes, and counts attempts from the upstream's log.
-async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxError> {
+async fn run_real_spread(
+    s: &Scenario,
+    args: &RunArgs,
+    spawn: &multi::Spawn,
+) -> Result<RunReport, BoxError> {
     let mut config = live::upstream_config(&s.upstream);
     config.retry_after = args.retry_after;
     live::counted_by_upstream(config, |upstream| async move {
@@ -471,13 +489,14 @@ async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxE
             "{}: {DEFAULT_KEY}",
             crate::upstream::API_KEY_HEADER
         )];
-        multi::run_processes(
+        multi::run_processes_with(
             &std::env::current_exe()?,
             s,
             &upstream.snapshot_url("e{job}"),
             &headers,
             &args.workload.store(),
             args.workload.processes as usize,
+            spawn,
         )
         .await
     })
@@ -498,8 +517,9 @@ where
     execute(cli, out)
 }
 
-fn out_is_terminal() -> bool {
-    std::io::stdout().is_terminal()
+/// Whether progress may be drawn: stdout (the report) and stderr (the bar) both on a terminal.
+fn on_a_terminal() -> bool {
+    std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
 }
 
 fn real_runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -7,15 +7,24 @@
 //!
 //! The children report their jobs and attempts as JSON on stdout; the parent merges them
 //! (times shifted by when each child was started) and, for `run --real`, counts attempts
-//! and 429s from its upstream's own log.
+//! and 429s from its upstream's own log. Asked for progress (`worker --progress`), a child
+//! also prints `progress N` lines on stderr as its jobs end, which the parent adds up.
 
 use std::{
+    io::Write as _,
     path::{Path, PathBuf},
     process::Stdio,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
+    time::Instant,
+};
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
 
 use crate::{
@@ -97,6 +106,8 @@ pub struct Spawn {
     /// A PEM file of CA certificates every child trusts for `https://` targets, besides the
     /// system's roots (`--ca-cert`).
     pub ca_cert: Option<PathBuf>,
+    /// Incremented as the children's jobs end (they then print `progress N` on stderr).
+    pub progress: Option<Arc<AtomicUsize>>,
 }
 
 /// The arguments of the `worker` child for process `index` of `processes`.
@@ -145,6 +156,9 @@ fn child_args(
     if let Some(path) = &spawn.ca_cert {
         args.extend(["--ca-cert".to_owned(), path.display().to_string()]);
     }
+    if spawn.progress.is_some() {
+        args.push("--progress".to_owned());
+    }
     if let StoreChoice::Redis { url, name } = store {
         args.extend([
             "--redis".to_owned(),
@@ -174,7 +188,7 @@ pub async fn run_processes(
     run_processes_with(exe, s, target_url, headers, store, processes, &spawn).await
 }
 
-/// [`run_processes`] with the extra settings of `spawn` (a CA file).
+/// [`run_processes`] with the extra settings of `spawn` (a CA file, a progress counter).
 ///
 /// # Errors
 ///
@@ -194,7 +208,7 @@ pub async fn run_processes_with(
     for index in 0..processes {
         let (args, _) = child_args(s, target_url, headers, store, spawn, (index, processes));
         let started = start.elapsed();
-        let child = tokio::process::Command::new(exe)
+        let mut child = tokio::process::Command::new(exe)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -202,20 +216,30 @@ pub async fn run_processes_with(
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
-        children.push((started, child));
+        // Read stderr as it comes: progress lines feed the counter, the rest is kept for
+        // an error message.
+        let stderr = child
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(read_stderr(err, spawn.progress.clone())));
+        children.push((started, child, stderr));
     }
     let mut attempts = Vec::new();
     let mut ends = Vec::new();
     let mut first_error = None;
-    for (started, child) in children {
+    for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
             .map_err(|_| "a worker process did not finish in time")??;
+        let stderr = match stderr {
+            Some(reader) => reader.await?,
+            None => String::new(),
+        };
         if !output.status.success() {
             return Err(format!(
                 "a worker process failed ({}): {}",
                 output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
+                stderr.trim()
             )
             .into());
         }
@@ -245,6 +269,68 @@ pub async fn run_processes_with(
     Ok(report)
 }
 
+/// A child's stderr: each `progress N` line (N jobs ended so far) adds what is new to
+/// `progress`; every other line is returned.
+async fn read_stderr(stderr: impl AsyncRead + Unpin, progress: Option<Arc<AtomicUsize>>) -> String {
+    let mut lines = BufReader::new(stderr).lines();
+    let (mut seen, mut rest) = (0, String::new());
+    while let Ok(Some(line)) = lines.next_line().await {
+        match line.strip_prefix(PROGRESS_PREFIX).map(str::parse::<usize>) {
+            Some(Ok(n)) => {
+                if let Some(p) = &progress {
+                    p.fetch_add(n.saturating_sub(seen), Ordering::Relaxed);
+                }
+                seen = seen.max(n);
+            }
+            _ => {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+        }
+    }
+    rest
+}
+
+/// How a child's progress lines start (then the number of its jobs that have ended).
+pub const PROGRESS_PREFIX: &str = "progress ";
+
+/// The child's side of progress: prints `progress N` on stderr whenever `done` has moved,
+/// every 100 ms, until dropped (then once more, so the last count is never lost).
+#[derive(Debug)]
+pub struct ProgressLines {
+    done: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ProgressLines {
+    /// Starts printing on the current runtime.
+    pub fn start(done: Arc<AtomicUsize>) -> Self {
+        let counter = done.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut shown = 0;
+            loop {
+                tick.tick().await;
+                let n = counter.load(Ordering::Relaxed);
+                if n != shown {
+                    // A parent that stopped reading is no reason to fail the run.
+                    let _ = writeln!(std::io::stderr(), "{PROGRESS_PREFIX}{n}");
+                    shown = n;
+                }
+            }
+        });
+        Self { done, task }
+    }
+}
+
+impl Drop for ProgressLines {
+    fn drop(&mut self) {
+        self.task.abort();
+        let n = self.done.load(Ordering::Relaxed);
+        let _ = writeln!(std::io::stderr(), "{PROGRESS_PREFIX}{n}");
+    }
+}
+
 impl StoreChoice {
     fn describe(&self) -> &'static str {
         match self {
@@ -254,7 +340,8 @@ impl StoreChoice {
     }
 }
 
-/// The child's side: runs its share and returns the JSON report for stdout.
+/// The child's side: runs its share and returns the JSON report for stdout; `progress`, if
+/// given, counts its jobs as they end.
 ///
 /// # Errors
 ///
@@ -264,8 +351,9 @@ pub async fn run_child(
     target: &Target,
     store: &StoreChoice,
     share: Share,
+    progress: Option<Arc<AtomicUsize>>,
 ) -> Result<String, BoxError> {
-    let report = live::run_http_with(s, target, None, store, share).await?;
+    let report = live::run_http_with(s, target, progress, store, share).await?;
     Ok(serde_json::to_string(&ChildReport::from_report(&report))?)
 }
 
@@ -308,6 +396,15 @@ mod tests {
             covered.extend(offset..offset + n);
         }
         assert_eq!(covered, (0..10).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn progress_lines_add_up_and_the_rest_is_kept() {
+        let done = Arc::new(AtomicUsize::new(5)); // another child's jobs
+        let stderr: &[u8] = b"progress 1\nprogress 3\nboom: no report\nprogress 3\nprogress x\n";
+        let rest = read_stderr(stderr, Some(done.clone())).await;
+        assert_eq!(done.load(Ordering::Relaxed), 5 + 3);
+        assert_eq!(rest, "boom: no report\nprogress x\n");
     }
 
     #[test]
