@@ -416,25 +416,36 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             } else {
                 sweep::Grid::default()
             };
-            let mut rows = sweep::run_virtual_grid(&grid)?;
+            let max_ms = u64::try_from(args.max_real.as_millis()).unwrap_or(u64::MAX);
+            let redis_runs = match &args.redis {
+                Some(_) => sweep::RedisRuns::UpTo {
+                    max_real_ms: max_ms,
+                    headroom: args.headroom,
+                },
+                None => sweep::RedisRuns::NotRequested,
+            };
+            let planned = sweep::planned_runs(&grid, args.redis.as_ref().map(|_| max_ms));
+            let progress = SweepProgress::maybe(planned, on_a_terminal());
+            let mut starting = |what: &str| progress.starting(what);
+            let mut rows = sweep::run_virtual_grid_with(&grid, &mut starting)?;
             if let Some(url) = &args.redis {
                 let rt = real_runtime()?;
-                let max_ms = u64::try_from(args.max_real.as_millis()).unwrap_or(u64::MAX);
                 rows.extend(rt.block_on(sweep::run_redis_grid(
                     &std::env::current_exe()?,
                     &grid,
                     url,
-                    max_ms,
-                    args.headroom,
+                    (max_ms, args.headroom),
+                    &mut starting,
                 ))?);
             }
+            drop(progress);
             rows.sort_by_key(|r| (r.burst, r.rate_per_sec, r.jobs, r.workers));
             let table = sweep::markdown(&rows);
             if let Some(path) = &args.markdown {
                 std::fs::write(path, &table)?;
             }
             if let Some(path) = &args.svg {
-                std::fs::write(path, sweep::svg(&rows))?;
+                std::fs::write(path, sweep::svg(&rows, redis_runs))?;
             }
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&rows)?)?;
@@ -698,6 +709,50 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.task.abort();
         self.bar.finish_and_clear();
+    }
+}
+
+/// A progress bar for `sweep` on a terminal: one step per run, the current run as its
+/// message. Clears itself on drop.
+struct SweepProgress {
+    bar: Option<indicatif::ProgressBar>,
+    started: std::cell::Cell<u64>,
+}
+
+impl SweepProgress {
+    fn maybe(runs: usize, terminal: bool) -> Self {
+        let bar = terminal.then(|| {
+            let style = indicatif::ProgressStyle::with_template(
+                "{spinner} [{bar:30}] {pos}/{len} runs, {elapsed}: {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("#>-");
+            let bar = indicatif::ProgressBar::new(u64::try_from(runs).unwrap_or(u64::MAX))
+                .with_style(style);
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        });
+        Self {
+            bar,
+            started: std::cell::Cell::new(0),
+        }
+    }
+
+    /// A run is starting: the ones before it are done.
+    fn starting(&self, what: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.started.get());
+            bar.set_message(what.to_owned());
+        }
+        self.started.set(self.started.get() + 1);
+    }
+}
+
+impl Drop for SweepProgress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 
