@@ -16,6 +16,7 @@
 //! cargo run --example eight_workers               # tables, timelines, eight_workers.svg
 //! cargo run --example eight_workers -- --json     # the rows as a JSON array
 //! cargo run --example eight_workers -- --svg docs/eight_workers.svg
+//! cargo run --example eight_workers -- --help     # this, and nothing run
 //! ```
 
 use allowance_sim::{
@@ -26,15 +27,65 @@ use allowance_sim::{
 };
 use serde_json::{json, Value};
 
+/// `--help` output.
+pub(crate) const USAGE: &str = "\
+Eight workers share one API key: naive vs one shared allowance, over real HTTP (about 6 s).
+
+Usage: cargo run --example eight_workers [-- OPTIONS]
+
+Options:
+  --json        print the rows (real runs and the seed article's table) as a JSON array
+  --svg PATH    write the timeline picture to PATH (default: eight_workers.svg)
+  -h, --help    print this help and run nothing
+";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Args {
+    /// Print [`USAGE`] and stop.
+    Help,
+    /// Run both scenarios.
+    Run {
+        /// JSON rows instead of tables.
+        json: bool,
+        /// Where the SVG goes.
+        svg_path: String,
+    },
+}
+
+/// Parses the arguments after the program name.
+pub(crate) fn parse_args(args: &[String]) -> Result<Args, String> {
+    let (mut json, mut svg_path) = (false, "eight_workers.svg".to_owned());
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Args::Help),
+            "--json" => json = true,
+            "--svg" => {
+                svg_path = args
+                    .next()
+                    .ok_or("--svg needs a path, e.g. --svg docs/eight_workers.svg")?
+                    .clone();
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Args::Run { json, svg_path })
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let json_out = args.iter().any(|a| a == "--json");
-    let svg_path = args
-        .iter()
-        .position(|a| a == "--svg")
-        .and_then(|i| args.get(i + 1))
-        .map_or("eight_workers.svg", String::as_str)
-        .to_owned();
+    let (json_out, svg_path) = match parse_args(&args) {
+        Ok(Args::Help) => {
+            print!("{USAGE}");
+            return Ok(());
+        }
+        Ok(Args::Run { json, svg_path }) => (json, svg_path),
+        Err(e) => {
+            eprint!("eight_workers: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
 
     if !json_out {
         println!("Eight workers share one API key. The upstream is a real HTTP server on loopback");

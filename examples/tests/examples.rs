@@ -18,6 +18,10 @@ mod quota_exhausted;
 #[allow(dead_code)]
 mod custom_classifier;
 
+#[path = "../eight_workers.rs"]
+#[allow(dead_code)]
+mod eight_workers;
+
 use std::time::Duration;
 
 use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
@@ -232,4 +236,33 @@ async fn a_throttled_quota_probe_backs_off_instead_of_looping() {
         "{usage} usage probes in {elapsed:?}"
     );
     assert_eq!(allowance.quota_probes(), usage as u64);
+}
+
+/// `cargo run --example eight_workers -- --help` prints help and runs nothing; `--json` and
+/// `--svg PATH` still run it; anything else is refused rather than ignored.
+#[test]
+fn eight_workers_help_runs_nothing() {
+    use eight_workers::{parse_args, Args, USAGE};
+    let args = |list: &[&str]| -> Vec<String> { list.iter().map(|a| (*a).to_owned()).collect() };
+    assert_eq!(parse_args(&args(&["--help"])), Ok(Args::Help));
+    assert_eq!(parse_args(&args(&["--json", "-h"])), Ok(Args::Help));
+    assert_eq!(
+        parse_args(&args(&["--json"])),
+        Ok(Args::Run {
+            json: true,
+            svg_path: "eight_workers.svg".to_owned()
+        })
+    );
+    assert_eq!(
+        parse_args(&args(&["--svg", "docs/x.svg"])),
+        Ok(Args::Run {
+            json: false,
+            svg_path: "docs/x.svg".to_owned()
+        })
+    );
+    assert!(parse_args(&args(&["--svg"])).is_err());
+    assert!(parse_args(&args(&["--jsn"])).is_err());
+    for option in ["--json", "--svg PATH", "--help"] {
+        assert!(USAGE.contains(option), "{USAGE}");
+    }
 }

@@ -70,10 +70,10 @@ pub enum Command {
     Run(RunArgs),
     /// Run the throttling upstream alone (GET /v1/events/{id}/odds/snapshot, GET /v1/usage).
     Serve(ServeArgs),
-    /// The same workers and stack against any HTTP endpoint: one GET per job.
+    /// The same workers and stack against any HTTP or HTTPS endpoint: one GET per job.
     ///
     /// Counts come from the responses the workers received. `{job}` in the URL is replaced
-    /// by the job's number.
+    /// by the job's number. https trusts the system's roots, plus --ca-cert.
     Http(HttpArgs),
     /// The coordination-efficiency sweep: naive, split:4 and shared over a grid of workers,
     /// jobs and upstream buckets (virtual time), plus shared on Redis across 4 processes
@@ -132,6 +132,12 @@ pub struct WorkerArgs {
     /// The shared allowance's name in Redis.
     #[arg(long, default_value = "sim")]
     pub name: String,
+    /// A PEM file of CA certificates to trust besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Print `progress N` lines on stderr as jobs end.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 /// The workers and the allowance they use.
@@ -242,6 +248,10 @@ pub struct HttpArgs {
     /// A header for every request, as 'Name: value' (repeatable).
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
+    /// For https: also trust the CA certificates in this PEM file (a private CA, or a
+    /// self-signed server certificate), besides the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
     /// The workers and the allowance.
     #[command(flatten)]
     pub workload: Workload,
@@ -321,10 +331,17 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             }
             let report = if spread {
                 let rt = real_runtime()?;
-                rt.block_on(run_real_spread(&s, &args))?
+                let progress = Progress::maybe(&rt, &s, on_a_terminal());
+                let spawn = multi::Spawn {
+                    ca_cert: None,
+                    progress: progress.as_ref().map(|p| p.done.clone()),
+                };
+                let report = rt.block_on(run_real_spread(&s, &args, &spawn));
+                drop(progress);
+                report?
             } else if args.real {
                 let rt = real_runtime()?;
-                let progress = Progress::maybe(&rt, &s, out_is_terminal());
+                let progress = Progress::maybe(&rt, &s, on_a_terminal());
                 let counter = progress.as_ref().map(|p| p.done.clone());
                 let report = rt.block_on(live::run_real_with_progress(
                     &s,
@@ -355,23 +372,30 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             for line in &args.headers {
                 target = target.header_line(line)?;
             }
+            if let Some(path) = &args.ca_cert {
+                target = target.ca_cert_file(path)?;
+            }
             let rt = real_runtime()?;
+            let progress = Progress::maybe(&rt, &s, on_a_terminal());
+            let counter = progress.as_ref().map(|p| p.done.clone());
             let report = if args.workload.processes > 1 || args.workload.redis.is_some() {
-                rt.block_on(multi::run_processes(
+                let spawn = multi::Spawn {
+                    ca_cert: args.ca_cert.clone(),
+                    progress: counter,
+                };
+                rt.block_on(multi::run_processes_with(
                     &std::env::current_exe()?,
                     &s,
                     &args.url,
                     &args.headers,
                     &args.workload.store(),
                     args.workload.processes as usize,
+                    &spawn,
                 ))
             } else {
-                let progress = Progress::maybe(&rt, &s, out_is_terminal());
-                let counter = progress.as_ref().map(|p| p.done.clone());
-                let report = rt.block_on(live::run_http(&s, &target, counter));
-                drop(progress);
-                report
+                rt.block_on(live::run_http(&s, &target, counter))
             };
+            drop(progress);
             let upstream = format!("target: GET {}", args.url);
             print_report(
                 &report?,
@@ -392,25 +416,36 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             } else {
                 sweep::Grid::default()
             };
-            let mut rows = sweep::run_virtual_grid(&grid)?;
+            let max_ms = u64::try_from(args.max_real.as_millis()).unwrap_or(u64::MAX);
+            let redis_runs = match &args.redis {
+                Some(_) => sweep::RedisRuns::UpTo {
+                    max_real_ms: max_ms,
+                    headroom: args.headroom,
+                },
+                None => sweep::RedisRuns::NotRequested,
+            };
+            let planned = sweep::planned_runs(&grid, args.redis.as_ref().map(|_| max_ms));
+            let progress = SweepProgress::maybe(planned, on_a_terminal());
+            let mut starting = |what: &str| progress.starting(what);
+            let mut rows = sweep::run_virtual_grid_with(&grid, &mut starting)?;
             if let Some(url) = &args.redis {
                 let rt = real_runtime()?;
-                let max_ms = u64::try_from(args.max_real.as_millis()).unwrap_or(u64::MAX);
                 rows.extend(rt.block_on(sweep::run_redis_grid(
                     &std::env::current_exe()?,
                     &grid,
                     url,
-                    max_ms,
-                    args.headroom,
+                    (max_ms, args.headroom),
+                    &mut starting,
                 ))?);
             }
+            drop(progress);
             rows.sort_by_key(|r| (r.burst, r.rate_per_sec, r.jobs, r.workers));
             let table = sweep::markdown(&rows);
             if let Some(path) = &args.markdown {
                 std::fs::write(path, &table)?;
             }
             if let Some(path) = &args.svg {
-                std::fs::write(path, sweep::svg(&rows))?;
+                std::fs::write(path, sweep::svg(&rows, redis_runs))?;
             }
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&rows)?)?;
@@ -425,6 +460,9 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             for line in &args.headers {
                 target = target.header_line(line)?;
             }
+            if let Some(path) = &args.ca_cert {
+                target = target.ca_cert_file(path)?;
+            }
             let store = match &args.workload.redis {
                 Some(url) => StoreChoice::Redis {
                     url: url.clone(),
@@ -437,7 +475,11 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 total_workers: args.total_workers,
             };
             let rt = real_runtime()?;
-            let line = rt.block_on(multi::run_child(&s, &target, &store, share))?;
+            let line = rt.block_on(async {
+                let done = args.progress.then(|| Arc::new(AtomicUsize::new(0)));
+                let _lines = done.clone().map(multi::ProgressLines::start);
+                multi::run_child(&s, &target, &store, share, done).await
+            })?;
             writeln!(out, "{line}")?;
             Ok(())
         }
@@ -446,7 +488,11 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
 
 /// `run --real` over several processes and/or a Redis allowance: starts the upstream here,
 /// the workers in child processes, and counts attempts from the upstream's log.
-async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxError> {
+async fn run_real_spread(
+    s: &Scenario,
+    args: &RunArgs,
+    spawn: &multi::Spawn,
+) -> Result<RunReport, BoxError> {
     let mut config = live::upstream_config(&s.upstream);
     config.retry_after = args.retry_after;
     live::counted_by_upstream(config, |upstream| async move {
@@ -454,13 +500,14 @@ async fn run_real_spread(s: &Scenario, args: &RunArgs) -> Result<RunReport, BoxE
             "{}: {DEFAULT_KEY}",
             crate::upstream::API_KEY_HEADER
         )];
-        multi::run_processes(
+        multi::run_processes_with(
             &std::env::current_exe()?,
             s,
             &upstream.snapshot_url("e{job}"),
             &headers,
             &args.workload.store(),
             args.workload.processes as usize,
+            spawn,
         )
         .await
     })
@@ -481,8 +528,9 @@ where
     execute(cli, out)
 }
 
-fn out_is_terminal() -> bool {
-    std::io::stdout().is_terminal()
+/// Whether progress may be drawn: stdout (the report) and stderr (the bar) both on a terminal.
+fn on_a_terminal() -> bool {
+    std::io::stdout().is_terminal() && std::io::stderr().is_terminal()
 }
 
 fn real_runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -557,6 +605,10 @@ fn print_report(
             .map(|(reason, n)| format!("{reason}: {n}"))
             .collect();
         writeln!(out, "abandoned by reason: {}", reasons.join(", "))?;
+    }
+    if report.failed > 0 {
+        let first = report.first_error.as_deref().unwrap_or("not reported");
+        writeln!(out, "failed: {} (first error: {first})", report.failed)?;
     }
     writeln!(
         out,
@@ -657,6 +709,50 @@ impl Drop for Progress {
     fn drop(&mut self) {
         self.task.abort();
         self.bar.finish_and_clear();
+    }
+}
+
+/// A progress bar for `sweep` on a terminal: one step per run, the current run as its
+/// message. Clears itself on drop.
+struct SweepProgress {
+    bar: Option<indicatif::ProgressBar>,
+    started: std::cell::Cell<u64>,
+}
+
+impl SweepProgress {
+    fn maybe(runs: usize, terminal: bool) -> Self {
+        let bar = terminal.then(|| {
+            let style = indicatif::ProgressStyle::with_template(
+                "{spinner} [{bar:30}] {pos}/{len} runs, {elapsed}: {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("#>-");
+            let bar = indicatif::ProgressBar::new(u64::try_from(runs).unwrap_or(u64::MAX))
+                .with_style(style);
+            bar.enable_steady_tick(Duration::from_millis(100));
+            bar
+        });
+        Self {
+            bar,
+            started: std::cell::Cell::new(0),
+        }
+    }
+
+    /// A run is starting: the ones before it are done.
+    fn starting(&self, what: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.started.get());
+            bar.set_message(what.to_owned());
+        }
+        self.started.set(self.started.get() + 1);
+    }
+}
+
+impl Drop for SweepProgress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 

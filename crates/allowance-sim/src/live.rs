@@ -2,8 +2,9 @@
 //! around a pooled [`hyper_util::client::legacy::Client`].
 //!
 //! [`run_real`] starts an [`Upstream`] on loopback, runs the workers against it and counts
-//! attempts from the *server's* log; [`run_http`] runs them against any URL and counts what
-//! came back.
+//! attempts from the *server's* log; [`run_http`] runs them against any URL, `http://` or
+//! `https://`, and counts what came back. For https the system's trusted roots apply, plus
+//! any CA added with [`Target::ca_cert_file`].
 //!
 //! ```no_run
 //! use allowance_sim::{live, scenario::{Mode, Scenario}};
@@ -17,6 +18,7 @@
 //! ```
 
 use std::{
+    path::Path,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, PoisonError,
@@ -27,9 +29,14 @@ use std::{
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::{BodyExt, Empty};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::TokioExecutor,
+};
+use rustls::{
+    pki_types::{pem::PemObject, CertificateDer},
+    ClientConfig, RootCertStore,
 };
 use tokio::time::Instant;
 use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
@@ -46,12 +53,45 @@ use crate::{
     upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 
-/// The client every worker's stack wraps: HTTP/1.1, pooled, no TLS.
+/// A plain HTTP/1.1 client, pooled, without TLS.
 pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 /// A new [`HttpClient`].
 pub fn http_client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// The client every worker's stack wraps: HTTP/1.1, pooled, `http://` and `https://`.
+pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// A new [`HttpsClient`] trusting the operating system's roots plus `extra_roots`.
+///
+/// System certificates that cannot be read or parsed are skipped (a machine without any
+/// still reaches `http://` URLs and servers whose CA is in `extra_roots`). TLS is rustls
+/// with the `ring` provider, TLS 1.2 and 1.3.
+///
+/// # Errors
+///
+/// An extra root that is not a usable CA certificate.
+pub fn https_client(extra_roots: &[CertificateDer<'static>]) -> Result<HttpsClient, BoxError> {
+    let mut roots = RootCertStore::empty();
+    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+    for cert in extra_roots {
+        roots
+            .add(cert.clone())
+            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new()).build(connector))
 }
 
 /// Where the workers send their GETs.
@@ -60,6 +100,7 @@ pub struct Target {
     url: String,
     headers: HeaderMap,
     worker_header: bool,
+    extra_roots: Arc<Vec<CertificateDer<'static>>>,
 }
 
 impl Target {
@@ -69,7 +110,43 @@ impl Target {
             url: url.into(),
             headers: HeaderMap::new(),
             worker_header: false,
+            extra_roots: Arc::default(),
         }
+    }
+
+    /// Also trusts the CA certificates in the PEM file at `path` for `https://` URLs, on top
+    /// of the system's roots (a private CA, or a self-signed server certificate).
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be read, holds no PEM certificate, or a certificate in it is not
+    /// usable as a root.
+    pub fn ca_cert_file(mut self, path: &Path) -> Result<Self, BoxError> {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("CA file {shown}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("CA file {shown}: no PEM certificate in the file").into());
+        }
+        // Fail here, once, rather than on every job.
+        let mut check = RootCertStore::empty();
+        for cert in &certs {
+            check
+                .add(cert.clone())
+                .map_err(|e| format!("CA file {shown}: not a usable CA certificate: {e}"))?;
+        }
+        Arc::make_mut(&mut self.extra_roots).extend(certs);
+        Ok(self)
+    }
+
+    /// A client for this target: [`https_client`] with the target's extra roots.
+    ///
+    /// # Errors
+    ///
+    /// As [`https_client`].
+    pub fn client(&self) -> Result<HttpsClient, BoxError> {
+        https_client(&self.extra_roots)
     }
 
     /// Snapshots of events `e0`, `e1`, ... from `upstream`, with `key`, telling it which
@@ -135,7 +212,7 @@ fn ms_since(start: Instant) -> u64 {
 }
 
 /// The client, reading each body to the end and logging each attempt as it comes back.
-fn observed(client: HttpClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -> Svc {
+fn observed(client: HttpsClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -> Svc {
     Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
         let client = client.clone();
         let marks = marks.clone();
@@ -273,9 +350,10 @@ pub async fn run_http_with(
             all
         }
     };
+    let client = target.client()?;
     let marks = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let inner = observed(http_client(), marks.clone(), start);
+    let inner = observed(client, marks.clone(), start);
 
     let mut tasks = Vec::with_capacity(s.workers);
     for local in 0..s.workers {
@@ -304,6 +382,7 @@ pub async fn run_http_with(
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
             let mut ends = Vec::new();
+            let mut first_error = None;
             for job in (worker..jobs).step_by(workers) {
                 let started_ms = ms_since(start);
                 let mut req = target.request(job, worker_id)?;
@@ -311,28 +390,48 @@ pub async fn run_http_with(
                     req.extensions_mut().insert(Deadline::after(d));
                 }
                 let result = service.clone().oneshot(req).await;
-                ends.push(JobEnd::new(
-                    worker_id,
-                    started_ms,
-                    ms_since(start),
-                    Outcome::of(&result),
-                ));
+                let outcome = Outcome::of(&result);
+                if let (Outcome::Failed, Err(e), None) = (outcome, &result, &first_error) {
+                    first_error = Some(error_chain(e.as_ref()));
+                }
+                ends.push(JobEnd::new(worker_id, started_ms, ms_since(start), outcome));
                 if let Some(p) = &progress {
                     p.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Ok::<_, BoxError>(ends)
+            Ok::<_, BoxError>((ends, first_error))
         }));
     }
     let mut ends = Vec::with_capacity(s.jobs);
+    let mut first_error = None;
     for task in tasks {
-        ends.extend(task.await??);
+        let (part, error) = task.await??;
+        ends.extend(part);
+        first_error = first_error.or(error);
     }
     let makespan = start.elapsed();
     let mut attempts = std::mem::take(&mut *marks.lock().unwrap_or_else(PoisonError::into_inner));
     attempts.sort_by_key(|m| m.at_ms);
     let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
-    Ok(RunReport::new(s, "real", "client", timeline, makespan))
+    let mut report = RunReport::new(s, "real", "client", timeline, makespan);
+    report.first_error = first_error;
+    Ok(report)
+}
+
+/// `e` and its sources, as `outer: inner: root`, leaving out a source whose text the error
+/// before it already shows.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = cause.source();
+    }
+    out
 }
 
 /// The [`UpstreamConfig`] matching a scenario's [`FakeConfig`]: same bucket and

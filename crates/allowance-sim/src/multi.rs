@@ -7,11 +7,24 @@
 //!
 //! The children report their jobs and attempts as JSON on stdout; the parent merges them
 //! (times shifted by when each child was started) and, for `run --real`, counts attempts
-//! and 429s from its upstream's own log.
+//! and 429s from its upstream's own log. Asked for progress (`worker --progress`), a child
+//! also prints `progress N` lines on stderr as its jobs end, which the parent adds up.
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{
+    io::Write as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
-use tokio::time::Instant;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncRead, BufReader},
+    time::Instant,
+};
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
 
 use crate::{
@@ -27,6 +40,9 @@ pub struct ChildReport {
     pub attempts: Vec<Mark>,
     /// Jobs, ms from the child's start.
     pub ends: Vec<ChildEnd>,
+    /// The child's first failed job's error, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
 }
 
 /// One job's end, as a child reports it.
@@ -58,6 +74,7 @@ impl ChildReport {
                     outcome: e.outcome.to_owned(),
                 })
                 .collect(),
+            first_error: report.first_error.clone(),
         }
     }
 }
@@ -82,14 +99,24 @@ pub fn run_name() -> String {
     format!("sim-{}-{random:016x}", std::process::id())
 }
 
+/// What the children need beyond the scenario, the target and the store.
+#[derive(Clone, Debug, Default)]
+pub struct Spawn {
+    /// A PEM file of CA certificates every child trusts for `https://` targets, besides the
+    /// system's roots (`--ca-cert`).
+    pub ca_cert: Option<PathBuf>,
+    /// Incremented as the children's jobs end (they then print `progress N` on stderr).
+    pub progress: Option<Arc<AtomicUsize>>,
+}
+
 /// The arguments of the `worker` child for process `index` of `processes`.
 fn child_args(
     s: &Scenario,
     target_url: &str,
     headers: &[String],
     store: &StoreChoice,
-    index: usize,
-    processes: usize,
+    spawn: &Spawn,
+    (index, processes): (usize, usize),
 ) -> (Vec<String>, usize) {
     let base = s.workers / processes;
     let extra = s.workers % processes;
@@ -125,6 +152,12 @@ fn child_args(
     for h in headers {
         args.extend(["--header".to_owned(), h.clone()]);
     }
+    if let Some(path) = &spawn.ca_cert {
+        args.extend(["--ca-cert".to_owned(), path.display().to_string()]);
+    }
+    if spawn.progress.is_some() {
+        args.push("--progress".to_owned());
+    }
     if let StoreChoice::Redis { url, name } = store {
         args.extend([
             "--redis".to_owned(),
@@ -150,13 +183,31 @@ pub async fn run_processes(
     store: &StoreChoice,
     processes: usize,
 ) -> Result<RunReport, BoxError> {
+    let spawn = Spawn::default();
+    run_processes_with(exe, s, target_url, headers, store, processes, &spawn).await
+}
+
+/// [`run_processes`] with the extra settings of `spawn` (a CA file, a progress counter).
+///
+/// # Errors
+///
+/// As [`run_processes`].
+pub async fn run_processes_with(
+    exe: &Path,
+    s: &Scenario,
+    target_url: &str,
+    headers: &[String],
+    store: &StoreChoice,
+    processes: usize,
+    spawn: &Spawn,
+) -> Result<RunReport, BoxError> {
     let processes = processes.clamp(1, s.workers.max(1));
     let start = Instant::now();
     let mut children = Vec::with_capacity(processes);
     for index in 0..processes {
-        let (args, _) = child_args(s, target_url, headers, store, index, processes);
+        let (args, _) = child_args(s, target_url, headers, store, spawn, (index, processes));
         let started = start.elapsed();
-        let child = tokio::process::Command::new(exe)
+        let mut child = tokio::process::Command::new(exe)
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -164,24 +215,36 @@ pub async fn run_processes(
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
-        children.push((started, child));
+        // Read stderr as it comes: progress lines feed the counter, the rest is kept for
+        // an error message.
+        let stderr = child
+            .stderr
+            .take()
+            .map(|err| tokio::spawn(read_stderr(err, spawn.progress.clone())));
+        children.push((started, child, stderr));
     }
     let mut attempts = Vec::new();
     let mut ends = Vec::new();
-    for (started, child) in children {
+    let mut first_error = None;
+    for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
             .map_err(|_| "a worker process did not finish in time")??;
+        let stderr = match stderr {
+            Some(reader) => reader.await?,
+            None => String::new(),
+        };
         if !output.status.success() {
             return Err(format!(
                 "a worker process failed ({}): {}",
                 output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
+                stderr.trim()
             )
             .into());
         }
         let part: ChildReport = serde_json::from_slice(&output.stdout)
             .map_err(|e| format!("a worker process printed no report: {e}"))?;
+        first_error = first_error.or(part.first_error);
         let shift = u64::try_from(started.as_millis()).unwrap_or(0);
         attempts.extend(part.attempts.into_iter().map(|mut m| {
             m.at_ms += shift;
@@ -201,7 +264,70 @@ pub async fn run_processes(
     let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
     let mut report = RunReport::new(s, "real", "client", timeline, makespan);
     report.scenario = format!("{} x{processes} {}", report.scenario, store.describe());
+    report.first_error = first_error;
     Ok(report)
+}
+
+/// A child's stderr: each `progress N` line (N jobs ended so far) adds what is new to
+/// `progress`; every other line is returned.
+async fn read_stderr(stderr: impl AsyncRead + Unpin, progress: Option<Arc<AtomicUsize>>) -> String {
+    let mut lines = BufReader::new(stderr).lines();
+    let (mut seen, mut rest) = (0, String::new());
+    while let Ok(Some(line)) = lines.next_line().await {
+        match line.strip_prefix(PROGRESS_PREFIX).map(str::parse::<usize>) {
+            Some(Ok(n)) => {
+                if let Some(p) = &progress {
+                    p.fetch_add(n.saturating_sub(seen), Ordering::Relaxed);
+                }
+                seen = seen.max(n);
+            }
+            _ => {
+                rest.push_str(&line);
+                rest.push('\n');
+            }
+        }
+    }
+    rest
+}
+
+/// How a child's progress lines start (then the number of its jobs that have ended).
+pub const PROGRESS_PREFIX: &str = "progress ";
+
+/// The child's side of progress: prints `progress N` on stderr whenever `done` has moved,
+/// every 100 ms, until dropped (then once more, so the last count is never lost).
+#[derive(Debug)]
+pub struct ProgressLines {
+    done: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ProgressLines {
+    /// Starts printing on the current runtime.
+    pub fn start(done: Arc<AtomicUsize>) -> Self {
+        let counter = done.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut shown = 0;
+            loop {
+                tick.tick().await;
+                let n = counter.load(Ordering::Relaxed);
+                if n != shown {
+                    // A parent that stopped reading is no reason to fail the run.
+                    let _ = writeln!(std::io::stderr(), "{PROGRESS_PREFIX}{n}");
+                    shown = n;
+                }
+            }
+        });
+        Self { done, task }
+    }
+}
+
+impl Drop for ProgressLines {
+    fn drop(&mut self) {
+        self.task.abort();
+        let n = self.done.load(Ordering::Relaxed);
+        let _ = writeln!(std::io::stderr(), "{PROGRESS_PREFIX}{n}");
+    }
 }
 
 impl StoreChoice {
@@ -213,7 +339,8 @@ impl StoreChoice {
     }
 }
 
-/// The child's side: runs its share and returns the JSON report for stdout.
+/// The child's side: runs its share and returns the JSON report for stdout; `progress`, if
+/// given, counts its jobs as they end.
 ///
 /// # Errors
 ///
@@ -223,8 +350,9 @@ pub async fn run_child(
     target: &Target,
     store: &StoreChoice,
     share: Share,
+    progress: Option<Arc<AtomicUsize>>,
 ) -> Result<String, BoxError> {
-    let report = live::run_http_with(s, target, None, store, share).await?;
+    let report = live::run_http_with(s, target, progress, store, share).await?;
     Ok(serde_json::to_string(&ChildReport::from_report(&report))?)
 }
 
@@ -250,7 +378,15 @@ mod tests {
         };
         let mut covered = Vec::new();
         for i in 0..4 {
-            let (args, n) = child_args(&s, "http://x/{job}", &[], &StoreChoice::Memory, i, 4);
+            let spawn = Spawn::default();
+            let (args, n) = child_args(
+                &s,
+                "http://x/{job}",
+                &[],
+                &StoreChoice::Memory,
+                &spawn,
+                (i, 4),
+            );
             let at = args
                 .iter()
                 .position(|a| a == "--worker-offset")
@@ -259,6 +395,15 @@ mod tests {
             covered.extend(offset..offset + n);
         }
         assert_eq!(covered, (0..10).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn progress_lines_add_up_and_the_rest_is_kept() {
+        let done = Arc::new(AtomicUsize::new(5)); // another child's jobs
+        let stderr: &[u8] = b"progress 1\nprogress 3\nboom: no report\nprogress 3\nprogress x\n";
+        let rest = read_stderr(stderr, Some(done.clone())).await;
+        assert_eq!(done.load(Ordering::Relaxed), 5 + 3);
+        assert_eq!(rest, "boom: no report\nprogress x\n");
     }
 
     #[test]

@@ -179,10 +179,15 @@ pub struct RunReport {
     pub abandoned_by_reason: BTreeMap<&'static str, usize>,
     /// Jobs that failed otherwise (transport errors).
     pub failed: usize,
-    /// Until the last job finished, in ms.
+    /// The first failed job's error, with its causes (e.g. a TLS certificate the client
+    /// does not trust); absent when nothing failed or the run's clients do not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    /// Until the last job finished, in ms, rounded up (as the minimum is).
     pub makespan_ms: u64,
     /// The theoretical minimum makespan for this many jobs at this allowance:
-    /// `(jobs - burst) * interval`, floored at 0.
+    /// `(jobs - burst) * interval`, at least 0, rounded up to a whole ms (see
+    /// [`min_makespan_ms`]).
     pub min_makespan_ms: u64,
     /// Time of the last attempt, in ms from the start.
     pub last_attempt_ms: u64,
@@ -244,7 +249,8 @@ impl RunReport {
             abandoned: abandoned_by_reason.values().sum(),
             abandoned_by_reason,
             failed,
-            makespan_ms: u64::try_from(makespan.as_millis()).unwrap_or(u64::MAX),
+            first_error: None,
+            makespan_ms: ceil_ms(makespan),
             min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
             last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),
             achieved_rate_per_sec,
@@ -309,12 +315,34 @@ impl RunReport {
 /// The theoretical minimum makespan, in ms, for `jobs` one-request jobs at `rate_per_sec`
 /// with bursts of `burst`: the first `burst` go at once, then one per interval.
 ///
+/// Rounded up, never down: no run can finish before it, so a run that matches it exactly
+/// is at the minimum, not "faster than possible". A rate of 0 counts as 1 per second.
+///
 /// ```
-/// assert_eq!(allowance_sim::report::min_makespan_ms(8, 2, 2), 3000);
-/// assert_eq!(allowance_sim::report::min_makespan_ms(1, 2, 2), 0);
+/// use allowance_sim::report::min_makespan_ms;
+///
+/// assert_eq!(min_makespan_ms(8, 2, 2), 3000);
+/// assert_eq!(min_makespan_ms(1, 2, 2), 0);
+/// assert_eq!(min_makespan_ms(2, 1, 3), 334); // one interval of 333.3 ms
 /// ```
 pub fn min_makespan_ms(jobs: usize, burst: u32, rate_per_sec: u32) -> u64 {
-    let after_burst = u64::try_from(jobs.saturating_sub(burst as usize)).unwrap_or(u64::MAX);
-    let interval_us = 1_000_000 / u64::from(rate_per_sec.max(1));
-    after_burst.saturating_mul(interval_us) / 1000
+    let after_burst = u128::try_from(jobs.saturating_sub(burst as usize)).unwrap_or(u128::MAX);
+    let rate = u128::from(rate_per_sec.max(1));
+    // after_burst <= usize::MAX, so the product cannot overflow u128.
+    let ms = (after_burst * 1000).div_ceil(rate);
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// `d` in whole milliseconds, rounded up, like [`min_makespan_ms`]: a run that takes exactly
+/// the minimum (333.334 ms for one interval at 3/s) reports the minimum (334 ms), not less.
+///
+/// ```
+/// use std::time::Duration;
+/// use allowance_sim::report::ceil_ms;
+///
+/// assert_eq!(ceil_ms(Duration::from_micros(333_334)), 334);
+/// assert_eq!(ceil_ms(Duration::from_millis(3000)), 3000);
+/// ```
+pub fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

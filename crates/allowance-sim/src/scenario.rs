@@ -151,7 +151,7 @@ pub struct Report {
     pub failed: usize,
     /// Time of the last attempt the server saw, in ms from the start.
     pub last_attempt_ms: u64,
-    /// Time until the last job finished, in ms.
+    /// Time until the last job finished, in ms, rounded up.
     pub makespan_ms: u64,
     /// Every attempt the server saw.
     pub timeline: Vec<Seen>,
@@ -290,8 +290,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
     report.attempts = report.timeline.len();
     report.rejected = report.timeline.iter().filter(|s| s.status == 429).count();
     report.last_attempt_ms = report.timeline.last().map_or(0, |s| s.at_ms);
-    report.makespan_ms =
-        u64::try_from(finished.duration_since(start).as_millis()).unwrap_or(u64::MAX);
+    report.makespan_ms = crate::report::ceil_ms(finished.duration_since(start));
     Ok(report)
 }
 

@@ -3,7 +3,9 @@
 //! One lane per worker; a mark per attempt (`o` / green for 2xx, `x` / red for 429, `!` /
 //! grey for anything else), an `A` / black cross where a job was abandoned, and the cooldown
 //! windows (a 429's `Retry-After`) shaded: `-` in ASCII, amber in SVG; time spent queued for
-//! the shared allowance before a job's first attempt is `.` in ASCII, blue in SVG.
+//! the shared allowance before a job's first attempt is `.` in ASCII, blue in SVG. In ASCII,
+//! a cell where several attempts of one lane fall shows their number (`2`–`9`, `+` for ten
+//! or more) instead of one mark.
 //!
 //! ```
 //! use allowance_sim::{report::RunReport, scenario::{run_virtual, Mode, Scenario}, timeline};
@@ -23,8 +25,12 @@ use std::fmt::Write as _;
 use crate::report::{RunReport, Timeline};
 
 /// Legend for [`ascii`].
-pub const ASCII_LEGEND: &str =
-    "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)   . queued for the allowance";
+pub const ASCII_LEGEND: &str = "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)   . queued for the allowance\n2-9 that many attempts in one cell (+ for ten or more), whatever their statuses";
+
+/// The mark for `n` attempts sharing a cell: their number, `+` beyond nine.
+fn count_glyph(n: u32) -> char {
+    char::from_digit(n, 10).filter(|_| n <= 9).unwrap_or('+')
+}
 
 fn glyph_rank(c: char) -> u8 {
     match c {
@@ -81,11 +87,33 @@ pub fn ascii(timeline: &Timeline, end_ms: u64, cols: usize) -> String {
             }
         }
     }
+    let mut counts = vec![vec![0u32; cols]; timeline.workers];
     for m in &timeline.attempts {
-        put(m.worker, col(m.at_ms), status_glyph(m.status));
+        let c = col(m.at_ms);
+        put(m.worker, c, status_glyph(m.status));
+        if let Some(n) = counts
+            .get_mut(m.worker as usize)
+            .and_then(|lane| lane.get_mut(c))
+        {
+            *n += 1;
+        }
     }
+    for (lane, counts) in lanes.iter_mut().zip(&counts) {
+        for (cell, &n) in lane.iter_mut().zip(counts) {
+            if n > 1 {
+                *cell = count_glyph(n);
+            }
+        }
+    }
+    // An abandonment is shown over everything, the count included: the job's last attempt
+    // usually shares its cell.
     for e in timeline.ends.iter().filter(|e| e.is_abandoned()) {
-        put(e.worker, col(e.at_ms), 'A');
+        if let Some(cell) = lanes
+            .get_mut(e.worker as usize)
+            .and_then(|lane| lane.get_mut(col(e.at_ms)))
+        {
+            *cell = 'A';
+        }
     }
 
     let mut out = String::new();
@@ -335,5 +363,29 @@ mod tests {
         assert_eq!(lanes[0], "w0    o");
         // x at 0, shaded to 1 s where it was abandoned, shaded again to 2 s.
         assert_eq!(lanes[1], "w1    x---------A----------");
+    }
+
+    fn mark(worker: u32, at_ms: u64, status: u16) -> Mark {
+        Mark {
+            worker,
+            at_ms,
+            status,
+            retry_after_ms: None,
+        }
+    }
+
+    #[test]
+    fn ascii_counts_attempts_sharing_a_cell() {
+        // 10 columns over 0..=900 ms: 100 ms per cell.
+        let mut attempts = vec![mark(0, 0, 200), mark(0, 10, 429), mark(0, 20, 200)];
+        attempts.extend((0..12).map(|i| mark(1, 500 + i, 429)));
+        attempts.extend([mark(1, 900, 200), mark(2, 300, 200), mark(2, 330, 503)]);
+        let t = Timeline::new(Mode::Shared, 3, attempts, Vec::new());
+        let out = ascii(&t, 900, 10);
+        let lanes: Vec<&str> = out.lines().skip(2).collect();
+        assert_eq!(lanes[0], "w0    3");
+        assert_eq!(lanes[1], "w1         +   o");
+        assert_eq!(lanes[2], "w2       2");
+        assert!(ASCII_LEGEND.contains("2-9 that many attempts in one cell"));
     }
 }

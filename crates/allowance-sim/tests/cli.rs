@@ -59,6 +59,72 @@ fn virtual_run_matches_the_seed_figures() {
     assert_eq!(v["last_attempt_ms"], 3000);
 }
 
+/// At 3/s an interval is 333.3 ms: the minimum is rounded up, never down, and a shared run
+/// that achieves it reports it exactly (the makespan is rounded up too).
+#[test]
+fn the_minimum_is_rounded_up() {
+    let v = run_json(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--jobs",
+        "2",
+        "--burst",
+        "1",
+        "--rate",
+        "3",
+    ]);
+    assert_eq!(v["min_makespan_ms"], 334, "{v}");
+    assert_eq!(v["makespan_ms"], 334, "{v}");
+    // Three intervals are exactly one second, not 999 ms.
+    let v = run_json(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--jobs",
+        "4",
+        "--burst",
+        "1",
+        "--rate",
+        "3",
+    ]);
+    assert_eq!(v["min_makespan_ms"], 1000, "{v}");
+    // Never below the minimum; tokio's timer fires on whole milliseconds, so each of the
+    // three waits may end up to 1 ms late.
+    let makespan = v["makespan_ms"].as_u64().expect("ms");
+    assert!((1000..=1003).contains(&makespan), "{v}");
+    assert_eq!(allowance_sim::report::min_makespan_ms(7, 1, 7), 858);
+}
+
+/// Where several attempts of one worker fall in one column, the ASCII timeline shows how
+/// many, and the legend says so.
+#[test]
+fn the_ascii_timeline_counts_attempts_sharing_a_cell() {
+    // 100 jobs on 2 workers at 50/s: about 50 attempts per lane in 64 columns.
+    let out = run(&[
+        "run",
+        "--mode",
+        "shared",
+        "--virtual",
+        "--workers",
+        "2",
+        "--jobs",
+        "100",
+        "--burst",
+        "10",
+        "--rate",
+        "50",
+    ]);
+    let lanes: Vec<&str> = out.lines().filter(|l| l.starts_with('w')).collect();
+    assert_eq!(lanes.len(), 2, "{out}");
+    // The burst's ten attempts at 0 ms share worker 0's first cell; later cells hold two.
+    assert!(lanes[0][6..].starts_with('+'), "{out}");
+    assert!(lanes.iter().any(|l| l[6..].contains('2')), "{out}");
+    assert!(out.contains("2-9 that many attempts in one cell"), "{out}");
+}
+
 #[test]
 fn virtual_run_reports_abandonments_by_reason() {
     // Two attempts each, no budget: the naive herd leaves jobs abandoned (max_attempts).

@@ -5,11 +5,17 @@
 //!
 //! Real time, a private `redis-server` (see `tower_allowance_redis::test_util`).
 
-use std::path::Path;
+use std::{
+    path::Path,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+};
 
 use allowance_sim::{
     live::StoreChoice,
-    multi::{run_name, run_processes},
+    multi::{run_name, run_processes, run_processes_with, Spawn},
     scenario::{Mode, Scenario},
     upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
@@ -179,6 +185,8 @@ fn the_cli_runs_processes_end_to_end() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Not a terminal: no progress bar, nothing but the report.
+    assert!(out.stderr.is_empty(), "{out:?}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(report["completed"], 4);
     assert_eq!(report["counted_by"], "server");
@@ -192,4 +200,34 @@ fn the_cli_runs_processes_end_to_end() {
         .expect("runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--real"));
+}
+
+/// The progress a `--processes` run shows: the children's `progress N` lines, added up,
+/// count every job once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_counts_every_job_across_processes() {
+    let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
+        .await
+        .expect("upstream");
+    let s = scenario(4, 12);
+    let done = Arc::new(AtomicUsize::new(0));
+    let spawn = Spawn {
+        progress: Some(done.clone()),
+        ..Spawn::default()
+    };
+    let template = upstream.snapshot_url("e{job}");
+    let report = run_processes_with(
+        exe(),
+        &s,
+        &template,
+        &key_header(),
+        &StoreChoice::Memory,
+        2,
+        &spawn,
+    )
+    .await
+    .expect("runs");
+    upstream.shutdown().await;
+    assert_eq!(report.completed, 12);
+    assert_eq!(done.load(Ordering::Relaxed), 12);
 }

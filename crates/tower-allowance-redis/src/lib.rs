@@ -54,6 +54,8 @@
 //! Redis without persistence (or an eviction of the key) forgets the state: the next
 //! admissions see a full bucket, no cooldown and a full retry budget.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod options;
 mod scripts;
 mod store;

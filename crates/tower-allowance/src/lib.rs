@@ -45,6 +45,8 @@
 //! stack exactly. The only wall-clock read is for an HTTP-date `Retry-After` on a response
 //! without a `Date` header.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod acquire;
 mod allowance;
 mod config;
