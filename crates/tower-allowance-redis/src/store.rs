@@ -549,9 +549,9 @@ fn fallback_config(params: &Params, processes: NonZeroU32) -> Result<AllowanceCo
             )?)
         }
     };
-    Ok(config
+    config
         .with_retry_budget(budget)
-        .with_max_cooldown(Duration::from_micros(params.max_cooldown_us().max(1)))?)
+        .with_max_cooldown(Duration::from_micros(params.max_cooldown_us().max(1)))
 }
 
 impl Store for RedisStore {

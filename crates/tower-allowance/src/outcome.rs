@@ -52,10 +52,8 @@ impl Outcome {
                 }
                 let success = match res.extensions().get::<Classified>() {
                     Some(c) => c.class == Classification::Success,
-                    None => {
-                        let s = res.status();
-                        s.is_success() || s.is_redirection() || s.is_informational()
-                    }
+                    // The stack marks every response that is not plainly a success.
+                    None => crate::cooldown::plainly_successful(res.status()),
                 };
                 if success {
                     Self::Completed

@@ -7,7 +7,7 @@
 //! process that shares its store: the store grants one lease at a time ([`PROBE_LEASE`]), and
 //! keeps the verdict. If the probe reports the quota exhausted, the allowance closes: every
 //! waiting and new call, in every process, fails at once with
-//! [`Exhausted`](crate::error::Exhausted) until the reported time or until
+//! [`error::Exhausted`](crate::error::Exhausted) until the reported time or until
 //! [`Allowance::clear`](crate::Allowance::clear): nothing polls in a loop. If the probe
 //! fails (or is itself throttled), the next probe waits for a bounded, doubling backoff
 //! (1 s up to 60 s), also kept in the store — never a tight loop.

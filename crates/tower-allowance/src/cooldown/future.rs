@@ -107,7 +107,12 @@ where
                 .unwrap_or_else(PoisonError::into_inner) = Some(seen);
         }
         let classified = classify(&shared.classifier, parts.status, &parts.headers);
-        parts.extensions.insert(classified);
+        // Handed on to the retry policy and `Outcome::of`. A success that any reader would
+        // call one anyway (2xx/3xx) carries nothing: an extension costs allocations, and the
+        // fast path makes none.
+        if classified.class != Classification::Success || !plainly_successful(parts.status) {
+            parts.extensions.insert(classified);
+        }
         let retryable = matches!(
             classified.class,
             Classification::Throttled | Classification::Transient
@@ -156,6 +161,11 @@ where
             },
         }
     }
+}
+
+/// What readers assume of a response without a [`Classified`] extension.
+pub(crate) fn plainly_successful(status: http::StatusCode) -> bool {
+    status.is_success() || status.is_redirection() || status.is_informational()
 }
 
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing

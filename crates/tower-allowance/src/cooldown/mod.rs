@@ -48,5 +48,8 @@ mod future;
 mod layer;
 pub(crate) mod service;
 
-pub(crate) use self::{future::classify, service::FinalAttempt};
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
+pub(crate) use self::{
+    future::{classify, plainly_successful},
+    service::FinalAttempt,
+};

@@ -29,7 +29,7 @@
 //! Every operation is one atomic step of the rule, so one method, `apply(op)`, is the whole
 //! contract: a store that can hold a [`State`](crate::rule::State) under a lock or in a
 //! transaction implements it by calling [`rule::apply`](crate::rule::apply), and the
-//! conformance suite ([`conformance`], feature `conformance`) replays the same operations
+//! conformance suite (`store::conformance`, feature `conformance`) replays the same operations
 //! against any store. I/O stores return a boxed future (one allocation on an I/O path).
 //!
 //! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
@@ -66,7 +66,7 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 ///
 /// Implement [`Store::apply`] as one atomic step: load the state, call
 /// [`rule::apply`](crate::rule::apply) with the store's current time in microseconds, save
-/// the state, return the reply. Run the [`conformance`] suite (feature `conformance`) against
+/// the state, return the reply. Run the `store::conformance` suite (feature `conformance`) against
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///
