@@ -20,7 +20,7 @@ use redis::Script;
 use tower_allowance::rule::{
     Admission, AdmitRequest, BudgetParams, ClosedBy, Deferred, Event, Op, Params, ProbeOutcome,
     Reply, Reservation, StoreState, Unit, BUDGET_SLOTS, EVENT_WORDS, FOREVER, MAX_DELAY_US,
-    MAX_LIMITS, PENDING_GRACE_US,
+    MAX_LIMITS, PENDING_GRACE_US, SLOT_GRANULARITY_US,
 };
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
@@ -37,7 +37,8 @@ impl ApplyScript {
         let constants = format!(
             "local MAX_LIMITS = {MAX_LIMITS}\nlocal BUDGET_SLOTS = {BUDGET_SLOTS}\n\
              local MAX_DELAY_US = {MAX_DELAY_US}\nlocal PENDING_GRACE_US = {PENDING_GRACE_US}\n\
-             local EVENT_WORDS = {EVENT_WORDS}\nlocal FOREVER = -1\n"
+             local EVENT_WORDS = {EVENT_WORDS}\nlocal SLOT_GRANULARITY_US = {SLOT_GRANULARITY_US}\n\
+             local FOREVER = -1\n"
         );
         let source = [
             constants.as_str(),

@@ -79,6 +79,10 @@ pub const MAX_LIMITS: usize = 4;
 /// Slots in a replenishing retry budget's sliding window.
 pub const BUDGET_SLOTS: u64 = 10;
 
+/// Reserved slots fall on whole multiples of this many microseconds of the store's clock (a
+/// millisecond: the granularity of tokio's timers); see [`schedule`].
+pub const SLOT_GRANULARITY_US: u64 = 1_000;
+
 /// How long after its slot a reservation still counts as pending when a cooldown is raised
 /// (100 ms: well beyond a timer's granularity or a store's round trip).
 pub const PENDING_GRACE_US: u64 = 100_000;
@@ -865,9 +869,15 @@ pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> 
 /// The earliest instant at which every limit admits `cost`, no earlier than `t0`, and each
 /// limit's theoretical arrival time after that admission. `None` when some limit can never
 /// admit `cost` (it exceeds that limit's burst).
+///
+/// A slot later than `now` is rounded up to a whole [`SLOT_GRANULARITY_US`] (of the store's
+/// clock): timers fire on whole milliseconds, so slots on one grid are all delayed by the
+/// same amount, and a caller is never sent a fraction of a millisecond early relative to the
+/// caller before it (a strict limiter counting to the millisecond would refuse it).
 pub fn schedule(
     tat: &[u64],
     limits: &[LimitParams],
+    now: u64,
     t0: u64,
     cost: u32,
 ) -> Option<(u64, [u64; MAX_LIMITS])> {
@@ -883,6 +893,11 @@ pub fn schedule(
             .saturating_add(inc)
             .saturating_sub(limit.tolerance_us);
         at = at.max(earliest);
+    }
+    if at > now {
+        at = at
+            .div_ceil(SLOT_GRANULARITY_US)
+            .saturating_mul(SLOT_GRANULARITY_US);
     }
     let mut new_tat = [0; MAX_LIMITS];
     for (l, (t, limit)) in tat.iter().zip(limits).enumerate() {
@@ -908,7 +923,7 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
     let natural = now.max(state.blocked_until);
     let t0 = natural.max(now.saturating_add(req.not_before_us));
     let n = params.limit_count;
-    let Some((at, new_tat)) = schedule(&state.tat[..n], params.limits(), t0, req.cost) else {
+    let Some((at, new_tat)) = schedule(&state.tat[..n], params.limits(), now, t0, req.cost) else {
         return Admission::TooCostly;
     };
     let wait = at - now;

@@ -122,6 +122,9 @@ local function schedule(t0, cost)
     if inc > P.tol[l] then return nil end
     at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, P.tol[l]))
   end
+  if at > now then
+    at = math.ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
+  end
   local new = {}
   for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * P.iv[l] end
   return at, new

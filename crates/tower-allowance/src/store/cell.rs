@@ -129,9 +129,13 @@ impl Cell {
                 return closed;
             }
             let blocked_until = published.blocked_until.load(Ordering::Acquire);
-            let Some((at, new_tat)) =
-                rule::schedule(&[tat], params.limits(), now.max(blocked_until), req.cost)
-            else {
+            let Some((at, new_tat)) = rule::schedule(
+                &[tat],
+                params.limits(),
+                now,
+                now.max(blocked_until),
+                req.cost,
+            ) else {
                 return Admission::TooCostly;
             };
             let wait = at - now;
