@@ -107,12 +107,15 @@ fn op() -> impl Strategy<Value = Op> {
             },
         }),
         1 => (0u64..3).prop_map(|deposits| Op::Read { deposits }),
+        2 => (proptest::option::of(prop_oneof![Just(0u64), 0u64..3_000_000]), 0u64..2_000_000)
+            .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
+        1 => (0u64..60_000).prop_map(|rate_milli| Op::Advertise { rate_milli }),
     ]
 }
 
 fn any_config() -> impl Strategy<Value = AllowanceConfig> {
-    (1u32..40, 1u32..6, 0u8..3, 0u64..5, any::<bool>(), 1u64..5).prop_map(
-        |(rate, burst, budget, retries, two, window_s)| {
+    (1u32..40, 1u32..6, 0u8..3, 0u64..5, any::<bool>(), 1u64..5, 0u8..3).prop_map(
+        |(rate, burst, budget, retries, two, window_s, adaptive)| {
             let budget = match budget {
                 0 => RetryBudgetConfig::Unlimited,
                 1 => RetryBudgetConfig::fixed(retries),
@@ -133,6 +136,12 @@ fn any_config() -> impl Strategy<Value = AllowanceConfig> {
                             .counting_cost(),
                     )
                     .expect("two limits");
+            }
+            if adaptive > 0 {
+                let a = tower_allowance::AdaptiveRate::new(f64::from(rate), 0.5, 200.0)
+                    .expect("valid")
+                    .adopt_advertised(adaptive == 2);
+                config = config.with_adaptive_rate(a);
             }
             config
         },
@@ -187,3 +196,4 @@ fn redis_script_decides_exactly_as_the_memory_store() {
         })
         .expect("identical replies");
 }
+

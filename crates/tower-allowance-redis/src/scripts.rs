@@ -20,7 +20,8 @@ use redis::Script;
 use tower_allowance::rule::{
     Admission, AdmitRequest, BudgetParams, ClosedBy, Deferred, Event, Op, Params, ProbeOutcome,
     Reply, Reservation, StoreState, Unit, BUDGET_SLOTS, EVENT_WORDS, FOREVER, MAX_DELAY_US,
-    MAX_LIMITS, PENDING_GRACE_US, SLOT_GRANULARITY_US,
+    MAX_LIMITS, PENDING_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
+    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
 };
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
@@ -38,7 +39,10 @@ impl ApplyScript {
             "local MAX_LIMITS = {MAX_LIMITS}\nlocal BUDGET_SLOTS = {BUDGET_SLOTS}\n\
              local MAX_DELAY_US = {MAX_DELAY_US}\nlocal PENDING_GRACE_US = {PENDING_GRACE_US}\n\
              local EVENT_WORDS = {EVENT_WORDS}\nlocal SLOT_GRANULARITY_US = {SLOT_GRANULARITY_US}\n\
-             local FOREVER = -1\n"
+             local SLOW_START_DOUBLING_US = {SLOW_START_DOUBLING_US}\n\
+             local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
+             local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
+             local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n"
         );
         let source = [
             constants.as_str(),
@@ -79,6 +83,8 @@ fn op_code(op: &Op) -> u64 {
         Op::Lease { .. } => 6,
         Op::FinishProbe { .. } => 7,
         Op::Read { .. } => 8,
+        Op::Throttle { .. } => 9,
+        Op::Advertise { .. } => 10,
     }
 }
 
@@ -146,6 +152,20 @@ pub(crate) fn argv<'a>(
     a.push(Arg::N(exact(params.max_cooldown_us())));
     a.push(Arg::N(exact(params.probe_backoff_min_us())));
     a.push(Arg::N(exact(params.probe_backoff_max_us())));
+    match params.adaptive() {
+        Some(ad) => a.extend(
+            [
+                1,
+                ad.initial_milli(),
+                ad.floor_milli(),
+                ad.ceiling_milli(),
+                ad.burst(),
+                u64::from(ad.adopts()),
+            ]
+            .map(|v| Arg::N(exact(v))),
+        ),
+        None => a.extend([Arg::N(0); 6]),
+    }
     a.push(Arg::N(exact(idle_ms)));
     a.push(Arg::Channel(channel));
     match *op {
@@ -170,6 +190,11 @@ pub(crate) fn argv<'a>(
             }
         }
         Op::Read { deposits } => a.push(Arg::N(exact(deposits))),
+        Op::Throttle { delay_us, age_us } => {
+            a.push(delay_us.map_or(Arg::None, |d| Arg::N(exact(d))));
+            a.push(Arg::N(exact(age_us)));
+        }
+        Op::Advertise { rate_milli } => a.push(Arg::N(exact(rate_milli))),
     }
     a
 }
@@ -186,6 +211,7 @@ fn push_admit(a: &mut Vec<Arg<'_>>, req: &AdmitRequest) {
 
 fn push_release(a: &mut Vec<Arg<'_>>, res: &Reservation) {
     let parts = res.to_parts();
+    a.push(Arg::N(exact(parts.slot)));
     for t in parts.tat {
         a.push(Arg::N(exact(t)));
     }
@@ -239,7 +265,13 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             [r @ (0 | 1)] => Reply::Release { released: r == 1 },
             _ => return Err(BadReply),
         },
-        Op::Defer { .. } => Reply::Defer(decode_defer(reply)?),
+        Op::Defer { .. } | Op::Throttle { .. } => Reply::Defer(decode_defer(reply)?),
+        Op::Advertise { .. } => match *reply {
+            [rate] => Reply::Rate {
+                rate_milli: n(rate)?,
+            },
+            _ => return Err(BadReply),
+        },
         Op::Close { .. } | Op::Clear => {
             if reply.len() != EVENT_WORDS {
                 return Err(BadReply);
@@ -256,7 +288,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             _ => return Err(BadReply),
         },
         Op::Read { .. } => match *reply {
-            [blocked, is_closed @ (0 | 1), closed_for, left, probes, epoch] => {
+            [blocked, is_closed @ (0 | 1), closed_for, left, probes, epoch, rate] => {
                 Reply::State(StoreState {
                     blocked_for: us(blocked)?,
                     closed: if is_closed == 1 {
@@ -267,6 +299,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
                     retries_remaining: maybe(left)?,
                     probes: n(probes)?,
                     epoch: n(epoch)?,
+                    rate_milli: n(rate)?,
                 })
             }
             _ => return Err(BadReply),
@@ -374,7 +407,7 @@ mod tests {
             assert!(decode(&first, bad).is_err(), "{bad:?}");
         }
         assert!(decode(&Op::Clear, &[1, 2, 3]).is_err());
-        assert!(decode(&Op::Read { deposits: 0 }, &[0, 0, 0, -2, 0, 0]).is_err());
+        assert!(decode(&Op::Read { deposits: 0 }, &[0, 0, 0, -2, 0, 0, 0]).is_err());
         let ev = decode(&Op::Clear, &[3, 0, 3, 0, 0, 0, 0, 0]).expect("an event");
         assert!(matches!(ev, Reply::Changed(_)));
     }

@@ -223,8 +223,79 @@ pub struct AllowanceConfig {
     retry_budget: RetryBudgetConfig,
     max_cooldown: Duration,
     outage: OutagePolicy,
+    adaptive: Option<AdaptiveRate>,
     params: Params,
 }
+
+/// An adaptive rate for the main limit: found and followed when nobody states the limit, or
+/// when it changes (see [`AllowanceConfig::with_adaptive_rate`]).
+///
+/// The rate starts at `initial` and doubles every second until the first throttling response
+/// (a slow start), then is cut to 85% (70% when throttling persists within 2.5 s) and grows by
+/// 1% of its value per second (additive increase, multiplicative decrease), always within
+/// `floor..=ceiling` and never above a rate the server advertised (see
+/// [`signals`](crate::signals)). The state lives in the store: every process sharing the
+/// allowance follows one rate.
+///
+/// ```
+/// use tower_allowance::{AdaptiveRate, AllowanceConfig};
+///
+/// let config = AllowanceConfig::per_second(20, 4)?
+///     .with_adaptive_rate(AdaptiveRate::new(2.0, 0.5, 200.0)?.adopt_advertised(true));
+/// # let _ = config;
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdaptiveRate {
+    initial: f64,
+    floor: f64,
+    ceiling: f64,
+    adopt: bool,
+}
+
+impl AdaptiveRate {
+    /// Starts at `initial` requests per second, never below `floor` or above `ceiling`.
+    ///
+    /// # Errors
+    ///
+    /// Rates that are not finite, below 0.001 per second, above 10,000 per second (the
+    /// stores' integer arithmetic stays exact below that), or not ordered
+    /// `floor <= initial <= ceiling`.
+    pub fn new(initial: f64, floor: f64, ceiling: f64) -> Result<Self, ConfigError> {
+        let ok = |r: f64| r.is_finite() && (0.001..=10_000.0).contains(&r);
+        if !(ok(initial) && ok(floor) && ok(ceiling)) {
+            return Err(ConfigError::new(
+                "adaptive rates must be finite, from 0.001 to 10,000 per second",
+            ));
+        }
+        if floor > initial || initial > ceiling {
+            return Err(ConfigError::new(
+                "adaptive rates must be ordered: floor <= initial <= ceiling",
+            ));
+        }
+        Ok(Self {
+            initial,
+            floor,
+            ceiling,
+            adopt: false,
+        })
+    }
+
+    /// Also adopt a rate the server advertises (`RateLimit-Policy`,
+    /// `x-ratelimit-limit-requests`...) as the current rate, not only cap at it.
+    pub fn adopt_advertised(mut self, adopt: bool) -> Self {
+        self.adopt = adopt;
+        self
+    }
+
+    fn milli(r: f64) -> u64 {
+        // Validated to 0.001..=10,000: the product fits.
+        ((r * 1000.0).round() as u64).max(1)
+    }
+}
+
+// Eq for the config: the rates are validated finite.
+impl Eq for AdaptiveRate {}
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
 ///
@@ -267,6 +338,7 @@ impl AllowanceConfig {
             retry_budget: RetryBudgetConfig::Unlimited,
             max_cooldown: DEFAULT_MAX_COOLDOWN,
             outage: OutagePolicy::default(),
+            adaptive: None,
             params: Params {
                 limits: [main.params; MAX_LIMITS],
                 limit_count: 1,
@@ -274,6 +346,7 @@ impl AllowanceConfig {
                 max_cooldown_us: 0,
                 probe_backoff_min_us: PROBE_BACKOFF_MIN_US,
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
+                adaptive: None,
             },
         };
         config.derive();
@@ -352,6 +425,19 @@ impl AllowanceConfig {
         self
     }
 
+    /// Lets the main limit's rate adapt (see [`AdaptiveRate`]); its configured rate is then
+    /// only the starting point's fallback, and its burst is kept.
+    pub fn with_adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
+        self.adaptive = Some(adaptive);
+        self.derive();
+        self
+    }
+
+    /// The adaptive rate, if any.
+    pub fn adaptive_rate(&self) -> Option<AdaptiveRate> {
+        self.adaptive
+    }
+
     fn derive(&mut self) {
         for (l, limit) in self.limits.iter().enumerate() {
             self.params.limits[l] = limit.params;
@@ -360,6 +446,13 @@ impl AllowanceConfig {
         self.params.budget = self.retry_budget.params();
         self.params.max_cooldown_us =
             rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
+        self.params.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
+            initial_milli: AdaptiveRate::milli(a.initial),
+            floor_milli: AdaptiveRate::milli(a.floor),
+            ceiling_milli: AdaptiveRate::milli(a.ceiling),
+            burst: u64::from(self.limits[0].burst()),
+            adopt: a.adopt,
+        });
     }
 
     /// The derived parameters every store decides with (a read-only view).

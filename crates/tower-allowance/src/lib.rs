@@ -72,7 +72,7 @@ pub use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
-        AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
+        AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
         DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
     },
     extensions::{Attempt, Cost, Deadline},

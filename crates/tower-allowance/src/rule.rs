@@ -193,6 +193,47 @@ pub struct Params {
     pub(crate) max_cooldown_us: u64,
     pub(crate) probe_backoff_min_us: u64,
     pub(crate) probe_backoff_max_us: u64,
+    pub(crate) adaptive: Option<AdaptiveParams>,
+}
+
+/// The adaptive rate's derived parameters: rates in thousandths of a request per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AdaptiveParams {
+    pub(crate) initial_milli: u64,
+    pub(crate) floor_milli: u64,
+    pub(crate) ceiling_milli: u64,
+    /// The main limit's burst: the tolerance is `burst` intervals at whatever rate.
+    pub(crate) burst: u64,
+    /// Take the rate a server advertises (not only cap at it).
+    pub(crate) adopt: bool,
+}
+
+impl AdaptiveParams {
+    /// The rate it starts at.
+    pub fn initial_milli(&self) -> u64 {
+        self.initial_milli
+    }
+
+    /// The lowest rate.
+    pub fn floor_milli(&self) -> u64 {
+        self.floor_milli
+    }
+
+    /// The highest rate.
+    pub fn ceiling_milli(&self) -> u64 {
+        self.ceiling_milli
+    }
+
+    /// The main limit's burst.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Whether an advertised rate is adopted.
+    pub fn adopts(&self) -> bool {
+        self.adopt
+    }
 }
 
 impl Params {
@@ -222,10 +263,15 @@ impl Params {
         self.probe_backoff_max_us
     }
 
-    /// Whether the rule can decide this admission without touching the retry budget or any
-    /// limit but the first: the memory store's lock-free path.
+    /// The adaptive rate, if the main limit's rate adapts.
+    pub fn adaptive(&self) -> Option<AdaptiveParams> {
+        self.adaptive
+    }
+
+    /// Whether the rule can decide a first attempt from the main limit's bucket alone: the
+    /// memory store's lock-free path.
     pub(crate) fn single_limit(&self) -> bool {
-        self.limit_count == 1
+        self.limit_count == 1 && self.adaptive.is_none()
     }
 }
 
@@ -275,6 +321,14 @@ pub struct State {
     pub(crate) probe_failures: u64,
     /// Quota probes granted so far.
     pub(crate) probes: u64,
+    /// Adaptive rate: the rate at the last cut (or the initial one), thousandths per second.
+    pub(crate) rate_at_cut: u64,
+    /// Adaptive rate: when it was last cut (0: never; the rate is still doubling).
+    pub(crate) cut_at: u64,
+    /// Adaptive rate: when its slow start began (the first admission).
+    pub(crate) started_at: u64,
+    /// Adaptive rate: the rate a server advertised (0: none).
+    pub(crate) advertised: u64,
     /// The latest clock reading seen (detects a backward step).
     pub(crate) seen: u64,
     /// Total backward steps absorbed, in microseconds.
@@ -516,10 +570,20 @@ impl Reservation {
                 // which every limit conforms again, never before the cooldown's end and never
                 // earlier than it was.
                 let old = self.slot;
-                let mut slot = old.max(until);
-                for (l, limit) in params.limits().iter().enumerate() {
-                    self.tat[l] = self.tat[l].saturating_add(shift[l]);
-                    slot = slot.max(self.tat[l].saturating_sub(limit.tolerance_us));
+                let n = params.limit_count;
+                let least = shift[..n].iter().copied().min().unwrap_or(0);
+                let mut slot = old.saturating_add(least).max(until);
+                if params.adaptive.is_none() {
+                    for (l, limit) in params.limits().iter().enumerate() {
+                        slot = slot.max(
+                            self.tat[l]
+                                .saturating_add(shift[l])
+                                .saturating_sub(limit.tolerance_us),
+                        );
+                    }
+                }
+                for (t, s) in self.tat[..n].iter_mut().zip(shift) {
+                    *t = t.saturating_add(s);
                 }
                 self.slot = slot;
                 Applied::Moved(slot - old)
@@ -735,6 +799,8 @@ pub struct StoreState {
     pub probes: u64,
     /// The event epoch.
     pub epoch: u64,
+    /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
+    pub rate_milli: u64,
 }
 
 /// One operation on an allowance's state.
@@ -748,6 +814,21 @@ pub enum Op {
     Defer {
         /// Microseconds, or `None` when unrepresentable.
         delay_us: Option<u64>,
+    },
+    /// A throttling response arrived (to a request sent `age_us` ago), asking for
+    /// `delay_us` (`Some(0)`: no delay; `None`: one too long to represent): the adaptive rate
+    /// is cut (once per round of requests), and the cooldown raised as [`Op::Defer`] does.
+    Throttle {
+        /// Microseconds, `Some(0)` for none, or `None` when unrepresentable.
+        delay_us: Option<u64>,
+        /// How long ago the throttled request was sent.
+        age_us: u64,
+    },
+    /// A server advertised its rate (thousandths of a request per second): the adaptive rate
+    /// never goes above it, and adopts it when configured to.
+    Advertise {
+        /// The advertised rate, in thousandths per second.
+        rate_milli: u64,
     },
     /// Close the allowance for `delay_us` (`None`: until cleared).
     Close {
@@ -789,8 +870,14 @@ pub enum Reply {
         /// The slot was the latest on every limit and was given back.
         released: bool,
     },
-    /// To [`Op::Defer`].
+    /// To [`Op::Defer`] and [`Op::Throttle`].
     Defer(Deferred),
+    /// To [`Op::Advertise`]: the adaptive rate now, in thousandths per second (0 when the
+    /// allowance's rate does not adapt).
+    Rate {
+        /// Thousandths of a request per second.
+        rate_milli: u64,
+    },
     /// To [`Op::Close`] and [`Op::Clear`]: the event holders must apply.
     Changed(Event),
     /// To [`Op::Lease`].
@@ -818,6 +905,12 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             released: release(state, params, &res),
         },
         Op::Defer { delay_us } => Reply::Defer(extend_cooldown(state, now, params, delay_us)),
+        Op::Throttle { delay_us, age_us } => {
+            Reply::Defer(throttle(state, now, params, delay_us, age_us))
+        }
+        Op::Advertise { rate_milli } => Reply::Rate {
+            rate_milli: advertise(state, now, params, rate_milli),
+        },
         Op::Close { delay_us, by } => Reply::Changed(close(state, now, delay_us, by)),
         Op::Clear => Reply::Changed(clear(state, now)),
         Op::Lease { ttl_us, token } => Reply::Lease {
@@ -846,6 +939,8 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     back(&mut state.blocked_until);
     back(&mut state.reserved_until);
     back(&mut state.irregular_until);
+    back(&mut state.cut_at);
+    back(&mut state.started_at);
     if state.closed_until != FOREVER {
         back(&mut state.closed_until);
     }
@@ -923,7 +1018,11 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
     let natural = now.max(state.blocked_until);
     let t0 = natural.max(now.saturating_add(req.not_before_us));
     let n = params.limit_count;
-    let Some((at, new_tat)) = schedule(&state.tat[..n], params.limits(), now, t0, req.cost) else {
+    if params.adaptive.is_some() && state.started_at == 0 {
+        state.started_at = now.max(1);
+    }
+    let limits = effective_limits(state, now, params);
+    let Some((at, new_tat)) = schedule(&state.tat[..n], &limits[..n], now, t0, req.cost) else {
         return Admission::TooCostly;
     };
     let wait = at - now;
@@ -968,7 +1067,10 @@ pub fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
     // A reservation from before a clock step: translate it into the current frame.
     let step = state.rebased.saturating_sub(res.rebased);
     let mut all = true;
-    for (l, limit) in params.limits().iter().enumerate() {
+    // The units it took: its own tat minus the one before it is not known, so the interval
+    // it was charged is the limit's (for an adaptive rate: as at its slot).
+    let limits = effective_limits(state, res.slot, params);
+    for (l, limit) in limits[..params.limit_count].iter().enumerate() {
         let mine = res.tat[l].saturating_sub(step);
         if state.tat[l] == mine {
             state.tat[l] = mine.saturating_sub(limit.units(res.cost) * limit.interval_us);
@@ -1047,8 +1149,9 @@ pub fn extend_cooldown(
 ///
 /// - Nothing pending (no reservation due later than `PENDING_GRACE_US` ago): nothing moves;
 ///   the bucket refills while blocked, and callers arriving later get the recovered burst.
-/// - During a cooldown, or with a reservation placed by its own `not_before` pending, the
-///   schedule translates rigidly by the time added: `until - max(now, previous deadline)`.
+/// - During a cooldown, with a reservation placed by its own `not_before` pending, or when
+///   the rate adapts, the schedule translates rigidly by the time added:
+///   `until - max(now, previous deadline)`.
 /// - Otherwise the pending reservations form one contiguous block of the bucket's schedule,
 ///   starting above `now - grace + tolerance - interval`; re-run from `until`, the block
 ///   starts at `until`, with the burst that recovered meanwhile. For a limit counted in
@@ -1062,7 +1165,8 @@ pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [
         return shift;
     }
     let rigid = until.saturating_sub(now.max(state.blocked_until));
-    let translate = state.blocked_until > now || pending(state.irregular_until);
+    let translate =
+        state.blocked_until > now || pending(state.irregular_until) || params.adaptive.is_some();
     for (l, limit) in params.limits().iter().enumerate() {
         shift[l] = match limit.unit {
             Unit::Requests if !translate => {
@@ -1074,6 +1178,129 @@ pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [
         };
     }
     shift
+}
+
+/// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
+///
+/// Before the first throttling response it doubles every second from the initial rate (a
+/// slow start: an unknown limit is found in a few seconds from far below it). After a cut it
+/// grows by 1% of the rate at the cut per second (additive increase: it stays near the limit,
+/// probing it rarely). Always within the floor and the ceiling, and never above a rate the
+/// server advertised.
+pub fn adaptive_rate(state: &State, now: u64, params: &Params) -> Option<u64> {
+    let a = params.adaptive?;
+    let base = if state.rate_at_cut == 0 {
+        a.initial_milli
+    } else {
+        state.rate_at_cut
+    };
+    let rate = if state.cut_at == 0 {
+        // Doubling each whole second since the first admission.
+        let since = if state.started_at == 0 {
+            0
+        } else {
+            now.saturating_sub(state.started_at)
+        };
+        let doublings = since / SLOW_START_DOUBLING_US;
+        if doublings >= 40 {
+            u64::MAX
+        } else {
+            base.saturating_mul(1 << doublings)
+        }
+    } else {
+        // base * since / period, computed so that no product exceeds 2^53 (exact in Lua).
+        let since = now.saturating_sub(state.cut_at);
+        let (q, r) = (
+            since / ADDITIVE_INCREASE_PERIOD_US,
+            since % ADDITIVE_INCREASE_PERIOD_US,
+        );
+        base.saturating_add(
+            base.saturating_mul(q)
+                .saturating_add(base.saturating_mul(r) / ADDITIVE_INCREASE_PERIOD_US),
+        )
+    };
+    let mut ceiling = a.ceiling_milli;
+    if state.advertised != 0 {
+        ceiling = ceiling.min(state.advertised);
+    }
+    Some(rate.min(ceiling).max(a.floor_milli))
+}
+
+/// A slow start doubles the adaptive rate this often (one second).
+pub const SLOW_START_DOUBLING_US: u64 = 1_000_000;
+
+/// After a cut the adaptive rate grows by its value at the cut every this long (100 s: 1% per
+/// second).
+pub const ADDITIVE_INCREASE_PERIOD_US: u64 = 100_000_000;
+
+/// A cut keeps this many thousandths of the rate (0.85).
+pub const CUT_PER_MILLE: u64 = 850;
+
+/// A cut within [`FAST_CUT_WINDOW_US`] of the previous one keeps this many thousandths (0.7):
+/// throttling that persists after a cut means the limit dropped, and it is found faster.
+pub const FAST_CUT_PER_MILLE: u64 = 700;
+
+/// See [`FAST_CUT_PER_MILLE`] (2.5 s).
+pub const FAST_CUT_WINDOW_US: u64 = 2_500_000;
+
+/// The limits as they stand at `now`: the configured ones, with the main limit's interval
+/// from the adaptive rate when it adapts.
+pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
+    let mut limits = params.limits;
+    if let (Some(rate), Some(a)) = (adaptive_rate(state, now, params), params.adaptive) {
+        let interval_us = 1_000_000_000u64.div_ceil(rate.max(1)).max(1);
+        limits[0].interval_us = interval_us;
+        limits[0].tolerance_us = interval_us.saturating_mul(a.burst).min(MAX_DELAY_US);
+    }
+    limits
+}
+
+/// A throttling response: cuts the adaptive rate (unless the throttled request was sent
+/// before the last cut: one cut per round of requests in flight), then raises the cooldown
+/// as [`extend_cooldown`] does when the response asked for a delay.
+pub fn throttle(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    delay_us: Option<u64>,
+    age_us: u64,
+) -> Deferred {
+    if let Some(rate) = adaptive_rate(state, now, params) {
+        let sent = now.saturating_sub(age_us);
+        if state.cut_at == 0 || sent > state.cut_at {
+            let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
+            let keep = if fast { FAST_CUT_PER_MILLE } else { CUT_PER_MILLE };
+            let floor = params.adaptive.map_or(1, |a| a.floor_milli.max(1));
+            state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
+            state.cut_at = now.max(1);
+        }
+    }
+    match delay_us {
+        Some(0) => Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: None,
+            event: None,
+        },
+        delay => extend_cooldown(state, now, params, delay),
+    }
+}
+
+/// A server advertised its rate: the adaptive rate is capped at it from now on and, when
+/// configured to adopt it, restarts from it. Returns the adaptive rate now (0: not adaptive).
+pub fn advertise(state: &mut State, now: u64, params: &Params, rate_milli: u64) -> u64 {
+    let Some(a) = params.adaptive else {
+        return 0;
+    };
+    if rate_milli == 0 {
+        return adaptive_rate(state, now, params).unwrap_or(0);
+    }
+    state.advertised = rate_milli;
+    if a.adopt {
+        state.rate_at_cut = rate_milli.min(a.ceiling_milli).max(a.floor_milli);
+        state.cut_at = now.max(1);
+    }
+    adaptive_rate(state, now, params).unwrap_or(0)
 }
 
 /// Closes the allowance for `delay_us` from now (`None`: until cleared); a longer closure
@@ -1173,6 +1400,7 @@ pub fn read(state: &mut State, now: u64, params: &Params) -> StoreState {
         retries_remaining: (left != u64::MAX).then_some(left),
         probes: state.probes,
         epoch: state.epoch,
+        rate_milli: adaptive_rate(state, now, params).unwrap_or(0),
     }
 }
 

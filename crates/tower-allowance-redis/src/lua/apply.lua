@@ -10,8 +10,8 @@ if OP == 1 then
   reply = admit(arg(0), arg(1) == 1, arg(2), arg(3), arg(4))
 elseif OP == 2 then
   local tats = {}
-  for l = 1, MAX_LIMITS do tats[l] = arg(l - 1) end
-  reply = release(tats, arg(MAX_LIMITS), arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2) == 1, arg(MAX_LIMITS + 3))
+  for l = 1, MAX_LIMITS do tats[l] = arg(l) end
+  reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3) == 1, arg(MAX_LIMITS + 4))
 elseif OP == 3 then
   reply = extend_cooldown(arg(0))
   if reply[5] == 1 then ev_at = 6 end
@@ -29,6 +29,11 @@ elseif OP == 7 then
 elseif OP == 8 then
   deposit(arg(0))
   reply = read()
+elseif OP == 9 then
+  reply = throttle(arg(0), arg(1))
+  if reply[5] == 1 then ev_at = 6 end
+elseif OP == 10 then
+  reply = advertise(arg(0))
 else
   return redis.error_reply('ERR tower-allowance: unknown operation')
 end

@@ -102,6 +102,9 @@ local function rebase()
   if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
   s.lu = sat_sub(s.lu, step)
   s.np = sat_sub(s.np, step)
+  load(ADAPTIVE)
+  s.ca = sat_sub(s.ca, step)
+  s.sa = sat_sub(s.sa, step)
   if P.kind == 2 then s.hd = sat_sub(s.hd, math.floor(step / math.max(P.b1, 1))) end
   s.rb = s.rb + step
   s.sn = now
@@ -114,19 +117,61 @@ local function closed()
   return nil
 end
 
+-- The adaptive rate now (thousandths per second), or nil when the rate does not adapt.
+local function adaptive_rate()
+  if P.ad_on ~= 1 then return nil end
+  local base = s.rc
+  if base == 0 then base = P.ad_init end
+  local rate
+  if s.ca == 0 then
+    local since = 0
+    if s.sa ~= 0 then since = sat_sub(now, s.sa) end
+    local d = math.floor(since / SLOW_START_DOUBLING_US)
+    if d >= 40 then rate = 2 ^ 62 else rate = base * 2 ^ d end
+  else
+    local since = sat_sub(now, s.ca)
+    local q = math.floor(since / ADDITIVE_INCREASE_PERIOD_US)
+    local r = since % ADDITIVE_INCREASE_PERIOD_US
+    rate = base + base * q + math.floor(base * r / ADDITIVE_INCREASE_PERIOD_US)
+  end
+  local ceiling = P.ad_ceil
+  if s.av ~= 0 then ceiling = math.min(ceiling, s.av) end
+  return math.max(math.min(rate, ceiling), P.ad_floor)
+end
+
+-- The limits as they stand now: the main one's interval from the adaptive rate.
+local function effective_limits(at)
+  local iv, tol = {}, {}
+  for l = 1, MAX_LIMITS do
+    iv[l] = P.iv[l]
+    tol[l] = P.tol[l]
+  end
+  local saved = now
+  now = at
+  local rate = adaptive_rate()
+  now = saved
+  if rate then
+    local q = math.floor(1000000000 / math.max(rate, 1))
+    if q * math.max(rate, 1) < 1000000000 then q = q + 1 end
+    iv[1] = math.max(q, 1)
+    tol[1] = math.min(iv[1] * P.ad_burst, MAX_DELAY_US)
+  end
+  return iv, tol
+end
+
 -- The earliest instant every limit admits `cost`, from `t0`, and the new arrival times.
-local function schedule(t0, cost)
+local function schedule(iv, tol, t0, cost)
   local at = t0
   for l = 1, P.n do
-    local inc = units(l, cost) * P.iv[l]
-    if inc > P.tol[l] then return nil end
-    at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, P.tol[l]))
+    local inc = units(l, cost) * iv[l]
+    if inc > tol[l] then return nil end
+    at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, tol[l]))
   end
   if at > now then
     at = math.ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
   end
   local new = {}
-  for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * P.iv[l] end
+  for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * iv[l] end
   return at, new
 end
 
@@ -140,7 +185,9 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   if retry and P.kind ~= 0 and remaining() < 1 then return {3} end
   local natural = math.max(now, s.bu)
   local t0 = math.max(natural, now + not_before)
-  local at, new = schedule(t0, cost)
+  if P.ad_on == 1 and s.sa == 0 then s.sa = math.max(now, 1) end
+  local iv, tol = effective_limits(now)
+  local at, new = schedule(iv, tol, t0, cost)
   if not at then return {5} end
   local wait = at - now
   if wait > max_wait then
@@ -163,13 +210,14 @@ local function admit(cost, retry, not_before, max_wait, deposits)
 end
 
 -- {1} when every limit took the slot back, else {0}.
-local function release(tats, rebased, cost, retry, budget_slot)
+local function release(slot, tats, rebased, cost, retry, budget_slot)
   local step = sat_sub(s.rb, rebased)
   local all = 1
+  local iv = effective_limits(slot)
   for l = 1, P.n do
     local mine = sat_sub(tats[l], step)
     if s['t' .. l] == mine then
-      s['t' .. l] = sat_sub(mine, units(l, cost) * P.iv[l])
+      s['t' .. l] = sat_sub(mine, units(l, cost) * iv[l])
     else
       all = 0
     end
@@ -198,7 +246,7 @@ local function cooldown_shift(until_us)
   local shift = {0, 0, 0, 0}
   if not pending(s.ru) then return shift end
   local rigid = sat_sub(until_us, math.max(now, s.bu))
-  local translate = s.bu > now or pending(s.ir)
+  local translate = s.bu > now or pending(s.ir) or P.ad_on == 1
   for l = 1, P.n do
     if P.unit[l] == 0 and not translate then
       local block_start = sat_sub(now, PENDING_GRACE_US) + P.tol[l] - P.iv[l]
@@ -237,6 +285,33 @@ local function extend_cooldown(delay)
   s.bu = until_us
   s.ep = s.ep + 1
   return {1, until_us - now, 0, 0, 1, unpack(event(1, until_us, shift[1], shift[2], shift[3], shift[4]))}
+end
+
+-- A throttling response: cut the adaptive rate (once per round), then the cooldown.
+local function throttle(delay, age)
+  local rate = adaptive_rate()
+  if rate then
+    local sent = sat_sub(now, age)
+    if s.ca == 0 or sent > s.ca then
+      local keep = CUT_PER_MILLE
+      if s.ca ~= 0 and now - s.ca < FAST_CUT_WINDOW_US then keep = FAST_CUT_PER_MILLE end
+      s.rc = math.max(math.floor(rate * keep / 1000), math.max(P.ad_floor, 1))
+      s.ca = math.max(now, 1)
+    end
+  end
+  if delay == 0 then return {0, sat_sub(s.bu, now), 0, 0, 0} end
+  return extend_cooldown(delay)
+end
+
+local function advertise(rate_milli)
+  if P.ad_on ~= 1 then return {0} end
+  if rate_milli == 0 then return {adaptive_rate()} end
+  s.av = rate_milli
+  if P.ad_adopt == 1 then
+    s.rc = math.max(math.min(rate_milli, P.ad_ceil), P.ad_floor)
+    s.ca = math.max(now, 1)
+  end
+  return {adaptive_rate()}
 end
 
 local function clear()
@@ -287,5 +362,5 @@ local function read()
   elseif now < s.cl then
     is_closed, closed_for = 1, s.cl - now
   end
-  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep}
+  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0}
 end

@@ -20,10 +20,16 @@ P.b3 = tonumber(ARGV[B + 3])
 P.max_cd = tonumber(ARGV[B + 4])
 P.pb_min = tonumber(ARGV[B + 5])
 P.pb_max = tonumber(ARGV[B + 6])
-local idle_ms = tonumber(ARGV[B + 7])
-local channel = ARGV[B + 8]
+P.ad_on = tonumber(ARGV[B + 7])
+P.ad_init = tonumber(ARGV[B + 8])
+P.ad_floor = tonumber(ARGV[B + 9])
+P.ad_ceil = tonumber(ARGV[B + 10])
+P.ad_burst = tonumber(ARGV[B + 11])
+P.ad_adopt = tonumber(ARGV[B + 12])
+local idle_ms = tonumber(ARGV[B + 13])
+local channel = ARGV[B + 14]
 -- The operation's own arguments start here.
-local O = B + 9
+local O = B + 15
 
 -- The state, loaded a group of fields at a time.
 local s = {}
@@ -52,8 +58,10 @@ for i = 0, BUDGET_SLOTS - 1 do
   BUDGET[#BUDGET + 1] = 'w' .. i
 end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
+local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
 
 load(BASE)
+if P.ad_on == 1 then load(ADAPTIVE) end
 
 -- Writes back what changed, and keeps a TTL covering everything the key must remember plus
 -- at least half the idle TTL: the expiry moves only when it would fall short, so in the

@@ -653,3 +653,91 @@ proptest! {
         }
     }
 }
+
+fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Params {
+    *AllowanceConfig::per_second(20, 4)
+        .expect("valid")
+        .with_adaptive_rate(
+            crate::AdaptiveRate::new(initial, floor, ceiling)
+                .expect("valid")
+                .adopt_advertised(adopt),
+        )
+        .params()
+}
+
+fn throttle_at(s: &mut State, now: u64, p: &Params, age_us: u64) {
+    let _ = apply(
+        s,
+        now,
+        p,
+        &Op::Throttle {
+            delay_us: Some(0),
+            age_us,
+        },
+    );
+}
+
+#[test]
+fn adaptive_rate_starts_slow_then_cuts_and_grows_additively() {
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    let rate = |s: &State, now| adaptive_rate(s, now, &p).expect("adaptive");
+    // The first admission starts the clock: 2/s, doubling every second, up to the ceiling.
+    assert_eq!(admit_at(&mut s, 10, &p, FIRST), Admission::Admitted);
+    assert_eq!(rate(&s, 10), 2_000);
+    assert_eq!(rate(&s, 1_000_010), 4_000);
+    assert_eq!(rate(&s, 3_000_010), 16_000);
+    assert_eq!(rate(&s, 60_000_000), 200_000, "the ceiling");
+    // Throttled at 4 s (32/s): cut to 85%, then +1% of that per second.
+    throttle_at(&mut s, 4_000_010, &p, 0);
+    assert_eq!(rate(&s, 4_000_010), 27_200);
+    assert_eq!(rate(&s, 14_000_010), 27_200 + 2_720);
+    // A request sent before that cut, throttled later, does not cut again.
+    throttle_at(&mut s, 4_500_000, &p, 600_000);
+    assert_eq!(rate(&s, 4_500_000), 27_200 + 27_200 * 499_990 / 100_000_000);
+    // A request sent after the cut, throttled within 2.5 s: the limit dropped: cut to 70%.
+    throttle_at(&mut s, 5_000_010, &p, 10);
+    assert_eq!(rate(&s, 5_000_010), (27_200 + 272) * 700 / 1000);
+    assert!(rate(&s, 5_000_010) < 20_000);
+    // Never below the floor.
+    for i in 0..40 {
+        throttle_at(&mut s, 5_000_020 + i, &p, 0);
+    }
+    assert_eq!(rate(&s, 5_000_100), 500);
+}
+
+#[test]
+fn adaptive_rate_meters_admissions_at_the_current_rate() {
+    // 2/s at first, burst 4: four at once, then one per 500 ms.
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    let at: Vec<u64> = (0..6)
+        .map(|_| admitted_at(0, admit_at(&mut s, 0, &p, FIRST)).expect("admitted") / 1_000)
+        .collect();
+    assert_eq!(at, [0, 0, 0, 0, 500, 1000]);
+}
+
+#[test]
+fn an_advertised_rate_caps_and_can_be_adopted() {
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    admit_at(&mut s, 1, &p, FIRST);
+    assert_eq!(
+        apply(&mut s, 10, &p, &Op::Advertise { rate_milli: 20_000 }),
+        Reply::Rate { rate_milli: 2_000 }
+    );
+    assert_eq!(adaptive_rate(&s, 30_000_000, &p), Some(20_000), "capped");
+    let p = adaptive_params(200.0, 0.5, 200.0, true);
+    let mut s = State::default();
+    assert_eq!(
+        apply(&mut s, 10, &p, &Op::Advertise { rate_milli: 20_000 }),
+        Reply::Rate { rate_milli: 20_000 },
+        "adopted at once"
+    );
+    // Without an adaptive rate an advertisement changes nothing.
+    let mut s = State::default();
+    assert_eq!(
+        apply(&mut s, 10, &params(2, 2), &Op::Advertise { rate_milli: 20_000 }),
+        Reply::Rate { rate_milli: 0 }
+    );
+}

@@ -281,6 +281,9 @@ mod tests {
                 },
             }),
             1 => (0u64..3).prop_map(|deposits| Op::Read { deposits }),
+            1 => (proptest::option::of(prop_oneof![Just(0u64), 0u64..2_000_000]), 0u64..2_000_000)
+                .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
+            1 => (0u64..60_000).prop_map(|rate_milli| Op::Advertise { rate_milli }),
         ]
     }
 
@@ -294,6 +297,7 @@ mod tests {
             retries in 0u64..4,
             budget_kind in 0u8..3,
             second_limit in any::<bool>(),
+            adaptive in any::<bool>(),
             ops in proptest::collection::vec((0u64..300_000, op_strategy(), any::<bool>()), 1..150),
         ) {
             let budget = match budget_kind {
@@ -307,6 +311,9 @@ mod tests {
                 .with_max_cooldown(Duration::from_secs(1)).expect("valid");
             if second_limit {
                 config = config.with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost()).expect("two");
+            }
+            if adaptive {
+                config = config.with_adaptive_rate(crate::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
             }
             let p = *config.params();
             let cell = Cell::new();
