@@ -114,8 +114,16 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn any_config() -> impl Strategy<Value = AllowanceConfig> {
-    (1u32..40, 1u32..6, 0u8..3, 0u64..5, any::<bool>(), 1u64..5, 0u8..3).prop_map(
-        |(rate, burst, budget, retries, two, window_s, adaptive)| {
+    (
+        1u32..40,
+        1u32..6,
+        0u8..3,
+        0u64..5,
+        any::<bool>(),
+        1u64..5,
+        0u8..3,
+    )
+        .prop_map(|(rate, burst, budget, retries, two, window_s, adaptive)| {
             let budget = match budget {
                 0 => RetryBudgetConfig::Unlimited,
                 1 => RetryBudgetConfig::fixed(retries),
@@ -144,8 +152,7 @@ fn any_config() -> impl Strategy<Value = AllowanceConfig> {
                 config = config.with_adaptive_rate(a);
             }
             config
-        },
-    )
+        })
 }
 
 /// The Redis script decides exactly as the memory store, reply for reply, to the microsecond.
@@ -196,4 +203,3 @@ fn redis_script_decides_exactly_as_the_memory_store() {
         })
         .expect("identical replies");
 }
-

@@ -23,15 +23,12 @@ fn fresh() -> Allowance {
     Allowance::new(AllowanceConfig::per_second(2, 2).expect("valid"))
 }
 
-fn response_with(
-    status: u16,
-    headers: &[(&'static str, &'static str)],
-) -> Response<Full<bytes::Bytes>> {
+fn response_with(status: u16, headers: &[(&'static str, &str)]) -> Response<Full<bytes::Bytes>> {
     let mut res = Response::new(Full::from(r#"{"detail":"Synthetic throttle"}"#));
     *res.status_mut() = StatusCode::from_u16(status).expect("status");
     for (k, v) in headers {
         res.headers_mut()
-            .append(*k, http::HeaderValue::from_static(v));
+            .append(*k, http::HeaderValue::from_str(v).expect("header value"));
     }
     res
 }
@@ -164,24 +161,40 @@ async fn retry_after_on_a_success_or_404_is_not_a_cooldown() {
     assert_eq!(blocked_for(&allowance).await, Duration::ZERO);
 }
 
+/// The three HTTP-date forms of the same instant: IMF-fixdate, RFC 850, asctime.
+fn three_forms(t: std::time::SystemTime) -> [String; 3] {
+    let imf = httpdate::fmt_http_date(t); // "Sun, 06 Nov 1994 08:49:37 GMT"
+    let (wday, rest) = imf.split_once(", ").expect("imf");
+    let parts: Vec<&str> = rest.split(' ').collect(); // [06, Nov, 1994, 08:49:37, GMT]
+    let (day, month, year, time) = (parts[0], parts[1], parts[2], parts[3]);
+    let long = match wday {
+        "Mon" => "Monday",
+        "Tue" => "Tuesday",
+        "Wed" => "Wednesday",
+        "Thu" => "Thursday",
+        "Fri" => "Friday",
+        "Sat" => "Saturday",
+        _ => "Sunday",
+    };
+    let rfc850 = format!("{long}, {day}-{month}-{} {time} GMT", &year[2..]);
+    let asctime = format!(
+        "{wday} {month} {:>2} {time} {year}",
+        day.trim_start_matches('0')
+    );
+    [imf, rfc850, asctime]
+}
+
 #[tokio::test(start_paused = true)]
 async fn http_dates_in_all_formats_with_and_without_date() {
-    // With a Date header: measured against it, whatever the local clock says.
-    for ra in [
-        "Sun, 06 Nov 1994 08:50:07 GMT",
-        "Sunday, 06-Nov-94 08:50:07 GMT",
-        "Sun Nov  6 08:50:07 1994",
-    ] {
+    // With a Date header (within the trusted skew of the local clock): measured against it.
+    #[allow(clippy::disallowed_methods)] // the test builds dates near the wall clock on purpose
+    let now = std::time::SystemTime::now();
+    let date = httpdate::fmt_http_date(now - Duration::from_secs(60));
+    for ra in three_forms(now - Duration::from_secs(30)) {
         let allowance = fresh();
         observe(
             &allowance,
-            response_with(
-                429,
-                &[
-                    ("retry-after", ra),
-                    ("date", "Sun, 06 Nov 1994 08:49:37 GMT"),
-                ],
-            ),
+            response_with(429, &[("retry-after", &ra), ("date", &date)]),
         )
         .await
         .expect("ok");
@@ -213,6 +226,33 @@ async fn http_dates_in_all_formats_with_and_without_date() {
         blocked > Duration::from_secs(3590) && blocked <= Duration::from_secs(3600),
         "{blocked:?}"
     );
+}
+
+/// A `Date` of 1970 with an HTTP-date `Retry-After` is not trusted (it would be a 55-year
+/// cooldown): the local clock measures the date instead.
+#[tokio::test(start_paused = true)]
+async fn a_bogus_date_header_is_not_trusted() {
+    #[allow(clippy::disallowed_methods)] // the test builds dates near the wall clock on purpose
+    let ahead = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(120));
+    let allowance = fresh();
+    observe(
+        &allowance,
+        response_with(
+            429,
+            &[
+                ("retry-after", &ahead),
+                ("date", "Thu, 01 Jan 1970 00:00:00 GMT"),
+            ],
+        ),
+    )
+    .await
+    .expect("ok");
+    let blocked = blocked_for(&allowance).await;
+    assert!(
+        blocked > Duration::from_secs(110) && blocked <= Duration::from_secs(120),
+        "measured against the local clock: {blocked:?}"
+    );
+    assert_eq!(allowance.store_state().await.expect("state").closed, None);
 }
 
 #[tokio::test(start_paused = true)]

@@ -19,9 +19,9 @@ use std::time::Duration;
 use redis::Script;
 use tower_allowance::rule::{
     Admission, AdmitRequest, BudgetParams, ClosedBy, Deferred, Event, Op, Params, ProbeOutcome,
-    Reply, Reservation, StoreState, Unit, BUDGET_SLOTS, EVENT_WORDS, FOREVER, MAX_DELAY_US,
-    MAX_LIMITS, PENDING_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
-    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
+    Reply, Reservation, StoreState, Unit, ADDITIVE_INCREASE_PERIOD_US, BUDGET_SLOTS, CUT_PER_MILLE,
+    EVENT_WORDS, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US, FOREVER, MAX_DELAY_US, MAX_LIMITS,
+    PENDING_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
 };
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.

@@ -20,7 +20,10 @@
 
 use std::{fmt, num::NonZeroU32, time::Duration};
 
-use crate::rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS};
+use crate::{
+    rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
+    signals::{Dialect, ReadContext},
+};
 
 /// A configuration value was out of range.
 ///
@@ -224,6 +227,8 @@ pub struct AllowanceConfig {
     max_cooldown: Duration,
     outage: OutagePolicy,
     adaptive: Option<AdaptiveRate>,
+    dialect: Dialect,
+    max_date_skew: Duration,
     params: Params,
 }
 
@@ -339,6 +344,8 @@ impl AllowanceConfig {
             max_cooldown: DEFAULT_MAX_COOLDOWN,
             outage: OutagePolicy::default(),
             adaptive: None,
+            dialect: Dialect::standard(),
+            max_date_skew: ReadContext::DEFAULT_MAX_SKEW,
             params: Params {
                 limits: [main.params; MAX_LIMITS],
                 limit_count: 1,
@@ -436,6 +443,32 @@ impl AllowanceConfig {
     /// The adaptive rate, if any.
     pub fn adaptive_rate(&self) -> Option<AdaptiveRate> {
         self.adaptive
+    }
+
+    /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
+    /// `Retry-After`, `retry-after-ms`, the IETF `RateLimit`/`RateLimit-Policy` fields, the
+    /// older `RateLimit-*` trio and `X-RateLimit-*`); see [`signals`](crate::signals).
+    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
+        self.dialect = dialect;
+        self
+    }
+
+    /// How far a response's `Date` may be from the local clock and still be trusted to
+    /// measure its absolute times (default five minutes); beyond it the local clock is used and
+    /// a warning logged.
+    pub fn with_max_date_skew(mut self, skew: Duration) -> Self {
+        self.max_date_skew = skew;
+        self
+    }
+
+    /// The header dialect.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The largest trusted `Date` skew.
+    pub fn max_date_skew(&self) -> Duration {
+        self.max_date_skew
     }
 
     fn derive(&mut self) {

@@ -49,10 +49,11 @@ pub fn retry_after(headers: &HeaderMap) -> Result<Option<Duration>, Unrepresenta
     retry_after_at(headers, wall_clock)
 }
 
-/// The one wall-clock read: only for an HTTP-date `Retry-After` on a response without a
-/// valid `Date` header.
+/// The one wall-clock read: absolute times in response headers (HTTP-dates, epoch seconds,
+/// RFC 3339) are measured against the response's `Date` when it can be trusted, and against
+/// this otherwise (see [`signals`](crate::signals)).
 #[allow(clippy::disallowed_methods)]
-fn wall_clock() -> SystemTime {
+pub(crate) fn wall_clock() -> SystemTime {
     SystemTime::now()
 }
 

@@ -72,8 +72,8 @@ pub use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
-        AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
-        DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
+        AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget,
+        RetryBudgetConfig, DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
     },
     extensions::{Attempt, Cost, Deadline},
     layer::{AllowanceFuture, AllowanceLayer, AllowanceService},

@@ -1269,7 +1269,11 @@ pub fn throttle(
         let sent = now.saturating_sub(age_us);
         if state.cut_at == 0 || sent > state.cut_at {
             let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
-            let keep = if fast { FAST_CUT_PER_MILLE } else { CUT_PER_MILLE };
+            let keep = if fast {
+                FAST_CUT_PER_MILLE
+            } else {
+                CUT_PER_MILLE
+            };
             let floor = params.adaptive.map_or(1, |a| a.floor_milli.max(1));
             state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
             state.cut_at = now.max(1);

@@ -73,6 +73,8 @@ impl AllowanceBuilder {
                 stats: Stats::default(),
                 pending_deposits: AtomicU64::new(0),
                 jitter_seq: AtomicU64::new(0),
+                advertised: AtomicU64::new(0),
+                warned_date: std::sync::atomic::AtomicBool::new(false),
                 quota: self.quota,
             }
         });

@@ -13,11 +13,12 @@ use super::service::CooldownShared;
 use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
-    headers,
+    headers::{self, RateLimitObservation},
     rule::{self, Op, Reply},
     shared::Applying,
+    signals::{ReadContext, Reader, Wait},
     store::{StoreError, StoreFuture},
-    BoxError,
+    AllowanceConfig, BoxError,
 };
 
 pin_project! {
@@ -27,6 +28,8 @@ pin_project! {
         inner: F,
         shared: Arc<CooldownShared<C>>,
         final_attempt: Option<AbandonReason>,
+        // When the request was sent: only read for an adaptive rate (one cut per round).
+        sent: Option<Instant>,
         // A shared store's cooldown raise in flight, and the response waiting for it.
         deferring: Option<(StoreFuture<Reply>, Instant, Response<RB>)>,
     }
@@ -38,10 +41,17 @@ impl<F, RB, C> ResponseFuture<F, RB, C> {
         shared: Arc<CooldownShared<C>>,
         final_attempt: Option<AbandonReason>,
     ) -> Self {
+        let sent = shared
+            .allowance
+            .config()
+            .params()
+            .adaptive()
+            .map(|_| Instant::now());
         Self {
             inner,
             shared,
             final_attempt,
+            sent,
             deferring: None,
         }
     }
@@ -55,24 +65,74 @@ impl<F, RB, C> std::fmt::Debug for ResponseFuture<F, RB, C> {
     }
 }
 
-/// Classifies a response once: what it means, and the wait it asks for.
-pub(crate) fn classify<C: Classify>(
+/// What one response says, read once: its classification, the wait it asks for, and the
+/// provider's other signals.
+pub(crate) struct Read {
+    pub(crate) classified: Classified,
+    /// A success that says the allowance is spent until a reset (`remaining: 0`).
+    pub(crate) spent_until: Option<ServerDelay>,
+    /// A rate the server advertised, in thousandths per second.
+    pub(crate) advertised_milli: Option<u64>,
+    pub(crate) observation: Option<RateLimitObservation>,
+    pub(crate) untrusted_date: bool,
+}
+
+/// Classifies a response and reads its rate-limit headers with the allowance's dialect:
+/// once per response.
+pub(crate) fn read_response<C: Classify>(
     classifier: &C,
+    config: &AllowanceConfig,
     status: http::StatusCode,
     response_headers: &http::HeaderMap,
-) -> Classified {
+) -> Read {
     let class = classifier.classify(status, response_headers);
-    let delay = match class {
+    if response_headers.is_empty() {
+        return Read {
+            classified: Classified::new(class, None),
+            spent_until: None,
+            advertised_milli: None,
+            observation: None,
+            untrusted_date: false,
+        };
+    }
+    let cx = ReadContext::new(headers::wall_clock()).with_max_skew(config.max_date_skew());
+    let reading = config.dialect().read(response_headers, &cx);
+    let delay = reading.wait.as_ref().map(|w| match w {
+        Wait::For(d) => ServerDelay::After(*d),
+        Wait::TooLong { .. } => ServerDelay::TooLong,
+    });
+    let from_retry_after = matches!(
+        reading.source,
+        Some(Reader::RetryAfter | Reader::RetryAfterMs)
+    );
+    let (classified, spent_until) = match class {
         Classification::Throttled | Classification::Transient => {
-            match headers::retry_after(response_headers) {
-                Ok(Some(d)) => Some(ServerDelay::After(d)),
-                Ok(None) => None,
-                Err(_) => Some(ServerDelay::TooLong),
-            }
+            (Classified::new(class, delay), None)
         }
-        _ => None,
+        Classification::Success if !from_retry_after => (Classified::new(class, None), delay),
+        _ => (Classified::new(class, None), None),
     };
-    Classified::new(class, delay)
+    let advertised_milli = reading.policy.and_then(|p| {
+        let window_us = u64::try_from(p.window.as_micros())
+            .ok()
+            .filter(|w| *w > 0)?;
+        Some(p.quota.saturating_mul(1_000_000_000) / window_us)
+    });
+    let observation = (reading.limit.is_some()
+        || reading.remaining.is_some()
+        || reading.bucket.is_some())
+    .then(|| RateLimitObservation {
+        limit: reading.limit,
+        remaining: reading.remaining,
+        bucket: reading.bucket,
+    });
+    Read {
+        classified,
+        spent_until,
+        advertised_milli,
+        observation,
+        untrusted_date: reading.date.should_warn(),
+    }
 }
 
 impl<F, E, RB, C> Future for ResponseFuture<F, RB, C>
@@ -98,7 +158,14 @@ where
         let (mut parts, body) = response.into_parts();
         let shared: &CooldownShared<C> = this.shared;
         let allowance = &shared.allowance;
-        if let Some(seen) = headers::rate_limit(&parts.headers) {
+        let read = read_response(
+            &shared.classifier,
+            allowance.config(),
+            parts.status,
+            &parts.headers,
+        );
+        let classified = read.classified;
+        if let Some(seen) = read.observation {
             *allowance
                 .shared
                 .stats
@@ -106,7 +173,12 @@ where
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(seen);
         }
-        let classified = classify(&shared.classifier, parts.status, &parts.headers);
+        if read.untrusted_date {
+            allowance.shared.warn_untrusted_date();
+        }
+        if let Some(rate_milli) = read.advertised_milli {
+            allowance.shared.advertise(rate_milli);
+        }
         // Handed on to the retry policy and `Outcome::of`. A success that any reader would
         // call one anyway (2xx/3xx) carries nothing: an extension costs allocations, and the
         // fast path makes none.
@@ -123,26 +195,39 @@ where
             parts.extensions.insert(Abandoned::new(reason));
         }
         let response = Response::from_parts(parts, body);
-        let delay_us = match (classified.class, classified.delay) {
+        let adaptive = this.sent.is_some();
+        let op = match (classified.class, classified.delay) {
             (Classification::Success, _) => {
                 allowance.on_success();
-                return Poll::Ready(Ok(response));
+                match read.spent_until {
+                    // `remaining: 0` until a reset: a cooldown until then.
+                    Some(ServerDelay::After(d)) if !d.is_zero() => Op::Defer {
+                        delay_us: rule::micros_ceil(d),
+                    },
+                    Some(ServerDelay::TooLong) => Op::Defer { delay_us: None },
+                    _ => return Poll::Ready(Ok(response)),
+                }
             }
-            (Classification::Throttled, Some(ServerDelay::After(d))) => {
-                allowance.on_throttled(true);
-                rule::micros_ceil(d)
-            }
-            // An unrepresentable wait closes the allowance (the rule decides).
-            (Classification::Throttled, Some(ServerDelay::TooLong)) => None,
-            // No usable delay: no cooldown is invented; it may be a spent quota.
-            (Classification::Throttled, None) => {
-                allowance.on_throttled(false);
-                return Poll::Ready(Ok(response));
+            (Classification::Throttled, delay) => {
+                allowance.on_throttled(matches!(delay, Some(ServerDelay::After(_))));
+                let delay_us = match delay {
+                    Some(ServerDelay::After(d)) => rule::micros_ceil(d),
+                    // An unrepresentable wait closes the allowance (the rule decides).
+                    Some(ServerDelay::TooLong) => None,
+                    // No usable delay: no cooldown is invented (it may be a spent quota);
+                    // an adaptive rate is still cut.
+                    None if adaptive => Some(0),
+                    None => return Poll::Ready(Ok(response)),
+                };
+                let age_us = this.sent.map_or(0, |sent| {
+                    rule::micros_floor(Instant::now().saturating_duration_since(sent))
+                });
+                Op::Throttle { delay_us, age_us }
             }
             _ => return Poll::Ready(Ok(response)),
         };
         let now = Instant::now();
-        match allowance.shared.apply(now, Op::Defer { delay_us }) {
+        match allowance.shared.apply(now, op) {
             Applying::Done(result) => {
                 deferred(shared, now, result);
                 Poll::Ready(Ok(response))

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     acquire::{AcquireOptions, OwnedAdmit},
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
-    cooldown::classify,
+    cooldown::read_response,
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
     extensions::{Attempt, Cost},
     shared::Shared,
@@ -216,7 +216,15 @@ where
                 let classified = match res.extensions().get::<Classified>() {
                     Some(c) => *c,
                     // Without the cooldown layer below: classify here.
-                    None => classify(&self.shared.classifier, res.status(), res.headers()),
+                    None => {
+                        read_response(
+                            &self.shared.classifier,
+                            self.shared.allowance.config(),
+                            res.status(),
+                            res.headers(),
+                        )
+                        .classified
+                    }
                 };
                 match classified.class {
                     class @ (Classification::Throttled | Classification::Transient) => {

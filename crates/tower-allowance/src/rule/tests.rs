@@ -737,7 +737,12 @@ fn an_advertised_rate_caps_and_can_be_adopted() {
     // Without an adaptive rate an advertisement changes nothing.
     let mut s = State::default();
     assert_eq!(
-        apply(&mut s, 10, &params(2, 2), &Op::Advertise { rate_milli: 20_000 }),
+        apply(
+            &mut s,
+            10,
+            &params(2, 2),
+            &Op::Advertise { rate_milli: 20_000 }
+        ),
         Reply::Rate { rate_milli: 0 }
     );
 }

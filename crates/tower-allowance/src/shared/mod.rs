@@ -38,6 +38,10 @@ pub(crate) struct Shared {
     pub(crate) pending_deposits: AtomicU64,
     /// Seeds per-request jitter streams so that concurrent retries do not share one.
     pub(crate) jitter_seq: AtomicU64,
+    /// The rate a server last advertised, as last told to the store (thousandths per second).
+    pub(crate) advertised: AtomicU64,
+    /// Whether an untrusted `Date` has been warned about (once; later ones at debug).
+    pub(crate) warned_date: std::sync::atomic::AtomicBool,
     /// The quota probe, when configured.
     pub(crate) quota: Option<QuotaGuard>,
 }
@@ -143,6 +147,40 @@ impl Shared {
         }
         if let Some(event) = deferred.event {
             self.holders.event(event);
+        }
+    }
+
+    /// A response's `Date` was not trusted: warn once per allowance.
+    pub(crate) fn warn_untrusted_date(&self) {
+        if self.warned_date.swap(true, Ordering::Relaxed) {
+            tracing::debug!(
+                allowance = &*self.name,
+                "response Date not trusted; local clock used"
+            );
+        } else {
+            tracing::warn!(
+                allowance = &*self.name,
+                "a response's Date header is unparseable or too far from the local clock: \
+                 its absolute times are measured against the local clock instead"
+            );
+        }
+    }
+
+    /// A server advertised its rate: tell the store when it changed (an adaptive rate is
+    /// capped at it, or adopts it). Best effort, off the response's path.
+    pub(crate) fn advertise(&self, rate_milli: u64) {
+        if self.config.params().adaptive().is_none()
+            || self.advertised.swap(rate_milli, Ordering::Relaxed) == rate_milli
+        {
+            return;
+        }
+        match self.apply(Instant::now(), Op::Advertise { rate_milli }) {
+            Applying::Done(_) => {}
+            Applying::Pending(fut) => {
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(fut);
+                }
+            }
         }
     }
 
