@@ -121,7 +121,7 @@ pub(crate) fn read_response<C: Classify>(
     let observation = (reading.limit.is_some()
         || reading.remaining.is_some()
         || reading.bucket.is_some())
-    .then(|| RateLimitObservation {
+    .then_some(RateLimitObservation {
         limit: reading.limit,
         remaining: reading.remaining,
         bucket: reading.bucket,
