@@ -98,6 +98,8 @@ pub(crate) struct Asked {
 /// Per-admission bookkeeping that outlives one store call.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Progress {
+    /// When the admission began (for the time waited).
+    started: Option<Instant>,
     /// When the store first failed to answer this admission.
     outage_since: Option<Instant>,
     /// Calls that failed in a row.
@@ -116,6 +118,7 @@ pub(crate) fn begin(
     if options.deadline.is_some_and(|d| d <= now) {
         return Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)));
     }
+    progress.started.get_or_insert(now);
     let overloaded =
         shared.holders.waiting() >= shared.config.max_waiters() + usize::from(progress.in_outage);
     let deposits = shared.take_deposits();
@@ -166,7 +169,7 @@ fn decide(
     end_outage(shared, progress);
     match admission {
         Admission::Admitted => {
-            shared.stats.admissions.record(false, options.retry);
+            shared.stats.admitted(None, options.retry);
             Begin::Ready(Ok(()))
         }
         Admission::Reserved { wait, reservation } => {
@@ -412,7 +415,10 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             }
                             ready!(sleep.poll(cx));
                             shared.holders.remove(id);
-                            shared.stats.admissions.record(true, this.options.retry);
+                            let waited = this.progress.started.map(|s| s.elapsed());
+                            shared
+                                .stats
+                                .admitted(Some(waited.unwrap_or_default()), this.options.retry);
                             Begin::Ready(Ok(()))
                         }
                         Check::Closed(e) => {

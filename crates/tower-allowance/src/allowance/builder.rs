@@ -66,11 +66,12 @@ impl AllowanceBuilder {
             let sink: Arc<dyn EventSink> = Arc::new(Sink(weak.clone()));
             store.watch(Watcher::new(sink));
             Shared {
+                stats: Stats::new(name.clone()),
+                me: weak.clone(),
                 name,
                 config: self.config,
                 store,
                 holders: Arc::new(Holders::new(params)),
-                stats: Stats::default(),
                 pending_deposits: AtomicU64::new(0),
                 jitter_seq: AtomicU64::new(0),
                 advertised: AtomicU64::new(0),

@@ -194,7 +194,17 @@ impl Allowance {
     pub async fn store_state(&self) -> Result<StoreState, StoreError> {
         let deposits = self.shared.take_deposits();
         match self.shared.apply_async(Op::Read { deposits }).await {
-            Ok(Reply::State(state)) => Ok(state),
+            Ok(Reply::State(state)) => {
+                let now = Instant::now();
+                if let Some(until) = now.checked_add(state.blocked_for) {
+                    self.shared.holders.learn_cooldown(until);
+                }
+                self.shared
+                    .stats
+                    .metrics
+                    .state(&state, self.shared.holders.waiting());
+                Ok(state)
+            }
             Ok(_) => Err(StoreError::protocol(WrongReply)),
             Err(e) => {
                 self.shared.restore_deposits(deposits);

@@ -30,6 +30,8 @@ pin_project! {
         final_attempt: Option<AbandonReason>,
         // When the request was sent: only read for an adaptive rate (one cut per round).
         sent: Option<Instant>,
+        // The attempt's span (disabled, and free, without a subscriber that wants it).
+        span: tracing::Span,
         // A shared store's cooldown raise in flight, and the response waiting for it.
         deferring: Option<(StoreFuture<Reply>, Instant, Response<RB>)>,
     }
@@ -40,6 +42,7 @@ impl<F, RB, C> ResponseFuture<F, RB, C> {
         inner: F,
         shared: Arc<CooldownShared<C>>,
         final_attempt: Option<AbandonReason>,
+        span: tracing::Span,
     ) -> Self {
         let sent = shared
             .allowance
@@ -52,6 +55,7 @@ impl<F, RB, C> ResponseFuture<F, RB, C> {
             shared,
             final_attempt,
             sent,
+            span,
             deferring: None,
         }
     }
@@ -118,14 +122,13 @@ pub(crate) fn read_response<C: Classify>(
             .filter(|w| *w > 0)?;
         Some(p.quota.saturating_mul(1_000_000_000) / window_us)
     });
-    let observation = (reading.limit.is_some()
-        || reading.remaining.is_some()
-        || reading.bucket.is_some())
-    .then_some(RateLimitObservation {
-        limit: reading.limit,
-        remaining: reading.remaining,
-        bucket: reading.bucket,
-    });
+    let observation =
+        (reading.limit.is_some() || reading.remaining.is_some() || reading.bucket.is_some())
+            .then_some(RateLimitObservation {
+                limit: reading.limit,
+                remaining: reading.remaining,
+                bucket: reading.bucket,
+            });
     Read {
         classified,
         spent_until,
@@ -145,6 +148,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let _entered = this.span.enter();
         if let Some((defer, now, _)) = this.deferring {
             let result = ready!(defer.as_mut().poll(cx));
             let now = *now;
@@ -209,6 +213,11 @@ where
                 }
             }
             (Classification::Throttled, delay) => {
+                allowance
+                    .shared
+                    .stats
+                    .metrics
+                    .throttled(response.status().as_u16());
                 allowance.on_throttled(matches!(delay, Some(ServerDelay::After(_))));
                 let delay_us = match delay {
                     Some(ServerDelay::After(d)) => rule::micros_ceil(d),

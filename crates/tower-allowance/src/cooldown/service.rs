@@ -7,7 +7,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::{classify::Classify, Allowance, BoxError};
+use crate::{classify::Classify, extensions::Attempt, Allowance, BoxError};
 
 /// Observes responses and raises the allowance's shared cooldown on throttling.
 ///
@@ -92,6 +92,16 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let final_attempt = req.extensions().get::<FinalAttempt>().map(|f| f.0);
-        ResponseFuture::new(self.inner.call(req), self.shared.clone(), final_attempt)
+        // One span per attempt, with the allowance's name and the attempt number.
+        let span = tracing::debug_span!(
+            "allowance_attempt",
+            allowance = %self.shared.allowance.name(),
+            attempt = req.extensions().get::<Attempt>().map_or(1, Attempt::number),
+        );
+        let future = {
+            let _entered = span.enter();
+            self.inner.call(req)
+        };
+        ResponseFuture::new(future, self.shared.clone(), final_attempt, span)
     }
 }

@@ -23,6 +23,7 @@ use crate::{
 };
 
 pub(crate) mod holders;
+pub(crate) mod metrics;
 pub(crate) mod stats;
 
 pub(crate) use self::{holders::Holders, stats::Stats};
@@ -44,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) warned_date: std::sync::atomic::AtomicBool,
     /// The quota probe, when configured.
     pub(crate) quota: Option<QuotaGuard>,
+    /// Itself, weakly (for work that outlives a borrow, such as timing a store call).
+    pub(crate) me: std::sync::Weak<Shared>,
 }
 
 impl fmt::Debug for Shared {
@@ -91,12 +94,35 @@ impl EventSink for Sink {
 }
 
 impl Shared {
-    /// Applies `op`: synchronously when the store can, else through its future.
+    /// Applies `op`: synchronously when the store can, else through its future (timed, with
+    /// the `metrics` feature).
     pub(crate) fn apply(&self, now: Instant, op: Op) -> Applying {
         match self.store.try_apply(now, self.config.params(), &op) {
             Some(result) => Applying::Done(result),
-            None => Applying::Pending(self.store.apply(self.config.params(), op)),
+            None => {
+                let fut = self.store.apply(self.config.params(), op);
+                if !metrics::Metrics::enabled() {
+                    return Applying::Pending(fut);
+                }
+                let this = self.stats_handle();
+                Applying::Pending(Box::pin(async move {
+                    let started = Instant::now();
+                    let result = fut.await;
+                    if let Some(shared) = this.upgrade() {
+                        shared.stats.metrics.store_call(
+                            started.elapsed(),
+                            result.as_ref().err().map(StoreError::kind),
+                        );
+                    }
+                    result
+                }))
+            }
         }
+    }
+
+    /// A weak handle to this state, for a store call's timing.
+    fn stats_handle(&self) -> std::sync::Weak<Shared> {
+        self.me.clone()
     }
 
     /// Applies `op` and waits for the answer.
@@ -126,6 +152,7 @@ impl Shared {
     pub(crate) fn after_defer(&self, now: Instant, deferred: &Deferred) {
         if deferred.extended {
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
+            self.stats.metrics.cooldown(deferred.blocked_for);
             tracing::debug!(
                 allowance = &*self.name,
                 blocked_for = ?deferred.blocked_for,

@@ -1,20 +1,25 @@
 //! This process's counters for one allowance: striped admission counts, abandonments.
 
-use std::sync::{
-    atomic::{AtomicU64, AtomicUsize, Ordering},
-    Mutex, PoisonError,
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+    time::Duration,
 };
 
+use super::metrics::Metrics;
 use crate::{error::AbandonReason, headers::RateLimitObservation, store::cell::Padded};
 
-/// Counters kept by this process.
-#[derive(Default)]
+/// Counters kept by this process (and, with the `metrics` feature, the metric handles).
 pub(crate) struct Stats {
+    name: Arc<str>,
     /// Written on every admission: striped, so concurrent threads do not share a line.
     pub(crate) admissions: Admissions,
     pub(crate) deferred: AtomicU64,
     pub(crate) abandoned: [AtomicU64; AbandonReason::COUNT],
     pub(crate) rate_limit: Mutex<Option<RateLimitObservation>>,
+    pub(crate) metrics: Metrics,
 }
 
 /// Slots of the admission counters owned by one thread each; later threads share one more.
@@ -126,9 +131,32 @@ impl Drop for SlotClaim {
 }
 
 impl Stats {
+    pub(crate) fn new(name: Arc<str>) -> Self {
+        Self {
+            metrics: Metrics::new(name.clone()),
+            name,
+            admissions: Admissions::default(),
+            deferred: AtomicU64::new(0),
+            abandoned: Default::default(),
+            rate_limit: Mutex::new(None),
+        }
+    }
+
+    /// One admission: at once, or after waiting `waited` for a reserved slot.
+    #[inline]
+    pub(crate) fn admitted(&self, waited: Option<Duration>, retry: bool) {
+        self.admissions.record(waited.is_some(), retry);
+        self.metrics.admitted(waited, retry);
+    }
+
     pub(crate) fn abandon(&self, reason: AbandonReason) {
         self.abandoned[reason.index()].fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(reason = reason.as_str(), "request abandoned");
+        self.metrics.abandoned(reason);
+        tracing::debug!(
+            allowance = &*self.name,
+            reason = reason.as_str(),
+            "request abandoned"
+        );
     }
 }
 

@@ -1,0 +1,112 @@
+//! The `metrics` feature: counters, histograms and gauges labelled by allowance name, checked
+//! against what a throttling service saw (virtual time, memory store).
+
+use std::{
+    convert::Infallible,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use http::{Request, Response, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+
+#[test]
+fn counters_match_what_the_upstream_saw() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let seen = Arc::new(AtomicU64::new(0));
+    let throttled = Arc::new(AtomicU64::new(0));
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let allowance = Allowance::builder(AllowanceConfig::per_second(2, 2).expect("valid"))
+                .name("odds")
+                .build();
+            let (s, t) = (seen.clone(), throttled.clone());
+            let svc = ServiceBuilder::new()
+                .layer(AllowanceLayer::new(
+                    allowance.clone(),
+                    RetryConfig::default().with_max_attempts(2).expect("valid"),
+                ))
+                .service_fn(move |_r: Request<String>| {
+                    // Every third request is throttled with Retry-After: 1.
+                    let n = s.fetch_add(1, Ordering::SeqCst);
+                    let throttle = n % 3 == 2;
+                    if throttle {
+                        t.fetch_add(1, Ordering::SeqCst);
+                    }
+                    async move {
+                        let mut res = Response::new(String::new());
+                        if throttle {
+                            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                            res.headers_mut()
+                                .insert("retry-after", http::HeaderValue::from_static("1"));
+                        }
+                        Ok::<_, Infallible>(res)
+                    }
+                });
+            let jobs: Vec<_> = (0..9)
+                .map(|_| {
+                    let svc = svc.clone();
+                    tokio::spawn(async move { svc.oneshot(Request::new(String::new())).await })
+                })
+                .collect();
+            for j in jobs {
+                let _ = j.await.expect("job");
+            }
+            let _ = allowance.store_state().await.expect("state");
+            tokio::time::advance(Duration::from_secs(1)).await;
+        });
+    });
+    let metrics = snapshotter.snapshot().into_vec();
+    let value = |name: &str, label: Option<(&str, &str)>| -> u64 {
+        metrics
+            .iter()
+            .filter(|(key, _, _, _)| {
+                key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "allowance" && l.value() == "odds")
+                    && label.is_none_or(|(k, v)| {
+                        key.key().labels().any(|l| l.key() == k && l.value() == v)
+                    })
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(c) => *c,
+                DebugValue::Histogram(h) => h.len() as u64,
+                DebugValue::Gauge(g) => g.into_inner() as u64,
+            })
+            .sum()
+    };
+    let sent = seen.load(Ordering::SeqCst);
+    let admitted = value("tower_allowance_admissions_total", None);
+    eprintln!("upstream saw {sent}, admissions {admitted}");
+    assert_eq!(
+        admitted, sent,
+        "every request the upstream saw was admitted once"
+    );
+    assert_eq!(
+        value(
+            "tower_allowance_throttled_responses_total",
+            Some(("status", "429"))
+        ),
+        throttled.load(Ordering::SeqCst)
+    );
+    assert_eq!(
+        value("tower_allowance_wait_seconds", None),
+        value("tower_allowance_admissions_total", Some(("waited", "true"))),
+        "one wait recorded per waiting admission"
+    );
+    assert!(value("tower_allowance_cooldowns_total", None) >= 1);
+    assert!(value("tower_allowance_retries_total", None) >= 1);
+}
