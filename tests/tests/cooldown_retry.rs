@@ -484,10 +484,45 @@ mod serde_configs {
         .expect("valid");
         assert_eq!(config.retry_budget(), &RetryBudgetConfig::fixed(4));
         assert!(serde_json::from_str::<AllowanceConfig>(r#"{"rate": 0, "burst": 2}"#).is_err());
-        assert!(serde_json::from_str::<AllowanceConfig>(
-            r#"{"rate": 1, "burst": 1, "retry_budget": {"kind": "replenishing", "window_ms": 10000, "min_per_sec": 1, "ratio": -1}}"#
+        let err = serde_json::from_str::<AllowanceConfig>(
+            r#"{"rate": 1, "burst": 1, "retry_budget": {"kind": "replenishing", "window": "10s", "min_per_sec": 1, "ratio": -1}}"#,
         )
-        .is_err());
+        .expect_err("a negative ratio");
+        assert!(err.to_string().contains("`retry_budget`"), "{err}");
+        // Durations read as people write them; every field of the file form.
+        let config: AllowanceConfig = serde_json::from_str(
+            r#"{"rate": 10, "period": "1s", "burst": 10, "max_cooldown": "15m",
+                "limits": [{"rate": 5000, "period": "1h", "burst": 5000},
+                           {"rate": 90000, "period": "1m", "burst": 90000, "unit": "cost"}],
+                "retry_budget": {"kind": "replenishing", "window": "10s", "min_per_sec": 1, "ratio": 0.2},
+                "outage": {"wait": "30s"}, "dialect": "github", "max_date_skew": "2m",
+                "adaptive": {"initial": 2.0, "floor": 0.5, "ceiling": 50.0, "adopt_advertised": true}}"#,
+        )
+        .expect("valid");
+        assert_eq!(config.max_cooldown(), Duration::from_secs(900));
+        assert_eq!(config.limits().len(), 3);
+        assert_eq!(
+            config.dialect(),
+            tower_allowance::signals::Dialect::github()
+        );
+        assert!(config.adaptive_rate().is_some());
+        // Unknown fields are refused, and validation errors name their field.
+        assert!(
+            serde_json::from_str::<AllowanceConfig>(r#"{"rate": 1, "burst": 1, "rtae": 3}"#)
+                .is_err()
+        );
+        let err = serde_json::from_str::<AllowanceConfig>(
+            r#"{"rate": 1, "burst": 1, "max_cooldown": "0s"}"#,
+        )
+        .expect_err("zero");
+        assert!(err.to_string().contains("`max_cooldown`"), "{err}");
+        let err =
+            serde_json::from_str::<AllowanceConfig>(r#"{"rate": 1, "burst": 1, "period": "soon"}"#)
+                .expect_err("not a duration");
+        assert!(
+            err.to_string().contains("period") || err.to_string().contains("duration"),
+            "{err}"
+        );
         let retry: RetryConfig =
             serde_json::from_str(r#"{"max_attempts": 5, "replayable_methods": ["GET"]}"#)
                 .expect("valid");

@@ -32,22 +32,46 @@ use crate::{
 #[non_exhaustive]
 pub struct ConfigError {
     reason: &'static str,
+    field: Option<&'static str>,
 }
 
 impl ConfigError {
     pub(crate) const fn new(reason: &'static str) -> Self {
-        Self { reason }
+        Self {
+            reason,
+            field: None,
+        }
+    }
+
+    /// The same error, for the configuration field `field` (as a file names it).
+    pub const fn at(mut self, field: &'static str) -> Self {
+        if self.field.is_none() {
+            self.field = Some(field);
+        }
+        self
     }
 
     /// The rule that was broken.
     pub fn reason(&self) -> &'static str {
         self.reason
     }
+
+    /// The field it concerns, when known (deserialized configurations name it).
+    pub fn field(&self) -> Option<&'static str> {
+        self.field
+    }
 }
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid allowance configuration: {}", self.reason)
+        match self.field {
+            Some(field) => write!(
+                f,
+                "invalid allowance configuration: `{field}`: {}",
+                self.reason
+            ),
+            None => write!(f, "invalid allowance configuration: {}", self.reason),
+        }
     }
 }
 
@@ -669,10 +693,25 @@ impl ReplenishingBudget {
 
 #[cfg(feature = "serde")]
 mod serde_impl {
+    //! The file form of the configuration: durations as human-readable strings ("500ms",
+    //! "2s", "1h"), unknown fields rejected, every validation error naming its field.
+    //!
+    //! ```toml
+    //! rate = 10
+    //! period = "1s"
+    //! burst = 10
+    //! max_cooldown = "15m"
+    //! dialect = "github"
+    //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
+    //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
+    //! outage = { wait = "30s" }
+    //! adaptive = { initial = 2.0, floor = 0.5, ceiling = 50.0, adopt_advertised = true }
+    //! ```
     use super::*;
+    use crate::signals::Dialect;
 
-    fn default_period_ms() -> u64 {
-        1_000
+    fn one_second() -> Duration {
+        Duration::from_secs(1)
     }
 
     fn default_max_waiters() -> usize {
@@ -683,24 +722,123 @@ mod serde_impl {
     #[serde(deny_unknown_fields)]
     pub(super) struct RawAllowanceConfig {
         rate: u32,
-        #[serde(default = "default_period_ms")]
-        period_ms: u64,
+        #[serde(default = "one_second", with = "humantime_serde")]
+        period: Duration,
         burst: u32,
+        #[serde(default)]
+        limits: Vec<RawLimit>,
         #[serde(default = "default_max_waiters")]
         max_waiters: usize,
         #[serde(default)]
         retry_budget: RetryBudgetConfig,
+        #[serde(default, with = "humantime_serde")]
+        max_cooldown: Option<Duration>,
+        #[serde(default)]
+        outage: Option<RawOutage>,
+        #[serde(default)]
+        dialect: Option<RawDialect>,
+        #[serde(default, with = "humantime_serde")]
+        max_date_skew: Option<Duration>,
+        #[serde(default)]
+        adaptive: Option<RawAdaptive>,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RawLimit {
+        rate: u32,
+        #[serde(default = "one_second", with = "humantime_serde")]
+        period: Duration,
+        burst: u32,
+        #[serde(default)]
+        unit: RawUnit,
+    }
+
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "snake_case")]
+    enum RawUnit {
+        #[default]
+        Requests,
+        Cost,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "kebab-case", deny_unknown_fields)]
+    enum RawOutage {
+        /// `{ wait = "30s" }`
+        Wait(#[serde(with = "humantime_serde")] Duration),
+        /// `"fail-fast"`
+        FailFast,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "lowercase")]
+    enum RawDialect {
+        Standard,
+        Github,
+        Openai,
+        Anthropic,
+        Ietf,
+        Odds,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct RawAdaptive {
+        initial: f64,
+        floor: f64,
+        ceiling: f64,
+        #[serde(default)]
+        adopt_advertised: bool,
     }
 
     impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
         type Error = ConfigError;
 
         fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
-            Ok(
-                AllowanceConfig::new(raw.rate, Duration::from_millis(raw.period_ms), raw.burst)?
-                    .with_max_waiters(raw.max_waiters)
-                    .with_retry_budget(raw.retry_budget),
-            )
+            let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
+                .map_err(|e| e.at("rate/period/burst"))?
+                .with_max_waiters(raw.max_waiters)
+                .with_retry_budget(raw.retry_budget);
+            for limit in raw.limits {
+                let mut l = Limit::new(limit.rate, limit.period, limit.burst)
+                    .map_err(|e| e.at("limits"))?;
+                if matches!(limit.unit, RawUnit::Cost) {
+                    l = l.counting_cost();
+                }
+                config = config.with_limit(l).map_err(|e| e.at("limits"))?;
+            }
+            if let Some(max) = raw.max_cooldown {
+                config = config
+                    .with_max_cooldown(max)
+                    .map_err(|e| e.at("max_cooldown"))?;
+            }
+            if let Some(outage) = raw.outage {
+                config = config.with_outage_policy(match outage {
+                    RawOutage::Wait(max) => OutagePolicy::Wait { max },
+                    RawOutage::FailFast => OutagePolicy::FailFast,
+                });
+            }
+            if let Some(dialect) = raw.dialect {
+                config = config.with_dialect(match dialect {
+                    RawDialect::Standard => Dialect::standard(),
+                    RawDialect::Github => Dialect::github(),
+                    RawDialect::Openai => Dialect::openai(),
+                    RawDialect::Anthropic => Dialect::anthropic(),
+                    RawDialect::Ietf => Dialect::ietf(),
+                    RawDialect::Odds => Dialect::odds(),
+                });
+            }
+            if let Some(skew) = raw.max_date_skew {
+                config = config.with_max_date_skew(skew);
+            }
+            if let Some(a) = raw.adaptive {
+                let adaptive = AdaptiveRate::new(a.initial, a.floor, a.ceiling)
+                    .map_err(|e| e.at("adaptive"))?
+                    .adopt_advertised(a.adopt_advertised);
+                config = config.with_adaptive_rate(adaptive);
+            }
+            Ok(config)
         }
     }
 
@@ -712,7 +850,8 @@ mod serde_impl {
             retries: u64,
         },
         Replenishing {
-            window_ms: u64,
+            #[serde(with = "humantime_serde")]
+            window: Duration,
             min_per_sec: u32,
             ratio: f64,
         },
@@ -726,14 +865,13 @@ mod serde_impl {
                 RawRetryBudget::Unlimited => RetryBudgetConfig::Unlimited,
                 RawRetryBudget::Fixed { retries } => RetryBudgetConfig::Fixed { retries },
                 RawRetryBudget::Replenishing {
-                    window_ms,
+                    window,
                     min_per_sec,
                     ratio,
-                } => RetryBudgetConfig::Replenishing(ReplenishingBudget::new(
-                    Duration::from_millis(window_ms),
-                    min_per_sec,
-                    ratio,
-                )?),
+                } => RetryBudgetConfig::Replenishing(
+                    ReplenishingBudget::new(window, min_per_sec, ratio)
+                        .map_err(|e| e.at("retry_budget"))?,
+                ),
             })
         }
     }
