@@ -56,6 +56,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod events;
+mod link;
 mod options;
 mod scripts;
 mod store;
