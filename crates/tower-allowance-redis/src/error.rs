@@ -47,13 +47,17 @@ impl Error for InvalidName {}
 pub enum ConnectErrorKind {
     /// The allowance name was refused (the source is an [`InvalidName`]).
     InvalidName,
-    /// The URL could not be used.
+    /// The URL could not be used (or a `rediss://` URL without the `tls` feature).
     InvalidUrl,
+    /// The TLS options could not be used: a malformed PEM certificate or key, or TLS options
+    /// with a plain `redis://` URL.
+    InvalidTls,
     /// Redis did not answer within the connect timeout (unless the policy is
     /// [`FailurePolicy::LocalFallback`](crate::FailurePolicy::LocalFallback)).
     Unreachable,
     /// Redis answered and refused: a wrong password, a missing ACL permission, a bad
-    /// database index. Never masked by the local fallback.
+    /// database index, a server certificate that the trusted roots do not vouch for (or a
+    /// client certificate the server does not accept). Never masked by the local fallback.
     Refused,
 }
 
@@ -83,6 +87,7 @@ impl fmt::Display for ConnectError {
         f.write_str(match self.kind {
             ConnectErrorKind::InvalidName => "cannot use this allowance name",
             ConnectErrorKind::InvalidUrl => "cannot use this redis url",
+            ConnectErrorKind::InvalidTls => "cannot use these tls certificates",
             ConnectErrorKind::Unreachable => "redis is unreachable",
             ConnectErrorKind::Refused => "redis refused the connection or the script",
         })
@@ -107,7 +112,7 @@ pub enum CallErrorKind {
     /// connection, a server loading its data, a cluster failing over.
     Redis,
     /// Redis answered and refused: authentication, ACL permission, database index, a script
-    /// it cannot run. Waiting will not help.
+    /// it cannot run, a TLS certificate that is not trusted. Waiting will not help.
     Refused,
     /// The script answered something other than its documented reply.
     UnexpectedReply,

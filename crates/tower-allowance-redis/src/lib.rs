@@ -27,6 +27,93 @@
 //! # }
 //! ```
 //!
+//! # Features
+//!
+//! | feature | what it adds |
+//! | --- | --- |
+//! | `tls` | `rediss://` URLs through rustls (ring provider), a private CA and a client certificate in [`RedisStoreOptions`] |
+//! | `cluster` | Redis Cluster: [`RedisStore::connect_cluster`], [`RedisStore::from_cluster_connection`] |
+//! | `test-util` | [`test_util`]: private `redis-server`s (plain, TLS, a 3-node cluster) and a test clock |
+//!
+//! # TLS
+//!
+//! With the `tls` feature, a `rediss://` URL connects over TLS 1.2 or 1.3 through rustls,
+//! verifying the server's certificate against the operating system's roots (managed Redis
+//! services), or against a CA of your own with [`RedisStoreOptions::tls_ca_cert`] (a Redis
+//! you run, with `tls-port`). [`RedisStoreOptions::tls_client_cert`] presents a client
+//! certificate to a server that requires one (`tls-auth-clients yes`). The event subscription
+//! and the test clock's blocking connection use the same TLS settings.
+//!
+//! ```no_run
+//! # #[cfg(feature = "tls")]
+//! # async fn tls() -> Result<(), tower_allowance::BoxError> {
+//! use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+//!
+//! let options = RedisStoreOptions::new().tls_ca_cert(std::fs::read("/etc/redis/ca.crt")?);
+//! let store = RedisStore::connect("rediss://:secret@redis.internal:6380/", "billing-api", options)
+//!     .await?;
+//! # drop(store);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A certificate that the trusted roots do not vouch for, or a client certificate the server
+//! refuses, is [`ConnectErrorKind::Refused`](error::ConnectErrorKind::Refused) (and
+//! [`CallErrorKind::Refused`](error::CallErrorKind::Refused) on a call): a configuration error,
+//! never an outage, never masked by the local fallback. A PEM that cannot be parsed, or TLS
+//! options with a `redis://` URL, is
+//! [`ConnectErrorKind::InvalidTls`](error::ConnectErrorKind::InvalidTls). Unless the
+//! application installed a rustls crypto provider, ring is installed as the process default
+//! on the first connection.
+//!
+//! # Redis Cluster
+//!
+//! With the `cluster` feature, [`RedisStore::connect_cluster`] takes the seed nodes' URLs.
+//! Every key of an allowance is in its name's hash slot (`ta:{name}:s`), so each script call
+//! runs with `EVALSHA` on the primary owning that slot, in one round trip, and the cluster
+//! connection follows `MOVED`/`ASK` and failovers by itself. Events use plain `PUBLISH`, which
+//! the cluster bus delivers to subscribers on every node: the subscription sits on the first
+//! seed node that answers. Allowances spread over the nodes by name, all over one cluster
+//! connection. It is the same [`RedisStore`] type: nothing above the store knows.
+//!
+//! ```no_run
+//! # #[cfg(feature = "cluster")]
+//! # async fn cluster() -> Result<(), tower_allowance::BoxError> {
+//! use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+//!
+//! let seeds = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/", "redis://10.0.0.3:7000/"];
+//! let billing = RedisStore::connect_cluster(seeds, "billing-api", RedisStoreOptions::new()).await?;
+//! let search = billing.for_allowance("search-api")?; // another slot, the same connection
+//! # drop(search);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Connections
+//!
+//! Each constructor call makes (or takes) one command connection, multiplexed, and one
+//! subscription connection for events. [`RedisStore::for_allowance`] makes the store of
+//! another allowance over both: a hundred allowances (one per API key, say) are still two
+//! connections at the server. An application that already has a connection passes it in:
+//! [`RedisStore::from_connection`] takes a [`redis::aio::ConnectionManager`],
+//! [`RedisStore::from_cluster_connection`] a cluster connection, each with the
+//! [`redis::Client`] to subscribe with (`None`: this process does not hear other processes'
+//! cooldowns while it holds reserved slots; the next admission still sees them).
+//! These two take `redis` types, so this crate's `redis` version is part of its API.
+//!
+//! ```no_run
+//! # async fn byo() -> Result<(), tower_allowance::BoxError> {
+//! use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+//!
+//! let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+//! let conn = redis::aio::ConnectionManager::new(client.clone()).await?;
+//! let store = RedisStore::from_connection(conn, Some(client), "billing-api", RedisStoreOptions::new())
+//!     .await?;
+//! # drop(store);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Keys
 //!
 //! One HASH per allowance, `ta:{name}:s`, holding the token bucket's theoretical arrival
@@ -43,6 +130,21 @@
 //! (`start_paused`), the runtime auto-advances to the per-call timeout as soon as it idles
 //! waiting on the socket, and every call would time out.
 //!
+//! # Clock steps
+//!
+//! `TIME` is a wall clock: NTP or an operator can step it. When a call finds it earlier than
+//! the last time the allowance's key saw, the script moves every stored instant back by the
+//! difference before deciding (`rule::rebase`), so a step back of an hour does not add an
+//! hour to any wait, cooldown or reserved slot; reservations made before the step are
+//! translated when they are released. The time between the key's last call before the step
+//! and its first call after it cannot be seen and counts as none: a wait grows by that gap,
+//! which is at most about one interval for an allowance in use, and for a key idle before the
+//! step at most the wait it had at its last call (that wait starts over). A step forward
+//! looks like time passing: cooldowns end early by the step and the bucket refills, so up to
+//! one burst goes out at once; reserved slots already handed out are kept by their holders
+//! on their own clocks. Keep Redis hosts on a slewing NTP client (chrony, ntpd) to avoid
+//! steps altogether.
+//!
 //! # When Redis fails
 //!
 //! Every call has a short timeout ([`RedisStoreOptions::timeout`]); after a failure, calls
@@ -56,6 +158,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod events;
+mod link;
 mod options;
 mod scripts;
 mod store;

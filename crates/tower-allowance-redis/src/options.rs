@@ -1,4 +1,5 @@
-//! How a [`RedisStore`](crate::RedisStore) behaves: timeouts, TTLs and the failure policy.
+//! How a [`RedisStore`](crate::RedisStore) behaves: timeouts, TTLs, the failure policy and
+//! (feature `tls`) the certificates to trust and to present.
 //!
 //! ```
 //! use std::{num::NonZeroU32, time::Duration};
@@ -47,7 +48,8 @@ pub enum FailurePolicy {
     },
 }
 
-/// Options for [`RedisStore::connect`](crate::RedisStore::connect).
+/// Options for [`RedisStore::connect`](crate::RedisStore::connect) and the other
+/// constructors.
 ///
 /// All have defaults; see each setter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,58 @@ pub struct RedisStoreOptions {
     pub(crate) probe_interval: Duration,
     pub(crate) idle_ttl: Duration,
     pub(crate) failure_policy: FailurePolicy,
+    #[cfg(feature = "tls")]
+    pub(crate) tls: TlsOptions,
+}
+
+/// The certificates of a `rediss://` connection (feature `tls`).
+#[cfg(feature = "tls")]
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct TlsOptions {
+    /// PEM: the CA certificates the server's certificate must chain to.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// PEM: the client's certificate chain and private key (mutual TLS).
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(feature = "tls")]
+impl TlsOptions {
+    /// The redis client's form, when anything was set.
+    pub(crate) fn certificates(&self) -> Option<redis::TlsCertificates> {
+        if self.ca.is_none() && self.client.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca.clone(),
+        })
+    }
+}
+
+#[cfg(feature = "tls")]
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Certificates are public but long; the private key is never printed.
+        f.debug_struct("TlsOptions")
+            .field(
+                "ca",
+                &self
+                    .ca
+                    .as_ref()
+                    .map(|pem| format!("<{} bytes of PEM>", pem.len())),
+            )
+            .field(
+                "client",
+                &self.client.as_ref().map(|_| "<certificate and key>"),
+            )
+            .finish()
+    }
 }
 
 impl Default for RedisStoreOptions {
@@ -75,6 +129,8 @@ impl RedisStoreOptions {
             probe_interval: Duration::from_millis(500),
             idle_ttl: Duration::from_secs(3600),
             failure_policy: FailurePolicy::Report,
+            #[cfg(feature = "tls")]
+            tls: TlsOptions::default(),
         }
     }
 
@@ -113,6 +169,45 @@ impl RedisStoreOptions {
     /// What to do when Redis does not answer (default [`FailurePolicy::Report`]).
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
         self.failure_policy = policy;
+        self
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more PEM blocks) for `rediss://`
+    /// connections, instead of the operating system's roots: for servers whose certificate a
+    /// private CA signed (self-managed Redis, test servers). Without it, the system's trusted
+    /// roots are used (managed Redis services).
+    ///
+    /// The PEM is parsed when the store is built: a malformed one fails
+    /// [`connect`](crate::RedisStore::connect) with
+    /// [`ConnectErrorKind::InvalidTls`](crate::error::ConnectErrorKind::InvalidTls), as
+    /// does a TLS option on a plain `redis://` URL.
+    ///
+    /// ```
+    /// use tower_allowance_redis::RedisStoreOptions;
+    ///
+    /// # let ca_pem = "-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n";
+    /// // let ca_pem = std::fs::read("/etc/redis/tls/ca.crt")?;
+    /// let options = RedisStoreOptions::new().tls_ca_cert(ca_pem);
+    /// assert!(format!("{options:?}").contains("bytes of PEM"));
+    /// ```
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents a client certificate (mutual TLS: a server started with
+    /// `--tls-auth-clients yes`). Both in PEM: the certificate chain and its private key
+    /// (PKCS#8, PKCS#1 or SEC1). The key never appears in `Debug` output.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((cert_pem.into(), key_pem.into()));
         self
     }
 

@@ -6,24 +6,26 @@ use std::{
     num::NonZeroU32,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex, PoisonError, Weak,
+        Arc, Mutex, PoisonError,
     },
     time::Duration,
 };
 
 use redis::{
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
-    Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    ErrorKind, RedisError, ServerErrorKind,
 };
 use tokio::time::Instant;
 use tower_allowance::{
-    rule::{Event, Op, Params, Reply, EVENT_WORDS},
+    rule::{Event, Op, Params, Reply},
     store::{MemoryStore, Store, StoreError, StoreFuture, Watcher},
     AllowanceConfig, ConfigError, Limit, ReplenishingBudget, RetryBudgetConfig, MAX_DELAY,
 };
 
 use crate::{
     error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
+    events::Events,
+    link::{self, Conn, Link},
     scripts::{self, ApplyScript, BadReply},
     FailurePolicy, RedisStoreOptions,
 };
@@ -73,31 +75,6 @@ fn event_channel(name: &str) -> String {
     format!("ta:{{{name}}}:ev")
 }
 
-/// A connection URL with any password (userinfo or query string) replaced by `***`.
-fn redact(url: &str) -> String {
-    let (scheme, rest) = match url.split_once("://") {
-        Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
-    };
-    let (before_query, query) = match rest.split_once('?') {
-        Some((before, _)) => (before, "?***"),
-        None => (rest, ""),
-    };
-    let authority_end = before_query.find('/').unwrap_or(before_query.len());
-    let (authority, path) = before_query.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{user}:***@{host}"),
-            None => format!("***@{host}"),
-        },
-        None => authority.to_owned(),
-    };
-    match scheme {
-        Some(scheme) => format!("{scheme}://{authority}{path}{query}"),
-        None => format!("{authority}{path}{query}"),
-    }
-}
-
 /// One allowance's state in Redis, shared by every process that connects with the same name.
 ///
 /// Plug it into the layers with
@@ -138,16 +115,13 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     name: String,
     key: String,
-    channel: String,
-    redacted_url: String,
-    options: RedisStoreOptions,
-    client: redis::Client,
-    conn: ConnectionManager,
+    pub(crate) channel: String,
+    /// The connection, shared with the stores made by [`RedisStore::for_allowance`].
+    link: Arc<Link>,
     script: ApplyScript,
-    round_trips: Arc<AtomicU64>,
     circuit: Circuit,
     /// The local allowance used under [`FailurePolicy::LocalFallback`].
     fallback: Option<(NonZeroU32, MemoryStore)>,
@@ -163,8 +137,9 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("name", &inner.name)
             .field("key", &inner.key)
-            .field("url", &inner.redacted_url)
-            .field("options", &inner.options)
+            .field("url", &inner.link.redacted)
+            .field("cluster", &self.is_cluster())
+            .field("options", &inner.link.options)
             .field("round_trips", &self.round_trips())
             .field("degraded", &inner.circuit.degraded.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -174,15 +149,21 @@ impl fmt::Debug for RedisStore {
 // === impl RedisStore ===
 
 impl RedisStore {
-    /// Connects to Redis at `url` for the allowance called `name`, and loads the script.
+    /// Connects to the Redis server at `url` for the allowance called `name`, and loads the
+    /// script.
     ///
-    /// The connection is a multiplexed [`ConnectionManager`] that reconnects by itself; this
-    /// store never needs to be rebuilt after an outage.
+    /// `url` is `redis://[user][:password@]host[:port][/db]`, or `rediss://...` for TLS
+    /// (feature `tls`; see [`RedisStoreOptions::tls_ca_cert`] for a private CA). The
+    /// connection is a multiplexed [`ConnectionManager`] that reconnects by itself; this
+    /// store never needs to be rebuilt after an outage. A second connection carries the
+    /// event subscription.
     ///
     /// # Errors
     ///
-    /// A [`ConnectError`]: `name` refused by [`validate_name`]; a URL that cannot be used;
-    /// Redis refusing us (a wrong password, a missing ACL permission, a bad database index:
+    /// A [`ConnectError`]: `name` refused by [`validate_name`]; a URL that cannot be used
+    /// ([`ConnectErrorKind::InvalidUrl`]) or TLS options that cannot
+    /// ([`ConnectErrorKind::InvalidTls`]); Redis refusing us (a wrong password, a missing ACL
+    /// permission, a bad database index, an untrusted certificate:
     /// [`ConnectErrorKind::Refused`], never masked by the local fallback); or, unless the
     /// policy is [`FailurePolicy::LocalFallback`], Redis not answering within the connect
     /// timeout ([`ConnectErrorKind::Unreachable`]).
@@ -192,8 +173,7 @@ impl RedisStore {
         options: RedisStoreOptions,
     ) -> Result<Self, ConnectError> {
         validate_name(name).map_err(|e| ConnectError::new(ConnectErrorKind::InvalidName, e))?;
-        let client = redis::Client::open(url)
-            .map_err(|e| ConnectError::new(ConnectErrorKind::InvalidUrl, RedisCause(e)))?;
+        let client = link::client(url, &options)?;
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.timeout.max(options.connect_timeout)))
             .set_number_of_retries(2)
@@ -201,82 +181,277 @@ impl RedisStore {
             .set_max_delay(Duration::from_millis(500));
         let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)
             .map_err(|e| ConnectError::new(ConnectErrorKind::InvalidUrl, RedisCause(e)))?;
-        let fallback = match options.failure_policy {
-            FailurePolicy::Report => None,
-            FailurePolicy::LocalFallback { expected_processes } => {
-                Some((expected_processes, MemoryStore::new()))
-            }
+        let link = Link {
+            conn: Conn::Single(conn),
+            events: Events::new(vec![client.clone()], options.connect_timeout),
+            redacted: link::redact(url),
+            round_trips: AtomicU64::new(0),
+            #[cfg(feature = "test-util")]
+            blocking: Some(link::Blocking::Single(client)),
+            options,
         };
-        let store = Self {
-            inner: Arc::new(Inner {
-                name: name.to_owned(),
-                key: state_key(name),
-                channel: event_channel(name),
-                redacted_url: redact(url),
-                circuit: Circuit::new(options.probe_interval),
-                options,
-                client,
-                conn,
-                script: ApplyScript::new(),
-                round_trips: Arc::new(AtomicU64::new(0)),
-                fallback,
-                watchers: Mutex::new(Vec::new()),
-                subscribed: AtomicBool::new(false),
-                #[cfg(feature = "test-util")]
-                test: TestClock::default(),
-            }),
-        };
-        match store
-            .inner
-            .preload(store.inner.options.connect_timeout)
+        Self::start(link, name).await
+    }
+
+    /// Connects to a Redis Cluster through any of its nodes (`urls`: one or more seed
+    /// nodes, `redis://` or `rediss://` alike), for the allowance called `name`, and loads
+    /// the script on every primary.
+    ///
+    /// The allowance's keys share one hash slot (`ta:{name}:...`), so each script call goes
+    /// to the primary that owns the slot, in one round trip; the connection follows slot
+    /// migrations and failovers (`MOVED`, `ASK`) by itself. Events are published with plain
+    /// `PUBLISH`, which the cluster bus forwards to every node: the subscription sits on the
+    /// first seed node that answers.
+    ///
+    /// Unlike [`connect`](Self::connect), the cluster must answer here once (its slot map is
+    /// read), whatever the failure policy; after that the failure policy applies as usual.
+    ///
+    /// ```no_run
+    /// use tower_allowance::{Allowance, AllowanceConfig};
+    /// use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/", "redis://10.0.0.3:7000/"];
+    /// let store = RedisStore::connect_cluster(nodes, "billing-api", RedisStoreOptions::new()).await?;
+    /// let allowance = Allowance::with_store(AllowanceConfig::per_second(10, 5)?, store);
+    /// allowance.acquire().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect); [`ConnectErrorKind::InvalidUrl`] also for an empty
+    /// list, or seed nodes with different passwords or TLS modes; and
+    /// [`ConnectErrorKind::Unreachable`] when no seed node answers within the connect
+    /// timeout, whatever the failure policy.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn connect_cluster<I, U>(
+        urls: I,
+        name: &str,
+        options: RedisStoreOptions,
+    ) -> Result<Self, ConnectError>
+    where
+        I: IntoIterator<Item = U>,
+        U: AsRef<str>,
+    {
+        validate_name(name).map_err(|e| ConnectError::new(ConnectErrorKind::InvalidName, e))?;
+        let urls: Vec<U> = urls.into_iter().collect();
+        let nodes = urls
+            .iter()
+            .map(|url| link::client(url.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = link::cluster_client(&nodes, &options)
+            .map_err(|e| ConnectError::new(ConnectErrorKind::InvalidUrl, RedisCause(e)))?;
+        let conn = with_timeout(options.connect_timeout, client.get_async_connection())
             .await
-        {
+            .map_err(|e| ConnectError::new(ConnectErrorKind::Unreachable, e))?
+            .map_err(|e| {
+                let kind = if is_outage(&e) {
+                    ConnectErrorKind::Unreachable
+                } else {
+                    ConnectErrorKind::Refused
+                };
+                ConnectError::new(kind, RedisCause(e))
+            })?;
+        let redacted = urls
+            .iter()
+            .map(|u| link::redact(u.as_ref()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let link = Link {
+            conn: Conn::Cluster(conn),
+            events: Events::new(nodes, options.connect_timeout),
+            redacted,
+            round_trips: AtomicU64::new(0),
+            #[cfg(feature = "test-util")]
+            blocking: Some(link::Blocking::Cluster(client)),
+            options,
+        };
+        Self::start(link, name).await
+    }
+
+    /// A store over a connection the application already has: a [`ConnectionManager`] it
+    /// built (with its own TLS, credentials, timeouts, RESP3...) and shares with the rest of
+    /// the program. This store, and every one made from it by
+    /// [`for_allowance`](Self::for_allowance), sends its script calls over that connection.
+    ///
+    /// `events` is the client to subscribe to the allowance's events with (a subscribed
+    /// connection cannot send commands in RESP2, so it is a connection of its own, shared by
+    /// every allowance made from this store). With `None`, this process hears no other
+    /// process's cooldowns while it holds reserved slots: its holders still send at their
+    /// slots, and the next admission after a cooldown sees it. Give one unless every
+    /// process of the allowance is this one.
+    ///
+    /// ```no_run
+    /// use redis::aio::ConnectionManager;
+    /// use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let conn = ConnectionManager::new(client.clone()).await?;
+    /// // The application keeps using `conn` for its own commands.
+    /// let store =
+    ///     RedisStore::from_connection(conn, Some(client), "billing-api", RedisStoreOptions::new())
+    ///         .await?;
+    /// let search = store.for_allowance("search-api")?; // same connection
+    /// # drop(search);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// The options' timeouts, probe interval, TTL and failure policy apply; its TLS options
+    /// do not (the connection is made already).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect): an invalid name, Redis refusing the script load, or
+    /// (unless the policy is [`FailurePolicy::LocalFallback`]) not answering within the
+    /// connect timeout.
+    pub async fn from_connection(
+        conn: ConnectionManager,
+        events: Option<redis::Client>,
+        name: &str,
+        options: RedisStoreOptions,
+    ) -> Result<Self, ConnectError> {
+        validate_name(name).map_err(|e| ConnectError::new(ConnectErrorKind::InvalidName, e))?;
+        let redacted = events.as_ref().map_or_else(
+            || "(connection brought by the caller)".to_owned(),
+            |c| link::describe(c.get_connection_info()),
+        );
+        let link = Link {
+            conn: Conn::Single(conn),
+            #[cfg(feature = "test-util")]
+            blocking: events.clone().map(link::Blocking::Single),
+            events: Events::new(events.into_iter().collect(), options.connect_timeout),
+            redacted,
+            round_trips: AtomicU64::new(0),
+            options,
+        };
+        Self::start(link, name).await
+    }
+
+    /// A store over a cluster connection the application already has, as
+    /// [`from_connection`](Self::from_connection) for a single server. `events` is a client
+    /// for any node of the cluster (plain `PUBLISH` reaches every node).
+    ///
+    /// ```no_run
+    /// use redis::cluster::ClusterClient;
+    /// use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// let nodes = ["redis://10.0.0.1:7000/", "redis://10.0.0.2:7000/"];
+    /// let conn = ClusterClient::new(nodes)?.get_async_connection().await?;
+    /// let events = redis::Client::open(nodes[0])?;
+    /// let store =
+    ///     RedisStore::from_cluster_connection(conn, Some(events), "billing-api", RedisStoreOptions::new())
+    ///         .await?;
+    /// # drop(store);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`from_connection`](Self::from_connection).
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn from_cluster_connection(
+        conn: redis::cluster_async::ClusterConnection,
+        events: Option<redis::Client>,
+        name: &str,
+        options: RedisStoreOptions,
+    ) -> Result<Self, ConnectError> {
+        validate_name(name).map_err(|e| ConnectError::new(ConnectErrorKind::InvalidName, e))?;
+        let redacted = events.as_ref().map_or_else(
+            || "(cluster connection brought by the caller)".to_owned(),
+            |c| link::describe(c.get_connection_info()),
+        );
+        #[cfg(feature = "test-util")]
+        let blocking = events
+            .as_ref()
+            .and_then(|c| link::cluster_client(std::slice::from_ref(c), &options).ok())
+            .map(link::Blocking::Cluster);
+        let link = Link {
+            conn: Conn::Cluster(conn),
+            #[cfg(feature = "test-util")]
+            blocking,
+            events: Events::new(events.into_iter().collect(), options.connect_timeout),
+            redacted,
+            round_trips: AtomicU64::new(0),
+            options,
+        };
+        Self::start(link, name).await
+    }
+
+    /// The store for `name` over `link`, once the script is loaded (or, under the local
+    /// fallback, once Redis failed to answer).
+    async fn start(link: Link, name: &str) -> Result<Self, ConnectError> {
+        let store = Self::over(Arc::new(link), name);
+        let inner = &store.inner;
+        match inner.preload(inner.link.options.connect_timeout).await {
             Ok(()) => Ok(store),
             Err(e) if e.store_kind() == tower_allowance::store::StoreErrorKind::Rejected => {
                 Err(ConnectError::new(ConnectErrorKind::Refused, e))
             }
-            Err(e) if store.inner.fallback.is_some() => {
-                store
-                    .inner
-                    .circuit
-                    .failed(&e, &store.inner.name, store.inner.policy_name());
+            Err(e) if inner.fallback.is_some() => {
+                inner.circuit.failed(&e, &inner.name, inner.policy_name());
                 Ok(store)
             }
             Err(e) => Err(ConnectError::new(ConnectErrorKind::Unreachable, e)),
         }
     }
 
+    /// A store for `name` (already validated) over `link`.
+    fn over(link: Arc<Link>, name: &str) -> Self {
+        let options = &link.options;
+        let fallback = match options.failure_policy {
+            FailurePolicy::Report => None,
+            FailurePolicy::LocalFallback { expected_processes } => {
+                Some((expected_processes, MemoryStore::new()))
+            }
+        };
+        Self {
+            inner: Arc::new(Inner {
+                name: name.to_owned(),
+                key: state_key(name),
+                channel: event_channel(name),
+                circuit: Circuit::new(options.probe_interval),
+                script: ApplyScript::new(),
+                fallback,
+                watchers: Mutex::new(Vec::new()),
+                subscribed: AtomicBool::new(false),
+                #[cfg(feature = "test-util")]
+                test: TestClock::default(),
+                link,
+            }),
+        }
+    }
+
     /// A store for another allowance over the same connection: many allowances (one per API
-    /// key, say) share one multiplexed connection to Redis and its options.
+    /// key, say) share one command connection, one event subscription and the options.
+    ///
+    /// Nothing is sent to Redis here: the script is already loaded on that connection.
     ///
     /// # Errors
     ///
     /// [`InvalidName`] when `name` is refused by [`validate_name`].
     pub fn for_allowance(&self, name: &str) -> Result<Self, InvalidName> {
         validate_name(name)?;
-        let inner = &self.inner;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                name: name.to_owned(),
-                key: state_key(name),
-                channel: event_channel(name),
-                redacted_url: inner.redacted_url.clone(),
-                options: inner.options.clone(),
-                client: inner.client.clone(),
-                conn: inner.conn.clone(),
-                script: ApplyScript::new(),
-                round_trips: inner.round_trips.clone(),
-                circuit: Circuit::new(inner.options.probe_interval),
-                fallback: inner
-                    .fallback
-                    .as_ref()
-                    .map(|(n, _)| (*n, MemoryStore::new())),
-                watchers: Mutex::new(Vec::new()),
-                subscribed: AtomicBool::new(false),
-                #[cfg(feature = "test-util")]
-                test: TestClock::default(),
-            }),
-        })
+        Ok(Self::over(self.inner.link.clone(), name))
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        match self.inner.link.conn {
+            Conn::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(_) => true,
+        }
     }
 
     /// The allowance's name.
@@ -294,11 +469,12 @@ impl RedisStore {
         &self.inner.channel
     }
 
-    /// Round trips to Redis made by this store (and its clones) so far: each command or
-    /// pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
+    /// Round trips to Redis made over this store's connection so far (by this store, its
+    /// clones and the stores made by [`for_allowance`](Self::for_allowance)): each command
+    /// or pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
     /// subscription is not counted).
     pub fn round_trips(&self) -> u64 {
-        self.inner.round_trips.load(Ordering::Relaxed)
+        self.inner.link.round_trips.load(Ordering::Relaxed)
     }
 
     /// Whether the last call failed (and calls are failing or falling back).
@@ -312,16 +488,22 @@ impl RedisStore {
     /// same instant, and the runtime cannot auto-advance while a call is in flight; that is
     /// how the conformance suite runs the seed's scenarios through the real layers on Redis.
     ///
+    /// The blocking connection is made like the store's own (TLS included; on a cluster, a
+    /// blocking cluster connection). A store [`from_connection`](Self::from_connection)
+    /// needs its `events` client for it.
+    ///
     /// # Errors
     ///
     /// When the blocking connection cannot be made.
     #[cfg(feature = "test-util")]
     pub fn follow_tokio_clock(&self) -> Result<(), CallError> {
-        let conn = self
-            .inner
-            .client
-            .get_connection()
-            .map_err(|e| CallError::with_source(CallErrorKind::Redis, RedisCause(e)))?;
+        let Some(blocking) = &self.inner.link.blocking else {
+            let why: tower_allowance::BoxError =
+                "no client to open a blocking connection with (from_connection without events)"
+                    .into();
+            return Err(CallError::with_source(CallErrorKind::Refused, why));
+        };
+        let conn = blocking.connect().map_err(CallError::redis)?;
         self.inner.test.follow(conn);
         Ok(())
     }
@@ -330,7 +512,15 @@ impl RedisStore {
     /// the Redis host's clock); only with [`RedisStore::follow_tokio_clock`].
     #[cfg(feature = "test-util")]
     pub fn step_clock_back(&self, step: Duration) {
-        self.inner.test.step_back(step);
+        self.inner.test.step(step, false);
+    }
+
+    /// Test support: moves the clock the scripts decide on forward by `step` (a forward step
+    /// of the Redis host's clock, which this process's clock does not make); only with
+    /// [`RedisStore::follow_tokio_clock`].
+    #[cfg(feature = "test-util")]
+    pub fn step_clock_forward(&self, step: Duration) {
+        self.inner.test.step(step, true);
     }
 
     /// Runs one operation: Redis when it is expected to answer, else the failure policy.
@@ -371,18 +561,11 @@ impl RedisStore {
         if self.inner.subscribed.swap(true, Ordering::AcqRel) {
             return;
         }
-        handle.spawn(subscribe(Arc::downgrade(&self.inner)));
+        self.inner.link.events.register(&self.inner, &handle);
     }
 }
 
 impl Inner {
-    fn connection(&self) -> CountingConnection {
-        CountingConnection {
-            conn: self.conn.clone(),
-            round_trips: self.round_trips.clone(),
-        }
-    }
-
     fn test_clock(&self) -> Option<u64> {
         #[cfg(feature = "test-util")]
         {
@@ -401,14 +584,14 @@ impl Inner {
         let argv = scripts::argv(
             op,
             params,
-            millis(self.options.idle_ttl),
+            millis(self.link.options.idle_ttl),
             &self.channel,
             self.test_clock(),
         );
         let mut invocation = self.script.script().prepare_invoke();
         invocation.key(&self.key);
         invocation.arg(&argv[..]);
-        let mut conn = self.connection();
+        let mut conn = self.link.connection();
         let call = async {
             match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -423,7 +606,7 @@ impl Inner {
                 other => other,
             }
         };
-        let reply = with_timeout(self.options.timeout, call)
+        let reply = with_timeout(self.link.options.timeout, call)
             .await?
             .map_err(CallError::redis)?;
         scripts::decode(op, &reply)
@@ -465,7 +648,7 @@ impl Inner {
 
     /// Loads the script (one round trip).
     async fn preload(&self, timeout: Duration) -> Result<(), CallError> {
-        let mut conn = self.connection();
+        let mut conn = self.link.connection();
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(self.script.source());
         let load = cmd.query_async::<String>(&mut conn);
@@ -584,123 +767,12 @@ impl Store for RedisStore {
 
 impl Inner {
     /// Delivers an event to every watcher; forgets watchers whose allowance is gone.
-    fn deliver(&self, event: Option<Event>) {
+    pub(crate) fn deliver(&self, event: Option<Event>) {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         watchers.retain(|w| match event {
             Some(e) => w.notify(e),
             None => w.resync(),
         });
-    }
-}
-
-/// Hears the allowance's channel and delivers other processes' events, until the store is
-/// dropped. After a dropped subscription, watchers are told to resync (events may be lost).
-async fn subscribe(inner: Weak<Inner>) {
-    let mut backoff = Duration::from_millis(50);
-    let mut first = true;
-    loop {
-        let Some(store) = inner.upgrade() else {
-            return;
-        };
-        let client = store.client.clone();
-        let channel = store.channel.clone();
-        let timeout = store.options.connect_timeout;
-        if !first {
-            store.deliver(None);
-        }
-        drop(store);
-        first = false;
-        let connected = with_timeout(timeout, async {
-            let mut pubsub = client.get_async_pubsub().await.map_err(CallError::redis)?;
-            pubsub.subscribe(&channel).await.map_err(CallError::redis)?;
-            Ok::<_, CallError>(pubsub)
-        })
-        .await;
-        let mut pubsub = match connected {
-            Ok(Ok(p)) => p,
-            _ => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
-            }
-        };
-        backoff = Duration::from_millis(50);
-        let mut messages = pubsub.on_message();
-        loop {
-            // Wake now and then to notice a dropped store.
-            let next =
-                tokio::time::timeout(Duration::from_secs(1), futures_next(&mut messages)).await;
-            let Some(store) = inner.upgrade() else {
-                return;
-            };
-            match next {
-                Err(_) => {
-                    if store
-                        .watchers
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .is_empty()
-                    {
-                        continue;
-                    }
-                }
-                Ok(None) => break,
-                Ok(Some(msg)) => {
-                    let payload: String = msg.get_payload().unwrap_or_default();
-                    if let Some(event) = parse_event(&payload) {
-                        store.deliver(Some(event));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The next item of the subscription.
-async fn futures_next<S: futures_util::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
-    futures_util::StreamExt::next(stream).await
-}
-
-/// `epoch,rebased,kind,w3,w4` as published by `apply.lua`.
-fn parse_event(payload: &str) -> Option<Event> {
-    let words: Vec<u64> = payload
-        .split(',')
-        .enumerate()
-        .map(|(i, w)| match (i, w) {
-            (3, "-1") => Some(tower_allowance::rule::FOREVER),
-            (_, w) => w.parse().ok(),
-        })
-        .collect::<Option<_>>()?;
-    if words.len() != EVENT_WORDS {
-        return None;
-    }
-    Event::from_words(&words)
-}
-
-/// A connection that counts what it sends.
-struct CountingConnection {
-    conn: ConnectionManager,
-    round_trips: Arc<AtomicU64>,
-}
-
-impl ConnectionLike for CountingConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.conn.req_packed_command(cmd)
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
-        self.conn.req_packed_commands(pipeline, offset, count)
-    }
-
-    fn get_db(&self) -> i64 {
-        self.conn.get_db()
     }
 }
 
@@ -802,24 +874,31 @@ impl Circuit {
 #[cfg(feature = "test-util")]
 #[derive(Default)]
 struct TestClock {
-    follow: Mutex<Option<(Instant, redis::Connection)>>,
+    follow: Mutex<Option<(Instant, Box<dyn redis::ConnectionLike + Send>)>>,
     step_back_us: AtomicU64,
+    step_forward_us: AtomicU64,
 }
 
 #[cfg(feature = "test-util")]
 impl TestClock {
-    fn follow(&self, conn: redis::Connection) {
+    fn follow(&self, conn: Box<dyn redis::ConnectionLike + Send>) {
         *self.follow.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), conn));
     }
 
-    fn step_back(&self, step: Duration) {
-        self.step_back_us.fetch_add(
+    fn step(&self, step: Duration, forward: bool) {
+        let total = if forward {
+            &self.step_forward_us
+        } else {
+            &self.step_back_us
+        };
+        total.fetch_add(
             u64::try_from(step.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
     }
 
-    /// Microseconds on tokio's clock since following began, minus the steps back.
+    /// Microseconds on tokio's clock since following began, plus the steps forward, minus
+    /// the steps back.
     fn now_us(&self) -> Option<u64> {
         let guard = self.follow.lock().unwrap_or_else(PoisonError::into_inner);
         let (epoch, _) = guard.as_ref()?;
@@ -830,7 +909,9 @@ impl TestClock {
     fn clock_at(&self, epoch: Instant) -> u64 {
         let since = u64::try_from(Instant::now().saturating_duration_since(epoch).as_micros())
             .unwrap_or(u64::MAX);
-        since.saturating_sub(self.step_back_us.load(Ordering::Relaxed))
+        since
+            .saturating_add(self.step_forward_us.load(Ordering::Relaxed))
+            .saturating_sub(self.step_back_us.load(Ordering::Relaxed))
     }
 
     fn following(&self) -> bool {
@@ -852,17 +933,17 @@ impl TestClock {
         let argv = scripts::argv(
             op,
             params,
-            millis(inner.options.idle_ttl),
+            millis(inner.link.options.idle_ttl),
             &inner.channel,
             Some(now),
         );
-        inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        inner.link.round_trips.fetch_add(1, Ordering::Relaxed);
         let reply = inner
             .script
             .script()
             .key(&inner.key)
             .arg(&argv[..])
-            .invoke::<Vec<i64>>(conn)
+            .invoke::<Vec<i64>>(&mut **conn)
             .map_err(CallError::redis);
         Some(reply.and_then(|r| {
             scripts::decode(op, &r)
@@ -873,6 +954,10 @@ impl TestClock {
 
 /// Whether a Redis error is an outage (it may answer later) or a refusal.
 pub(crate) fn is_outage(e: &RedisError) -> bool {
+    // An untrusted certificate is an I/O error to the client, but waiting will not help.
+    if link::is_tls_refusal(e) {
+        return false;
+    }
     if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
         return true;
     }
@@ -910,24 +995,6 @@ mod tests {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
         assert_eq!(state_key("api"), "ta:{api}:s");
-    }
-
-    #[test]
-    fn urls_are_redacted() {
-        let cases = [
-            ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-            ("redis://:hunter2@h:1/", "redis://:***@h:1/"),
-            ("redis://user:hunter2@h:1/2", "redis://user:***@h:1/2"),
-            ("rediss://hunter2@h", "rediss://***@h"),
-            (
-                "redis+unix:///tmp/r.sock?pass=hunter2",
-                "redis+unix:///tmp/r.sock?***",
-            ),
-            ("redis://u:p@ss:w@rd@h/", "redis://u:***@h/"),
-        ];
-        for (url, want) in cases {
-            assert_eq!(redact(url), want);
-        }
     }
 
     #[test]

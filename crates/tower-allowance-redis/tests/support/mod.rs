@@ -1,0 +1,142 @@
+//! What the TLS, Cluster and connection tests share: runtimes, the conformance run, and the
+//! check that another process's cooldown moves a reserved slot held here.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_allowance::{store::conformance, Allowance, AllowanceConfig};
+use tower_allowance_redis::{test_util::unique_name, RedisStore};
+
+pub const MS: Duration = Duration::from_millis(1);
+
+/// A current-thread runtime on a paused clock (the conformance suite's).
+pub fn paused() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+/// A current-thread runtime on real time.
+pub fn real() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A new allowance's store over `base`'s connection, deciding on tokio's clock through a
+/// blocking connection made like `base`'s (TLS, cluster).
+pub fn fresh(base: &RedisStore) -> RedisStore {
+    let store = base
+        .for_allowance(&unique_name("conformance"))
+        .expect("valid name");
+    store.follow_tokio_clock().expect("blocking connection");
+    store
+}
+
+/// The public conformance suite over `base`'s connection: every check on a fresh allowance,
+/// in virtual time. Call it outside any runtime (`base` was made in a real-time one).
+pub fn run_conformance(base: &RedisStore) {
+    paused().block_on(conformance::run(|| {
+        let store = fresh(base);
+        async move { store }
+    }));
+}
+
+/// The number of subscribers of `channel` on the server (node) `client` reaches.
+pub async fn subscribers(client: &redis::Client, channel: &str) -> i64 {
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("inspection connection");
+    let (_, n): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB NUMSUB");
+    n
+}
+
+/// Polls `cond` every 10 ms for up to 5 s.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(10 * MS).await;
+    }
+    panic!("not within 5 s: {what}");
+}
+
+/// Process B holds a reserved slot; process A raises a 2 s cooldown; B's holder moves past
+/// the cooldown's end without asking the store again (the event reached it). `b_events`
+/// reaches the server (node) B's subscription is on. Real time.
+pub async fn a_cooldown_moves_a_slot_held_elsewhere(
+    a: RedisStore,
+    b: RedisStore,
+    b_events: &redis::Client,
+) {
+    let config = AllowanceConfig::per_second(2, 1).expect("valid");
+    // Made in the runtime, B's allowance watches the store: B subscribes now.
+    let b_allowance = Allowance::with_store(config.clone(), b.clone());
+    let channel = b.channel().to_owned();
+    eventually("B subscribed to the allowance's events", || async {
+        subscribers(b_events, &channel).await >= 1
+    })
+    .await;
+
+    // B takes the burst, and its next admission gets the slot 500 ms later, and sleeps.
+    let first = Instant::now();
+    b_allowance.acquire().await.expect("the burst");
+    let before = b.round_trips();
+    let holder = {
+        let b_allowance = b_allowance.clone();
+        tokio::spawn(async move {
+            b_allowance.acquire().await.expect("admitted");
+            Instant::now()
+        })
+    };
+    eventually("B holds a reserved slot", || async {
+        b_allowance.snapshot().waiting == 1
+    })
+    .await;
+
+    // A, another process, hears a Retry-After of 2 s.
+    let a_allowance = Allowance::with_store(config, a);
+    let deferred_at = Instant::now();
+    let deferred = a_allowance.defer(2_000 * MS).await.expect("defer");
+    assert!(deferred.extended);
+
+    let sent_at = holder.await.expect("holder task");
+    let after = sent_at.saturating_duration_since(deferred_at);
+    eprintln!(
+        "B's slot (~500 ms after its first admission) was used {after:?} after A's 2 s cooldown began, {:?} after B's first",
+        sent_at.saturating_duration_since(first)
+    );
+    // Held through the cooldown (without the event it would have gone ~500 ms after its
+    // first admission), and moved by no more than the cooldown's length past its slot.
+    assert!(
+        after >= 1_950 * MS,
+        "B sent {after:?} into A's 2 s cooldown"
+    );
+    let latest = first + 2_500 * MS + 250 * MS;
+    assert!(
+        sent_at <= latest,
+        "B sent {:?} after its first admission: moved further than the cooldown",
+        sent_at.saturating_duration_since(first)
+    );
+    assert_eq!(
+        b.round_trips() - before,
+        1,
+        "B asked once (the reservation); the event moved its slot"
+    );
+}
