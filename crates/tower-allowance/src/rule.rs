@@ -58,8 +58,15 @@
 //!
 //! The clock of a shared store (Redis `TIME`) is a wall clock and can step backwards. Every
 //! operation first compares `now` with the latest time the state has seen; after a backward
-//! step every stored instant is moved back by the step ([`rebase`]), so a step never
-//! lengthens a wait.
+//! step every stored instant is moved back by the step ([`rebase`]), so the remaining waits
+//! are what they were at the state's last operation.
+//!
+//! What the rule cannot see is the time that passed between that last operation and the
+//! step: it counts as zero, so every wait grows by it. On an allowance in use that gap is
+//! short (at most about one interval between calls); on an idle one it is the idle time: a
+//! 2 s cooldown, 1.5 s without calls, then a 1 h step back, is waited 3.5 s in all. Redis
+//! gives scripts no monotonic clock, so this bound is the best a wall-clock store can do,
+//! and it errs long, never short.
 
 use std::time::Duration;
 
