@@ -41,6 +41,55 @@ impl fmt::Display for InvalidName {
 
 impl Error for InvalidName {}
 
+/// [`RedisStoreOptions`](crate::RedisStoreOptions) from a configuration file that cannot be
+/// used (feature `serde`): the field, and why.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use tower_allowance_redis::RedisStoreOptions;
+///
+/// let err = serde_json::from_str::<RedisStoreOptions>(r#"{ "timeout": "0s" }"#).unwrap_err();
+/// assert!(err.to_string().contains("timeout: must be longer than zero"));
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvalidOptions {
+    field: &'static str,
+    reason: String,
+}
+
+impl InvalidOptions {
+    #[cfg_attr(
+        not(feature = "serde"),
+        allow(dead_code, reason = "only the file form fails")
+    )]
+    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// The field, as written in the file (`tls.ca_cert_file`).
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// Why it cannot be used.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for InvalidOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl Error for InvalidOptions {}
+
 /// What went wrong in [`RedisStore::connect`](crate::RedisStore::connect).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

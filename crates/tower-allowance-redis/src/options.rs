@@ -52,7 +52,23 @@ pub enum FailurePolicy {
 /// constructors.
 ///
 /// All have defaults; see each setter.
+///
+/// With the `serde` feature, the options deserialize from configuration files: durations as
+/// `"250ms"`, `"2s"`, `"1h"`, TLS certificates as PEM file paths (read when the options are
+/// loaded, so a missing file is an error at start-up that names the field), unknown fields
+/// refused, zero timeouts refused with an error naming the field:
+///
+/// ```toml
+/// timeout = "100ms"
+/// connect_timeout = "2s"
+/// probe_interval = "500ms"
+/// idle_ttl = "1h"
+/// failure_policy = { local_fallback = { expected_processes = 4 } }   # or "report"
+/// tls = { ca_cert_file = "/etc/redis/tls/ca.crt" }                   # feature `tls`
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(try_from = "serde_impl::RawOptions"))]
 pub struct RedisStoreOptions {
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
@@ -219,5 +235,141 @@ impl RedisStoreOptions {
     /// The failure policy.
     pub fn get_failure_policy(&self) -> FailurePolicy {
         self.failure_policy
+    }
+}
+
+#[cfg(feature = "serde")]
+mod serde_impl {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::error::InvalidOptions;
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct RawOptions {
+        #[serde(default, with = "humantime_serde")]
+        timeout: Option<Duration>,
+        #[serde(default, with = "humantime_serde")]
+        connect_timeout: Option<Duration>,
+        #[serde(default, with = "humantime_serde")]
+        probe_interval: Option<Duration>,
+        #[serde(default, with = "humantime_serde")]
+        idle_ttl: Option<Duration>,
+        #[serde(default)]
+        failure_policy: Option<RawFailurePolicy>,
+        #[serde(default)]
+        tls: Option<RawTls>,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "snake_case", deny_unknown_fields)]
+    enum RawFailurePolicy {
+        /// `"report"`
+        Report,
+        /// `{ local_fallback = { expected_processes = 4 } }`
+        LocalFallback { expected_processes: NonZeroU32 },
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[cfg_attr(
+        not(feature = "tls"),
+        allow(dead_code, reason = "refused without `tls`")
+    )]
+    struct RawTls {
+        #[serde(default)]
+        ca_cert_file: Option<PathBuf>,
+        #[serde(default)]
+        client_cert_file: Option<PathBuf>,
+        #[serde(default)]
+        client_key_file: Option<PathBuf>,
+    }
+
+    fn positive(
+        value: Option<Duration>,
+        field: &'static str,
+    ) -> Result<Option<Duration>, InvalidOptions> {
+        match value {
+            Some(d) if d.is_zero() => Err(InvalidOptions::new(field, "must be longer than zero")),
+            v => Ok(v),
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    fn read(path: &std::path::Path, field: &'static str) -> Result<Vec<u8>, InvalidOptions> {
+        std::fs::read(path)
+            .map_err(|e| InvalidOptions::new(field, format!("cannot read {}: {e}", path.display())))
+    }
+
+    impl TryFrom<RawOptions> for RedisStoreOptions {
+        type Error = InvalidOptions;
+
+        fn try_from(raw: RawOptions) -> Result<Self, InvalidOptions> {
+            let mut options = RedisStoreOptions::new();
+            if let Some(d) = positive(raw.timeout, "timeout")? {
+                options = options.timeout(d);
+            }
+            if let Some(d) = positive(raw.connect_timeout, "connect_timeout")? {
+                options = options.connect_timeout(d);
+            }
+            if let Some(d) = positive(raw.probe_interval, "probe_interval")? {
+                options = options.probe_interval(d);
+            }
+            if let Some(d) = raw.idle_ttl {
+                options = options.idle_ttl(d);
+            }
+            match raw.failure_policy {
+                None | Some(RawFailurePolicy::Report) => {}
+                Some(RawFailurePolicy::LocalFallback { expected_processes }) => {
+                    options =
+                        options.failure_policy(FailurePolicy::LocalFallback { expected_processes });
+                }
+            }
+            if let Some(tls) = raw.tls {
+                options = with_tls(options, tls)?;
+            }
+            Ok(options)
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    fn with_tls(
+        mut options: RedisStoreOptions,
+        tls: RawTls,
+    ) -> Result<RedisStoreOptions, InvalidOptions> {
+        if let Some(path) = &tls.ca_cert_file {
+            options = options.tls_ca_cert(read(path, "tls.ca_cert_file")?);
+        }
+        match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => {
+                options = options.tls_client_cert(
+                    read(cert, "tls.client_cert_file")?,
+                    read(key, "tls.client_key_file")?,
+                );
+            }
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(InvalidOptions::new(
+                    "tls.client_key_file",
+                    "a client certificate needs its key",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(InvalidOptions::new(
+                    "tls.client_cert_file",
+                    "a client key needs its certificate",
+                ))
+            }
+        }
+        Ok(options)
+    }
+
+    #[cfg(not(feature = "tls"))]
+    fn with_tls(_: RedisStoreOptions, _: RawTls) -> Result<RedisStoreOptions, InvalidOptions> {
+        Err(InvalidOptions::new(
+            "tls",
+            "TLS options need the crate's `tls` feature",
+        ))
     }
 }
