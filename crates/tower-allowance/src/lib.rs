@@ -59,6 +59,7 @@ pub mod admission;
 pub mod body;
 pub mod classify;
 pub mod cooldown;
+pub mod cost;
 pub mod error;
 pub mod grpc;
 pub mod headers;
