@@ -63,6 +63,7 @@ pub mod cost;
 pub mod error;
 pub mod grpc;
 pub mod headers;
+pub mod keyed;
 pub mod quota;
 pub mod retry;
 pub mod rule;
