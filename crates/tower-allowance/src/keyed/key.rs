@@ -6,14 +6,14 @@ use http::{header, HeaderName, Request};
 
 /// Picks a request's key: the bytes its allowance is looked up (and named) by.
 ///
-/// Implemented by [`header`], [`api_key`], [`authorization`], [`host`] and [`from_fn`].
+/// Implemented by [`header()`], [`api_key`], [`authorization`], [`host`] and [`from_fn`].
 /// `None`: the request has no key, and fails with [`KeyedError::NoKey`](super::KeyedError::NoKey).
 pub trait KeyFn<B> {
     /// The request's key.
     fn key<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, [u8]>>;
 }
 
-/// The value of a header (see [`header`]).
+/// The value of a header (see [`header()`]).
 #[derive(Clone, Debug)]
 pub struct HeaderKey {
     name: HeaderName,
