@@ -68,11 +68,12 @@ async fn keyed_proxy_a_flood_on_one_key_does_not_slow_the_others() {
     assert!(r.flood.max_ms() >= 2_500, "{:?}", r.flood);
     for (alone, during) in r.quiet_alone.iter().zip(&r.quiet_during_flood) {
         assert_eq!((alone.ok, during.ok), (5, 5));
-        // Measured: as fast as alone (loopback latency, well under one slot of 100 ms),
-        // while the flood's requests wait seconds.
+        // Measured: as fast as alone (loopback latency; queued behind the flood they would
+        // wait seconds), with room for a loaded machine's scheduling jitter.
         assert!(
-            during.max_ms() < 100 && during.max_ms() <= alone.max_ms() + 50,
-            "alone {alone:?}, during the flood {during:?}"
+            during.max_ms() <= alone.max_ms() + 100 && during.max_ms() * 5 < r.flood.median_ms(),
+            "alone {alone:?}, during the flood {during:?}, flood {:?}",
+            r.flood
         );
     }
 }
