@@ -250,9 +250,13 @@ impl Settle {
         self.quiet_until.load(Ordering::Acquire) <= now_us && closed_until <= now_us
     }
 
+    /// Raises the bound to `until` (max semantics). A read first: admissions within the same
+    /// microsecond (a hot key) then leave the shared word alone.
     #[inline]
     fn quiet_at_least(&self, until: u64) {
-        self.quiet_until.fetch_max(until, Ordering::AcqRel);
+        if self.quiet_until.load(Ordering::Acquire) < until {
+            self.quiet_until.fetch_max(until, Ordering::AcqRel);
+        }
     }
 
     /// Records what `reply` to `op` at `now` says about the state.
