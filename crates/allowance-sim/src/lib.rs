@@ -27,4 +27,5 @@ pub mod report;
 pub mod scenario;
 pub mod sweep;
 pub mod timeline;
+pub mod tokens;
 pub mod upstream;

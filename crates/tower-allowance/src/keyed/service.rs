@@ -1,0 +1,85 @@
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::{retry::Policy, ServiceExt};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{future::ResponseFuture, key::KeyFn, Keyed, KeyedError};
+use crate::{classify::StatusClassifier, retry::RetryPolicy, BoxError};
+
+/// The service [`KeyedLayer`](super::KeyedLayer) builds: looks the request's key up in the
+/// registry, then calls the inner service through that key's allowance stack.
+///
+/// # Clone
+///
+/// Clones share the registry; only the inner service and the key extractor are cloned.
+#[derive(Clone, Debug)]
+pub struct KeyedService<S, K> {
+    inner: S,
+    keyed: Keyed,
+    key: K,
+}
+
+// === impl KeyedService ===
+
+impl<S, K> KeyedService<S, K> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, keyed: Keyed, key: K) -> Self {
+        Self { inner, keyed, key }
+    }
+
+    /// The registry.
+    pub fn keyed(&self) -> &Keyed {
+        &self.keyed
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, K, B, RB> Service<Request<B>> for KeyedService<S, K>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    K: KeyFn<B>,
+    RetryPolicy<StatusClassifier>: Policy<Request<B>, Response<RB>, BoxError>,
+    B: Clone,
+{
+    type Response = Response<RB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B>;
+
+    /// Readiness is the inner service's.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let entry = match self.key.key(&req) {
+            Some(key) => match self.keyed.inner.lookup(&key) {
+                Ok(entry) => entry,
+                Err(e) => return ResponseFuture::failed(e),
+            },
+            None => return ResponseFuture::failed(KeyedError::NoKey),
+        };
+        // Keep the service that was polled ready for this request; leave a clone. The key's
+        // stack forwards readiness to it, so the oneshot's `poll_ready` is answered at once.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let stack = entry.layer.layer(ready);
+        ResponseFuture::running(stack.oneshot(req), entry)
+    }
+}
