@@ -41,8 +41,9 @@ use rustls::{
     ClientConfig, RootCertStore,
 };
 use tokio::time::Instant;
-use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, util::BoxCloneService, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
+    admission::AdmissionLayer,
     headers,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
@@ -495,17 +496,18 @@ pub async fn run_http_with(
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         let service = match s.mode {
             // Its own retry loop honouring Retry-After, and nothing shared.
-            // With a group budget, the pool; else a private allowance for the bookkeeping.
-            Mode::Naive => Svc::new(Retry::new(
-                RetryPolicy::new(
-                    match allowances.all.first() {
-                        Some(pool) => pool.clone(),
-                        None => crate::scenario::naive_own_allowance(s)?,
-                    },
-                    retry.clone(),
-                ),
-                inner.clone(),
-            )),
+            // With a group budget, the pool: its admission layer holds each retry to the
+            // pool's verdict. Else a private allowance for the policy's bookkeeping.
+            Mode::Naive => match allowances.all.first() {
+                Some(pool) => Svc::new(Retry::new(
+                    RetryPolicy::new(pool.clone(), retry.clone()),
+                    AdmissionLayer::new(pool.clone()).layer(inner.clone()),
+                )),
+                None => Svc::new(Retry::new(
+                    RetryPolicy::new(crate::scenario::naive_own_allowance(s)?, retry.clone()),
+                    inner.clone(),
+                )),
+            },
             Mode::Shared | Mode::Split(_) => Svc::new(
                 ServiceBuilder::new()
                     .layer(AllowanceLayer::new(

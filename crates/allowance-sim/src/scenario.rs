@@ -8,11 +8,11 @@ use std::{collections::BTreeMap, fmt, num::NonZeroU32, str::FromStr, time::Durat
 
 use http::Request;
 use tokio::time::Instant;
-use tower::{retry::Retry, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig,
-    AllowanceLayer, BoxError, Deadline, OutagePolicy, Outcome, RetryBudgetConfig,
-    DEFAULT_MAX_OUTAGE_WAIT,
+    admission::AdmissionLayer, error::AbandonReason, retry::RetryConfig, retry::RetryPolicy,
+    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline, OutagePolicy, Outcome,
+    RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
 };
 
 use crate::{
@@ -366,16 +366,23 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         // Each worker builds its stack once; jobs reuse it.
         let service = match s.mode {
-            Mode::Naive => {
+            Mode::Naive => match allowances.first() {
+                // The group's budget: the policy spends the pool, and the pool's admission
+                // layer holds each retry to the verdict (a refused retry is not sent).
+                Some(pool) => Svc::new(Retry::new(
+                    RetryPolicy::new(pool.clone(), retry.clone()),
+                    AdmissionLayer::new(pool.clone()).layer(upstream),
+                )),
                 // Its own retry loop and nothing shared: a private, unlimited allowance that
-                // only serves the policy's bookkeeping; with a group budget, the pool.
-                let own = match allowances.first() {
-                    Some(pool) => pool.clone(),
-                    None => naive_own_allowance(s)?,
-                };
-                let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
-                Svc::new(Retry::new(RetryPolicy::new(own, retry.clone()), upstream))
-            }
+                // only serves the policy's bookkeeping.
+                None => {
+                    let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
+                    Svc::new(Retry::new(
+                        RetryPolicy::new(naive_own_allowance(s)?, retry.clone()),
+                        upstream,
+                    ))
+                }
+            },
             Mode::Shared | Mode::Split(_) => {
                 let allowance = allowances[worker % allowances.len()].clone();
                 Svc::new(
