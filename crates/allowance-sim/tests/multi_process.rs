@@ -115,6 +115,16 @@ async fn one_redis_allowance_for_four_processes_vs_one_allowance_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_budget_of_k_is_exact_across_processes() {
+    budget_of_k_across_processes(Mode::Shared).await;
+}
+
+/// Naive workers with `--retry-budget`: one pool for the group, in Redis across processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naive_budget_pool_of_k_is_exact_across_processes() {
+    budget_of_k_across_processes(Mode::Naive).await;
+}
+
+async fn budget_of_k_across_processes(mode: Mode) {
     let Some(redis) = TestRedis::start().await else {
         return;
     };
@@ -129,6 +139,7 @@ async fn a_shared_budget_of_k_is_exact_across_processes() {
         rate_per_sec: 1000,
         max_attempts: 3,
         retry_budget: Some(K),
+        mode,
         ..scenario(16, 16)
     };
     let store = StoreChoice::Redis {
@@ -148,7 +159,7 @@ async fn a_shared_budget_of_k_is_exact_across_processes() {
     let seen = upstream.log();
     upstream.shutdown().await;
     eprintln!(
-        "always-429 upstream, shared budget {K}: {} attempts for 16 jobs; abandoned {:?}",
+        "always-429 upstream, {mode} budget {K}: {} attempts for 16 jobs; abandoned {:?}",
         seen.len(),
         report.abandoned_by_reason
     );

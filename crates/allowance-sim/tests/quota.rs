@@ -63,7 +63,11 @@ fn check(what: &str, report: &RunReport, log: &[SeenRequest]) {
         "{what}: every abandoned job says why"
     );
     assert_eq!(report.failed, 0, "{what}: {:?}", report.first_error);
-    assert_eq!(usage.len(), 1, "{what}: one usage probe for the whole group");
+    assert_eq!(
+        usage.len(),
+        1,
+        "{what}: one usage probe for the whole group"
+    );
     assert_eq!(ok, QUOTA as usize, "{what}");
     // The first quota 429 (no Retry-After) triggers the probe; admissions are 100 ms apart,
     // so nothing else is in flight by then.
@@ -138,7 +142,9 @@ async fn one_process_in_memory_probes_once() {
 fn naive_workers_do_not_probe_and_the_cli_counts_what_the_upstream_served() {
     let out = std::process::Command::new(exe())
         .args(["run", "--real", "--mode", "naive", "--workers", "4"])
-        .args(["--jobs", "8", "--quota", "4", "--burst", "4", "--rate", "20"])
+        .args([
+            "--jobs", "8", "--quota", "4", "--burst", "4", "--rate", "20",
+        ])
         .args(["--max-attempts", "2", "--json"])
         .output()
         .expect("runs");
