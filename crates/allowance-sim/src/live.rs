@@ -48,7 +48,7 @@ use tower_allowance::{
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     retry::RetryPolicy,
-    Allowance, AllowanceLayer, BoxError, Deadline,
+    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline,
 };
 use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 
@@ -329,29 +329,28 @@ impl Allowances {
             all: Vec::new(),
             stores: Vec::new(),
         };
-        let configs = match s.mode {
+        // Each allowance with the suffix of its name: the first of a run has the run's name
+        // (in Redis, shared by every process), the others `-1`, `-2`..., a naive pool `-budget`.
+        let configs: Vec<(AllowanceConfig, Option<String>)> = match s.mode {
             Mode::Naive => crate::scenario::naive_budget_config(s)?
-                .map(|c| vec![(c, "budget".to_owned())])
+                .map(|c| vec![(c, Some("budget".to_owned()))])
                 .unwrap_or_default(),
-            Mode::Shared => vec![(crate::scenario::allowance_config(s)?, String::new())],
+            Mode::Shared => vec![(crate::scenario::allowance_config(s)?, None)],
             Mode::Split(n) => {
                 let config = crate::scenario::allowance_config(s)?;
                 (0..n.max(1))
-                    .map(|i| {
-                        (
-                            config.clone(),
-                            if i == 0 { String::new() } else { i.to_string() },
-                        )
-                    })
+                    .map(|i| (config.clone(), (i > 0).then(|| i.to_string())))
                     .collect()
             }
         };
         for (config, suffix) in configs {
-            let name = match (store, suffix.as_str()) {
-                (StoreChoice::Redis { name, .. }, "") => name.clone(),
-                (StoreChoice::Redis { name, .. }, suffix) => format!("{name}-{suffix}"),
-                (StoreChoice::Memory, "") => "sim".to_owned(),
-                (StoreChoice::Memory, suffix) => format!("sim-{suffix}"),
+            let base = match store {
+                StoreChoice::Redis { name, .. } => name.as_str(),
+                StoreChoice::Memory => "sim",
+            };
+            let name = match suffix {
+                Some(suffix) => format!("{base}-{suffix}"),
+                None => base.to_owned(),
             };
             let redis = match store {
                 StoreChoice::Memory => None,

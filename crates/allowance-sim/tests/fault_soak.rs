@@ -5,7 +5,8 @@
 //!
 //! Checked: every job ends completed, or abandoned or failed with its reason reported; the
 //! upstream's log shows no window over the allowance beyond the documented bound after a
-//! state loss (one burst per loss, see RELIABILITY.md); the workers' RSS stays flat.
+//! state loss: one burst per loss, counting the losses during the window or in the
+//! `LOSS_REACH_MS` before it (see RELIABILITY.md); the workers' RSS stays flat.
 //!
 //! `SOAK_SECS` sets the length (default 12 s, what CI runs; `SOAK_SECS=60` for the long
 //! soak), `SOAK_SEED` the fault schedule (printed, so a failing schedule can be replayed),
@@ -29,20 +30,25 @@ const RATE: u32 = 20;
 /// Delivery jitter forgiven when counting a window (a request admitted at `t` can arrive a
 /// few ms late, and the one after it on time).
 const JITTER_MS: u64 = 10;
+/// How long a state loss may show in the upstream's log: the reserved slots pending when it
+/// happened (32 workers at 20/s: 1.6 s) and a `Retry-After: 1` cooldown after them.
+const LOSS_REACH_MS: u64 = 3000;
 
 fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_allowance-sim"))
 }
 
-/// xorshift64*: a small seeded generator, so a schedule can be replayed.
+/// splitmix64: a small seeded generator, so a schedule can be replayed. (xorshift64* was
+/// tried first: its consecutive outputs modulo 3 never picked one of three faults in a run.)
 struct Rng(u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// Uniform in `lo..=hi` milliseconds.
@@ -74,6 +80,12 @@ fn workers() -> Vec<u32> {
             ppid == Some(me) && String::from_utf8_lossy(&cmdline).contains("worker")
         })
         .collect()
+}
+
+/// Now on the upstream's clock (the time of the last request it saw), for placing a fault in
+/// its log.
+fn fault_ms(upstream: &Upstream) -> u64 {
+    upstream.log().iter().map(|r| r.at_ms).max().unwrap_or(0)
 }
 
 /// Total RSS of the worker children, in KiB, and how many there were.
@@ -130,9 +142,8 @@ async fn jobs_survive_random_redis_faults() {
             "unknown fault {kind}"
         );
     }
-    // xorshift never leaves 0.
-    let mut rng = Rng(seed | 1);
-    let (mut losses, mut faults) = (0usize, Vec::new());
+    let mut rng = Rng(seed);
+    let (mut losses, mut faults) = (Vec::<u64>::new(), Vec::new());
     let mut rss = Vec::new();
     while !run.is_finished() {
         tokio::time::sleep(rng.ms(1500, 4000)).await;
@@ -158,12 +169,12 @@ async fn jobs_survive_random_redis_faults() {
                 redis.kill();
                 tokio::time::sleep(down).await;
                 redis.restart().await;
-                losses += 1;
+                losses.push(fault_ms(&upstream));
                 format!("KILL, restart {} ms later", down.as_millis())
             }
             "flushall" => {
                 assert_eq!(redis.command(&["FLUSHALL"]).await, "+OK");
-                losses += 1;
+                losses.push(fault_ms(&upstream));
                 "FLUSHALL".to_owned()
             }
             _ => {
@@ -178,23 +189,34 @@ async fn jobs_survive_random_redis_faults() {
     let log = upstream.log();
     upstream.shutdown().await;
 
-    // The worst window over the allowance, on the server's clock.
+    // Every window over the allowance, on the server's clock: its excess, beyond one burst
+    // per state loss during it or in the `LOSS_REACH_MS` before it.
     let mut times: Vec<u64> = log.iter().map(|r| r.at_ms).collect();
     times.sort_unstable();
-    let mut worst = 0i64;
+    let (mut worst, mut worst_beyond_bound) = (0i64, (0i64, 0u64, 0u64));
     for i in 0..times.len() {
         for j in i..times.len() {
-            let w = times[j] - times[i];
-            let allowed = u64::from(BURST) + u64::from(RATE) * (w + JITTER_MS) / 1000;
+            let (from, to) = (times[i], times[j]);
+            let allowed = u64::from(BURST) + u64::from(RATE) * (to - from + JITTER_MS) / 1000;
             let seen = u64::try_from(j - i + 1).unwrap_or(u64::MAX);
-            worst = worst.max(i64::try_from(seen).unwrap_or(i64::MAX) - allowed as i64);
+            let excess = i64::try_from(seen).unwrap_or(i64::MAX) - allowed as i64;
+            worst = worst.max(excess);
+            let near = losses
+                .iter()
+                .filter(|at| **at + LOSS_REACH_MS >= from && **at <= to)
+                .count();
+            let beyond = excess - i64::try_from(near * BURST as usize).unwrap_or(i64::MAX);
+            if beyond > worst_beyond_bound.0 {
+                worst_beyond_bound = (beyond, from, to);
+            }
         }
     }
     let rejected = log.iter().filter(|r| r.status == 429).count();
     let (first_rss, last_rss) = (rss.first().copied(), rss.last().copied());
     eprintln!(
-        "soak ({secs} s asked, seed {seed}, faults {kinds:?}): {} faults ({losses} state losses); {} jobs: {} completed, {} abandoned {:?}, {} failed {:?} (first: {:?}); upstream: {} attempts, {rejected} 429s, worst window excess {worst}; makespan {} ms (minimum {} ms); workers' RSS {:?} KiB (ms, total of 4)",
+        "soak ({secs} s asked, seed {seed}, faults {kinds:?}): {} faults ({} state losses); {} jobs: {} completed, {} abandoned {:?}, {} failed {:?} (first: {:?}); upstream: {} attempts, {rejected} 429s, worst window excess {worst}; makespan {} ms (minimum {} ms); workers' RSS {:?} KiB (ms, total of 4)",
         faults.len(),
+        losses.len(),
         report.jobs,
         report.completed,
         report.abandoned,
@@ -231,13 +253,13 @@ async fn jobs_survive_random_redis_faults() {
         "{:?}",
         report.abandoned_by_reason
     );
-    // The documented bound: at most one burst beyond the allowance per state loss.
-    let bound = i64::try_from(losses * BURST as usize).unwrap_or(i64::MAX);
+    // The documented bound: at most one burst beyond the allowance per state loss, near it.
+    let (beyond, from, to) = worst_beyond_bound;
     assert!(
-        worst <= bound,
-        "a window {worst} over the allowance, bound {bound} ({losses} state losses); faults {faults:?}"
+        beyond <= 0,
+        "the window {from}..{to} ms is {beyond} over the allowance beyond one burst per nearby state loss (losses at {losses:?} ms); faults {faults:?}"
     );
-    assert!(rejected <= losses * BURST as usize, "{rejected} 429s");
+    assert!(rejected <= losses.len() * BURST as usize, "{rejected} 429s");
     // RSS flat: the workers grow by at most a quarter (or 4 MiB) between the first and
     // the last sample.
     if let (Some((_, first)), Some((_, last))) = (first_rss, last_rss) {
