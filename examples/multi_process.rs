@@ -9,7 +9,8 @@
 //! cargo run --example multi_process [REDIS_URL]    # default redis://127.0.0.1:6379/
 //! ```
 //!
-//! The example starts itself as the worker processes (`multi_process worker ...`).
+//! The example starts itself as the worker processes (`multi_process worker ...`); the API key
+//! and the Redis URL reach them on standard input, never on their command lines.
 
 use std::io::Write;
 
@@ -83,5 +84,11 @@ fn main() -> Result<(), BoxError> {
          {} 429s, done in {} ms against a theoretical minimum of {} ms.",
         memory.attempts, memory.rejected, redis.attempts, redis.rejected, redis.makespan_ms, redis.min_makespan_ms
     );
+    if let (Some(calls), Some(admissions)) = (redis.store_calls, redis.admissions) {
+        println!(
+            "Redis calls: {calls} for {admissions} admissions across the four processes \
+             (one per admission: a waiting admission reserves its slot in the same call)."
+        );
+    }
     Ok(())
 }

@@ -31,13 +31,27 @@ use crate::{
     live::{self, Share, StoreChoice, Target},
     multi,
     report::RunReport,
-    scenario::{self, Mode, Scenario},
+    scenario::{self, Mode, OnStoreOutage, Scenario},
     sweep, timeline,
     upstream::{RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
 };
 
 /// Lanes beyond which the ASCII timeline is left out (it would not fit a screen).
 const MAX_ASCII_LANES: usize = 40;
+
+/// The exit status and logging, as `--help` explains them (a macro, for `concat!`).
+macro_rules! exit_help {
+    () => {
+        "Exit status:\n  0  every job completed, or was abandoned by design (attempts, budget, deadline, quota)\n  1  the run could not be made (invalid settings, Redis unreachable, a worker process crashed)\n  2  invalid command line\n  3  the run finished but jobs failed (store, transport, or a final non-2xx status):\n     the report is printed, and the first cause on stderr\n\nLogging: RUST_LOG, on stderr (default: warn, so Redis outages show); e.g. RUST_LOG=tower_allowance=debug"
+    };
+}
+
+/// What `--help` prints after the options: where to start, the exit status, logging.
+const AFTER_HELP: &str = concat!(
+    "Start here:\n  allowance-sim seed                          the seed article's table, in virtual time\n  allowance-sim run --mode naive --real       eight workers over real HTTP, each retrying alone\n  allowance-sim run --mode shared --real      the same eight sharing one allowance\n  allowance-sim serve                         the throttling upstream alone\n  allowance-sim http --url URL --header 'X-API-Key: k' --rate 2 --burst 2\n                                              the same workers against your own endpoint",
+    "\n\n",
+    exit_help!()
+);
 
 /// Eight workers, one API key: watch them fight over it, then share it.
 ///
@@ -47,7 +61,7 @@ const MAX_ASCII_LANES: usize = 40;
 #[command(
     name = "allowance-sim",
     version,
-    after_help = "Start here:\n  allowance-sim seed                          the seed article's table, in virtual time\n  allowance-sim run --mode naive --real       eight workers over real HTTP, each retrying alone\n  allowance-sim run --mode shared --real      the same eight sharing one allowance\n  allowance-sim serve                         the throttling upstream alone\n  allowance-sim http --url URL --header 'X-API-Key: k' --rate 2 --burst 2\n                                              the same workers against your own endpoint"
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// What to do.
@@ -67,6 +81,7 @@ pub enum Command {
     /// Any scenario against the built-in throttling upstream, in virtual or real time.
     ///
     /// The upstream and the allowance get the same --burst and --rate (a matching allowance).
+    #[command(after_help = exit_help!())]
     Run(RunArgs),
     /// Run the throttling upstream alone (GET /v1/events/{id}/odds/snapshot, GET /v1/usage).
     Serve(ServeArgs),
@@ -74,6 +89,7 @@ pub enum Command {
     ///
     /// Counts come from the responses the workers received. `{job}` in the URL is replaced
     /// by the job's number. https trusts the system's roots, plus --ca-cert.
+    #[command(after_help = exit_help!())]
     Http(HttpArgs),
     /// The coordination-efficiency sweep: naive, split:4 and shared over a grid of workers,
     /// jobs and upstream buckets (virtual time), plus shared on Redis across 4 processes
@@ -112,14 +128,21 @@ pub struct SweepArgs {
 }
 
 /// Arguments of the hidden `worker` subcommand: one process's share of a run.
+///
+/// The request headers and the Redis URL (which may carry keys and passwords) are not
+/// arguments: with `--secrets-on-stdin` the worker reads them from standard input, as one
+/// JSON object ([`multi::ChildSecrets`]), so that they never show in `ps`.
 #[derive(Clone, Debug, Args)]
 pub struct WorkerArgs {
     /// The URL template.
     #[arg(long)]
     pub url: String,
-    /// Headers, as 'Name: value'.
-    #[arg(long = "header")]
-    pub headers: Vec<String>,
+    /// Read the headers and the Redis URL from standard input (one JSON object).
+    #[arg(long)]
+    pub secrets_on_stdin: bool,
+    /// The usage endpoint the allowances probe when the quota may be spent.
+    #[arg(long, value_name = "URL")]
+    pub usage_url: Option<String>,
     /// The workers of this process and the allowance.
     #[command(flatten)]
     pub workload: Workload,
@@ -162,7 +185,9 @@ pub struct Workload {
     /// Attempts per job, counting the first.
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
-    /// Retries the whole group may make (shared and split modes); unlimited if absent.
+    /// Retries the whole group may make; unlimited if absent. In shared and split modes it
+    /// is each allowance's budget; in naive mode one pool for all the workers (nothing else
+    /// is shared). Across --processes: one pool in Redis with --redis, else one per process.
     #[arg(long)]
     pub retry_budget: Option<u64>,
     /// Give up on a job that cannot finish within this long of its start (e.g. 1500ms, 2s).
@@ -183,6 +208,12 @@ pub struct Workload {
     /// services on one key would.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub processes: u32,
+    /// What an admission does when Redis does not answer (needs --redis): wait for it
+    /// (default: up to 60 s, or wait:DURATION), fail-fast (the job fails, counted as a store
+    /// failure), or local-fallback (each process decides alone at the rate divided by
+    /// --processes until Redis answers).
+    #[arg(long, value_name = "wait|wait:DURATION|fail-fast|local-fallback")]
+    pub on_store_outage: Option<OnStoreOutage>,
 }
 
 impl Workload {
@@ -214,6 +245,12 @@ pub struct RunArgs {
     /// Real time: an HTTP upstream on loopback, real sockets, real waits.
     #[arg(long)]
     pub real: bool,
+    /// The upstream's monthly credits for the key (needs --real): once spent, every snapshot
+    /// is a 429 without Retry-After. In shared and split modes the allowances then probe
+    /// GET /v1/usage, once for the group, and close on its verdict (jobs end abandoned,
+    /// quota_exhausted). `--json` reports `usage_probes`, counted by the upstream.
+    #[arg(long, value_name = "N")]
+    pub quota: Option<u64>,
 }
 
 /// Arguments of `serve`.
@@ -310,7 +347,21 @@ impl Workload {
             max_attempts: self.max_attempts,
             retry_budget: self.retry_budget,
             deadline: self.deadline,
+            on_store_outage: self
+                .on_store_outage
+                .unwrap_or_default()
+                .for_processes(self.processes),
         }
+    }
+
+    /// Refuses settings that would otherwise be ignored.
+    fn check(&self) -> Result<(), BoxError> {
+        if self.on_store_outage.is_some() && self.redis.is_none() {
+            return Err(
+                "--on-store-outage needs --redis: an allowance in memory has no outages".into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -324,10 +375,16 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     match cli.command {
         Command::Seed { json } => seed(json, out),
         Command::Run(args) => {
+            args.workload.check()?;
             let s = args.workload.scenario(args.retry_after);
             let spread = args.workload.processes > 1 || args.workload.redis.is_some();
             if spread && !args.real {
                 return Err("--processes and --redis need real time: add --real".into());
+            }
+            if args.quota.is_some() && !args.real {
+                return Err(
+                    "--quota needs real time (the usage endpoint is HTTP): add --real".into(),
+                );
             }
             let report = if spread {
                 let rt = real_runtime()?;
@@ -335,6 +392,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 let spawn = multi::Spawn {
                     ca_cert: None,
                     progress: progress.as_ref().map(|p| p.done.clone()),
+                    usage_url: None,
                 };
                 let report = rt.block_on(run_real_spread(&s, &args, &spawn));
                 drop(progress);
@@ -343,11 +401,8 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 let rt = real_runtime()?;
                 let progress = Progress::maybe(&rt, &s, on_a_terminal());
                 let counter = progress.as_ref().map(|p| p.done.clone());
-                let report = rt.block_on(live::run_real_with_progress(
-                    &s,
-                    Some(args.retry_after),
-                    counter,
-                ));
+                let report =
+                    rt.block_on(live::run_real_on(upstream_config(&s, &args), &s, counter));
                 drop(progress);
                 report?
             } else {
@@ -367,6 +422,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             print_report(&report, &args.workload, what, &upstream, out)
         }
         Command::Http(args) => {
+            args.workload.check()?;
             let s = args.workload.scenario(RetryAfterMode::Absent);
             let mut target = Target::new(args.url.clone());
             for line in &args.headers {
@@ -382,6 +438,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 let spawn = multi::Spawn {
                     ca_cert: args.ca_cert.clone(),
                     progress: counter,
+                    usage_url: None,
                 };
                 rt.block_on(multi::run_processes_with(
                     &std::env::current_exe()?,
@@ -456,14 +513,22 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
         }
         Command::Worker(args) => {
             let s = args.workload.scenario(RetryAfterMode::Absent);
+            let secrets = if args.secrets_on_stdin {
+                multi::ChildSecrets::read(std::io::stdin().lock())?
+            } else {
+                multi::ChildSecrets::default()
+            };
             let mut target = Target::new(args.url.clone());
-            for line in &args.headers {
+            for line in &secrets.headers {
                 target = target.header_line(line)?;
             }
             if let Some(path) = &args.ca_cert {
                 target = target.ca_cert_file(path)?;
             }
-            let store = match &args.workload.redis {
+            if let Some(url) = &args.usage_url {
+                target = target.usage_probe(url.clone());
+            }
+            let store = match secrets.redis_url.as_ref().or(args.workload.redis.as_ref()) {
                 Some(url) => StoreChoice::Redis {
                     url: url.clone(),
                     name: args.name.clone(),
@@ -486,6 +551,14 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     }
 }
 
+/// The upstream `run --real` starts: the scenario's bucket, `--retry-after`, `--quota`.
+fn upstream_config(s: &Scenario, args: &RunArgs) -> UpstreamConfig {
+    let mut config = live::upstream_config(&s.upstream);
+    config.retry_after = args.retry_after;
+    config.quota = args.quota;
+    config
+}
+
 /// `run --real` over several processes and/or a Redis allowance: starts the upstream here,
 /// the workers in child processes, and counts attempts from the upstream's log.
 async fn run_real_spread(
@@ -493,9 +566,14 @@ async fn run_real_spread(
     args: &RunArgs,
     spawn: &multi::Spawn,
 ) -> Result<RunReport, BoxError> {
-    let mut config = live::upstream_config(&s.upstream);
-    config.retry_after = args.retry_after;
+    let config = upstream_config(s, args);
+    let quota = config.quota.is_some();
     live::counted_by_upstream(config, |upstream| async move {
+        let spawn = multi::Spawn {
+            usage_url: quota.then(|| upstream.usage_url()),
+            ..spawn.clone()
+        };
+        let spawn = &spawn;
         let headers = [format!(
             "{}: {DEFAULT_KEY}",
             crate::upstream::API_KEY_HEADER
@@ -589,7 +667,8 @@ fn print_report(
     }
     if w.json {
         writeln!(out, "{}", serde_json::to_string(report)?)?;
-        return Ok(());
+        out.flush()?;
+        return JobsFailed::check(report);
     }
     writeln!(
         out,
@@ -607,6 +686,12 @@ fn print_report(
         writeln!(out, "abandoned by reason: {}", reasons.join(", "))?;
     }
     if report.failed > 0 {
+        let causes: Vec<String> = report
+            .failed_by_cause
+            .iter()
+            .map(|(cause, n)| format!("{cause}: {n}"))
+            .collect();
+        writeln!(out, "failed by cause: {}", causes.join(", "))?;
         let first = report.first_error.as_deref().unwrap_or("not reported");
         writeln!(out, "failed: {} (first error: {first})", report.failed)?;
     }
@@ -622,7 +707,85 @@ fn print_report(
     if let Some(path) = &w.timeline {
         writeln!(out, "timeline written to {}", path.display())?;
     }
-    Ok(())
+    out.flush()?;
+    JobsFailed::check(report)
+}
+
+/// A run that finished, report printed, with jobs that failed (neither completed nor
+/// abandoned): the binary prints it on stderr and exits with [`EXIT_JOBS_FAILED`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobsFailed {
+    /// Jobs that failed.
+    pub failed: usize,
+    /// Jobs in the run.
+    pub jobs: usize,
+    /// `cause: n` for each cause, comma-separated.
+    pub causes: String,
+    /// The first failed job's error, if known.
+    pub first_error: Option<String>,
+}
+
+impl JobsFailed {
+    /// `Err` when `report` has failed jobs.
+    fn check(report: &RunReport) -> Result<(), BoxError> {
+        if report.failed == 0 {
+            return Ok(());
+        }
+        let causes: Vec<String> = report
+            .failed_by_cause
+            .iter()
+            .map(|(cause, n)| format!("{cause}: {n}"))
+            .collect();
+        Err(Box::new(Self {
+            failed: report.failed,
+            jobs: report.jobs,
+            causes: causes.join(", "),
+            first_error: report.first_error.clone(),
+        }))
+    }
+}
+
+impl std::fmt::Display for JobsFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} jobs failed ({}); first: {}",
+            self.failed,
+            self.jobs,
+            self.causes,
+            self.first_error.as_deref().unwrap_or("not reported")
+        )
+    }
+}
+
+impl std::error::Error for JobsFailed {}
+
+/// Exit status: every job completed or was abandoned by design.
+pub const EXIT_OK: u8 = 0;
+/// Exit status: the run could not be made (an invalid setting, an unreachable Redis, a
+/// worker process that crashed...).
+pub const EXIT_ERROR: u8 = 1;
+/// Exit status: the command line does not parse (clap's own status).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status: the run finished and its report was printed, but some jobs failed (store,
+/// transport, or a final non-2xx status); the first cause is printed on stderr.
+pub const EXIT_JOBS_FAILED: u8 = 3;
+
+/// The exit status for what [`execute`] or [`run_args`] returned.
+///
+/// ```
+/// use allowance_sim::cli::{exit_status, EXIT_ERROR, EXIT_OK};
+///
+/// assert_eq!(exit_status(&Ok(())), EXIT_OK);
+/// assert_eq!(exit_status(&Err("no such file".into())), EXIT_ERROR);
+/// ```
+pub fn exit_status(result: &Result<(), BoxError>) -> u8 {
+    match result {
+        Ok(()) => EXIT_OK,
+        Err(e) if e.is::<JobsFailed>() => EXIT_JOBS_FAILED,
+        Err(e) if e.is::<clap::Error>() => EXIT_USAGE,
+        Err(_) => EXIT_ERROR,
+    }
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {

@@ -18,7 +18,9 @@
 //! ```
 
 use std::{
+    future::Future,
     path::Path,
+    pin::Pin,
     sync::{
         atomic::{AtomicUsize, Ordering},
         Arc, Mutex, PoisonError,
@@ -39,18 +41,22 @@ use rustls::{
     ClientConfig, RootCertStore,
 };
 use tokio::time::Instant;
-use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, util::BoxCloneService, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    headers, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceLayer, BoxError, Deadline,
-    Outcome,
+    admission::AdmissionLayer,
+    headers,
+    quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
+    retry::RetryConfig,
+    retry::RetryPolicy,
+    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline,
 };
-use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 
 use crate::{
     fake::{FakeConfig, WORKER_HEADER},
-    report::{JobEnd, Mark, RunReport, Timeline},
-    scenario::{Mode, Scenario},
-    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    report::{Failure, JobEnd, Mark, RunReport, Timeline},
+    scenario::{Mode, OnStoreOutage, Scenario},
+    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY, USAGE_PATH},
 };
 
 /// A plain HTTP/1.1 client, pooled, without TLS.
@@ -101,6 +107,7 @@ pub struct Target {
     headers: HeaderMap,
     worker_header: bool,
     extra_roots: Arc<Vec<CertificateDer<'static>>>,
+    usage_url: Option<String>,
 }
 
 impl Target {
@@ -111,7 +118,22 @@ impl Target {
             headers: HeaderMap::new(),
             worker_header: false,
             extra_roots: Arc::default(),
+            usage_url: None,
         }
+    }
+
+    /// Gives the run's allowances (shared and split modes) a quota probe: when a 429 without
+    /// `Retry-After` arrives, one `GET usage_url` (with the target's headers) for the whole
+    /// allowance, across processes on Redis, reads `exceeded` and `period_end_utc` in the
+    /// upstream's `/v1/usage` format; an exhausted quota closes the allowance until then.
+    pub fn usage_probe(mut self, usage_url: impl Into<String>) -> Self {
+        self.usage_url = Some(usage_url.into());
+        self
+    }
+
+    /// The usage endpoint the allowances probe, if any.
+    pub fn usage_url(&self) -> Option<&str> {
+        self.usage_url.as_deref()
     }
 
     /// Also trusts the CA certificates in the PEM file at `path` for `https://` URLs, on top
@@ -168,7 +190,9 @@ impl Target {
     /// An invalid header name or value.
     pub fn header(mut self, name: &str, value: &str) -> Result<Self, BoxError> {
         let name = HeaderName::from_bytes(name.trim().as_bytes())?;
-        let value = HeaderValue::from_str(value.trim())?;
+        let mut value = HeaderValue::from_str(value.trim())?;
+        // Headers often carry keys: never shown by `Debug`.
+        value.set_sensitive(true);
         self.headers.append(name, value);
         Ok(self)
     }
@@ -285,24 +309,139 @@ impl Share {
     }
 }
 
-async fn allowance_for(
-    s: &Scenario,
-    store: &StoreChoice,
-    index: usize,
-) -> Result<Allowance, BoxError> {
-    let config = crate::scenario::allowance_config(s)?;
-    Ok(match store {
-        StoreChoice::Memory => Allowance::new(config),
-        StoreChoice::Redis { url, name } => {
-            let name = if index == 0 {
-                name.clone()
-            } else {
-                format!("{name}-{index}")
+/// The allowances of one process's run, and the Redis stores behind them (for counting
+/// their calls).
+struct Allowances {
+    /// Shared and split modes: the allowances the workers use, round-robin. Naive mode: the
+    /// group's retry-budget pool, if any.
+    all: Vec<Allowance>,
+    /// Each Redis store with its call count right after connecting.
+    stores: Vec<(RedisStore, u64)>,
+}
+
+impl Allowances {
+    async fn new(
+        s: &Scenario,
+        store: &StoreChoice,
+        probe: Option<UsageProbe>,
+    ) -> Result<Self, BoxError> {
+        let mut this = Self {
+            all: Vec::new(),
+            stores: Vec::new(),
+        };
+        // Each allowance with the suffix of its name: the first of a run has the run's name
+        // (in Redis, shared by every process), the others `-1`, `-2`..., a naive pool `-budget`.
+        let configs: Vec<(AllowanceConfig, Option<String>)> = match s.mode {
+            Mode::Naive => crate::scenario::naive_budget_config(s)?
+                .map(|c| vec![(c, Some("budget".to_owned()))])
+                .unwrap_or_default(),
+            Mode::Shared => vec![(crate::scenario::allowance_config(s)?, None)],
+            Mode::Split(n) => {
+                let config = crate::scenario::allowance_config(s)?;
+                (0..n.max(1))
+                    .map(|i| (config.clone(), (i > 0).then(|| i.to_string())))
+                    .collect()
+            }
+        };
+        for (config, suffix) in configs {
+            let base = match store {
+                StoreChoice::Redis { name, .. } => name.as_str(),
+                StoreChoice::Memory => "sim",
             };
-            let store = RedisStore::connect(url, &name, RedisStoreOptions::new()).await?;
-            Allowance::with_store(config, store)
+            let name = match suffix {
+                Some(suffix) => format!("{base}-{suffix}"),
+                None => base.to_owned(),
+            };
+            let redis = match store {
+                StoreChoice::Memory => None,
+                StoreChoice::Redis { url, .. } => {
+                    let options = match s.on_store_outage {
+                        OnStoreOutage::LocalFallback { expected_processes } => {
+                            RedisStoreOptions::new()
+                                .failure_policy(FailurePolicy::LocalFallback { expected_processes })
+                        }
+                        _ => RedisStoreOptions::new(),
+                    };
+                    let store = RedisStore::connect(url, &name, options).await?;
+                    this.stores.push((store.clone(), store.round_trips()));
+                    Some(store)
+                }
+            };
+            let mut builder = Allowance::builder(config).name(name);
+            if let (Some(probe), false) = (&probe, s.mode == Mode::Naive) {
+                builder = builder.quota_probe(probe.clone(), QuotaTrigger::after_consecutive(1)?);
+            }
+            if let Some(store) = redis {
+                builder = builder.store(store);
+            }
+            this.all.push(builder.build());
         }
-    })
+        Ok(this)
+    }
+
+    /// Admissions made so far, over every allowance.
+    fn admissions(&self) -> u64 {
+        self.all.iter().map(|a| a.snapshot().admitted).sum()
+    }
+
+    /// Redis calls made since connecting, over every store; `None` without Redis.
+    fn store_calls(&self) -> Option<u64> {
+        (!self.stores.is_empty()).then(|| {
+            self.stores
+                .iter()
+                .map(|(store, at_connect)| store.round_trips().saturating_sub(*at_connect))
+                .sum()
+        })
+    }
+}
+
+/// The quota probe of [`Target::usage_probe`]: `GET /v1/usage` with the target's headers.
+#[derive(Clone)]
+struct UsageProbe {
+    client: HttpsClient,
+    url: String,
+    headers: HeaderMap,
+}
+
+impl std::fmt::Debug for UsageProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageProbe")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuotaProbe for UsageProbe {
+    fn probe(&self) -> Pin<Box<dyn Future<Output = Result<QuotaStatus, BoxError>> + Send>> {
+        let this = self.clone();
+        Box::pin(async move {
+            let mut request = Request::get(&this.url).body(Empty::new())?;
+            request.headers_mut().extend(this.headers.clone());
+            let response = this.client.request(request).await?;
+            if !response.status().is_success() {
+                // Throttled or broken: the allowance backs off before probing again.
+                return Err(format!("usage endpoint answered {}", response.status()).into());
+            }
+            // "Until the period ends" is measured against the upstream's clock, not ours.
+            let date = response
+                .headers()
+                .get(http::header::DATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| httpdate::parse_http_date(v).ok())
+                .ok_or("usage response without a valid Date")?;
+            let body = response.into_body().collect().await?.to_bytes();
+            let usage: serde_json::Value = serde_json::from_slice(&body)?;
+            if usage["exceeded"] != true {
+                return Ok(QuotaStatus::Available);
+            }
+            let end = usage["period_end_utc"]
+                .as_str()
+                .and_then(crate::upstream::parse_period_end)
+                .ok_or("usage response without a valid period_end_utc")?;
+            let retry_in = end.duration_since(date).unwrap_or(Duration::ZERO);
+            Ok(QuotaStatus::Exhausted { retry_in })
+        })
+    }
 }
 
 /// Runs `s`'s workers against `target` in real time; attempts are counted as the client
@@ -339,18 +478,13 @@ pub async fn run_http_with(
     let retry = RetryConfig::default()
         .with_max_attempts(s.max_attempts)?
         .with_jitter_seed(1);
-    let allowances: Vec<Allowance> = match s.mode {
-        Mode::Naive => Vec::new(),
-        Mode::Shared => vec![allowance_for(s, store, 0).await?],
-        Mode::Split(n) => {
-            let mut all = Vec::with_capacity(n.max(1));
-            for i in 0..n.max(1) {
-                all.push(allowance_for(s, store, i).await?);
-            }
-            all
-        }
-    };
     let client = target.client()?;
+    let probe = target.usage_url.as_ref().map(|url| UsageProbe {
+        client: client.clone(),
+        url: url.clone(),
+        headers: target.headers.clone(),
+    });
+    let allowances = Allowances::new(s, store, probe).await?;
     let marks = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     let inner = observed(client, marks.clone(), start);
@@ -361,17 +495,22 @@ pub async fn run_http_with(
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         let service = match s.mode {
             // Its own retry loop honouring Retry-After, and nothing shared.
-            Mode::Naive => Svc::new(Retry::new(
-                RetryPolicy::new(
-                    allowance_for(s, &StoreChoice::Memory, 0).await?,
-                    retry.clone(),
-                ),
-                inner.clone(),
-            )),
+            // With a group budget, the pool: its admission layer holds each retry to the
+            // pool's verdict. Else a private allowance for the policy's bookkeeping.
+            Mode::Naive => match allowances.all.first() {
+                Some(pool) => Svc::new(Retry::new(
+                    RetryPolicy::new(pool.clone(), retry.clone()),
+                    AdmissionLayer::new(pool.clone()).layer(inner.clone()),
+                )),
+                None => Svc::new(Retry::new(
+                    RetryPolicy::new(crate::scenario::naive_own_allowance(s)?, retry.clone()),
+                    inner.clone(),
+                )),
+            },
             Mode::Shared | Mode::Split(_) => Svc::new(
                 ServiceBuilder::new()
                     .layer(AllowanceLayer::new(
-                        allowances[worker % allowances.len()].clone(),
+                        allowances.all[worker % allowances.all.len()].clone(),
                         retry.clone(),
                     ))
                     .service(inner.clone()),
@@ -390,11 +529,11 @@ pub async fn run_http_with(
                     req.extensions_mut().insert(Deadline::after(d));
                 }
                 let result = service.clone().oneshot(req).await;
-                let outcome = Outcome::of(&result);
-                if let (Outcome::Failed, Err(e), None) = (outcome, &result, &first_error) {
-                    first_error = Some(error_chain(e.as_ref()));
+                let end = JobEnd::of(worker_id, started_ms, ms_since(start), &result);
+                if first_error.is_none() {
+                    first_error = failure_text(&end, &result);
                 }
-                ends.push(JobEnd::new(worker_id, started_ms, ms_since(start), outcome));
+                ends.push(end);
                 if let Some(p) = &progress {
                     p.fetch_add(1, Ordering::Relaxed);
                 }
@@ -415,7 +554,20 @@ pub async fn run_http_with(
     let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
     let mut report = RunReport::new(s, "real", "client", timeline, makespan);
     report.first_error = first_error;
+    if !allowances.all.is_empty() {
+        report.admissions = Some(allowances.admissions());
+    }
+    report.store_calls = allowances.store_calls();
     Ok(report)
+}
+
+/// What a failed job's end says about why: its final status, or its error with the causes.
+fn failure_text<B>(end: &JobEnd, result: &Result<Response<B>, BoxError>) -> Option<String> {
+    match (end.failure?, result) {
+        (Failure::Status(status), _) => Some(format!("final status {status}")),
+        (_, Err(e)) => Some(error_chain(e.as_ref())),
+        (cause, Ok(_)) => Some(format!("failed ({cause})")),
+    }
 }
 
 /// `e` and its sources, as `outer: inner: root`, leaving out a source whose text the error
@@ -476,15 +628,36 @@ pub async fn run_real_with_progress(
     if let Some(mode) = retry_after {
         config.retry_after = mode;
     }
+    run_real_on(config, s, progress).await
+}
+
+/// Starts an [`Upstream`] with `config`, runs `s`'s workers in this process against it over
+/// real HTTP, and reports from the server's log. With a quota in `config`, the allowances
+/// probe the upstream's `/v1/usage` ([`Target::usage_probe`]).
+///
+/// # Errors
+///
+/// As [`run_real`].
+pub async fn run_real_on(
+    config: UpstreamConfig,
+    s: &Scenario,
+    progress: Option<Arc<AtomicUsize>>,
+) -> Result<RunReport, BoxError> {
+    let quota = config.quota.is_some();
     counted_by_upstream(config, |upstream| async move {
-        let target = Target::upstream(&upstream, DEFAULT_KEY)?;
+        let mut target = Target::upstream(&upstream, DEFAULT_KEY)?;
+        if quota {
+            target = target.usage_probe(upstream.usage_url());
+        }
         run_http(s, &target, progress).await
     })
     .await
 }
 
 /// Starts an [`Upstream`] with `config`, runs `run` against it, stops it, and replaces the
-/// report's attempt and 429 counts with the upstream's own (`counted_by: "server"`).
+/// report's attempt and 429 counts with the upstream's own (`counted_by: "server"`): the
+/// snapshot requests it saw, and apart from them the `/v1/usage` requests it served
+/// (`usage_probes`).
 ///
 /// # Errors
 ///
@@ -504,9 +677,11 @@ where
         upstream.shutdown().await;
     }
     let mut report = result?;
+    let (usage, snapshots): (Vec<_>, Vec<_>) = seen.iter().partition(|r| r.path == USAGE_PATH);
     report.counted_by = "server";
-    report.attempts = seen.len();
-    report.rejected = seen.iter().filter(|r| r.status == 429).count();
+    report.attempts = snapshots.len();
+    report.rejected = snapshots.iter().filter(|r| r.status == 429).count();
+    report.usage_probes = Some(usage.len());
     Ok(report)
 }
 

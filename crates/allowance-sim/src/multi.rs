@@ -5,6 +5,14 @@
 //! authority for the key); without it each process has its own in-memory allowance, which is
 //! what several processes with local gates amount to: independent allowances on one key.
 //!
+//! # Secrets
+//!
+//! A child's command line is visible to every user of the machine (`ps`, `/proc/PID/cmdline`),
+//! so nothing secret goes there: the request headers (an `X-API-Key`) and the Redis URL (a
+//! password) reach the child on its standard input, as one JSON object ([`ChildSecrets`])
+//! that the parent writes and closes right after starting it. Not in its environment either:
+//! `/proc/PID/environ` is readable by the same user and often ends up in crash reports.
+//!
 //! The children report their jobs and attempts as JSON on stdout; the parent merges them
 //! (times shifted by when each child was started) and, for `run --real`, counts attempts
 //! and 429s from its upstream's own log. Asked for progress (`worker --progress`), a child
@@ -22,14 +30,14 @@ use std::{
 };
 
 use tokio::{
-    io::{AsyncBufReadExt, AsyncRead, BufReader},
+    io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader},
     time::Instant,
 };
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
 
 use crate::{
     live::{self, Share, StoreChoice, Target},
-    report::{JobEnd, Mark, RunReport, Timeline},
+    report::{Failure, JobEnd, Mark, RunReport, Timeline},
     scenario::{Mode, Scenario},
 };
 
@@ -43,6 +51,47 @@ pub struct ChildReport {
     /// The child's first failed job's error, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    /// Admissions the child's allowances made, if it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admissions: Option<u64>,
+    /// Calls the child's Redis stores made (without the script load at connect), with Redis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_calls: Option<u64>,
+}
+
+/// What a child must know but must not show on its command line: the request headers and
+/// the Redis URL. Written by the parent on the child's standard input (one JSON object).
+#[derive(Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChildSecrets {
+    /// The Redis URL (it may carry a password).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// Request headers as `Name: value` (they may carry keys).
+    #[serde(default)]
+    pub headers: Vec<String>,
+}
+
+impl std::fmt::Debug for ChildSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildSecrets")
+            .field("redis_url", &self.redis_url.as_ref().map(|_| "***"))
+            .field("headers", &self.headers.len())
+            .finish()
+    }
+}
+
+impl ChildSecrets {
+    /// Reads them from `input` (a child's standard input) to its end.
+    ///
+    /// # Errors
+    ///
+    /// Input that cannot be read or is not the JSON object.
+    pub fn read(mut input: impl std::io::Read) -> Result<Self, BoxError> {
+        let mut text = String::new();
+        input.read_to_string(&mut text)?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("the secrets on standard input do not parse: {e}").into())
+    }
 }
 
 /// One job's end, as a child reports it.
@@ -56,6 +105,9 @@ pub struct ChildEnd {
     pub at_ms: u64,
     /// `completed`, `failed` or an abandonment reason.
     pub outcome: String,
+    /// Why it failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
 }
 
 impl ChildReport {
@@ -72,9 +124,12 @@ impl ChildReport {
                     started_ms: e.started_ms,
                     at_ms: e.at_ms,
                     outcome: e.outcome.to_owned(),
+                    failure: e.failure,
                 })
                 .collect(),
             first_error: report.first_error.clone(),
+            admissions: report.admissions,
+            store_calls: report.store_calls,
         }
     }
 }
@@ -107,9 +162,13 @@ pub struct Spawn {
     pub ca_cert: Option<PathBuf>,
     /// Incremented as the children's jobs end (they then print `progress N` on stderr).
     pub progress: Option<Arc<AtomicUsize>>,
+    /// The usage endpoint the children's allowances probe when the quota may be spent (see
+    /// [`Target::usage_probe`]).
+    pub usage_url: Option<String>,
 }
 
-/// The arguments of the `worker` child for process `index` of `processes`.
+/// The arguments of the `worker` child for process `index` of `processes`, and what goes
+/// on its standard input. Nothing secret is an argument (see the module docs).
 fn child_args(
     s: &Scenario,
     target_url: &str,
@@ -117,13 +176,14 @@ fn child_args(
     store: &StoreChoice,
     spawn: &Spawn,
     (index, processes): (usize, usize),
-) -> (Vec<String>, usize) {
+) -> (Vec<String>, usize, ChildSecrets) {
     let base = s.workers / processes;
     let extra = s.workers % processes;
     let workers = base + usize::from(index < extra);
     let offset = index * base + index.min(extra);
     let mut args = vec![
         "worker".to_owned(),
+        "--secrets-on-stdin".to_owned(),
         "--url".to_owned(),
         target_url.to_owned(),
         "--mode".to_owned(),
@@ -149,9 +209,13 @@ fn child_args(
     if let Some(d) = s.deadline {
         args.extend(["--deadline".to_owned(), format!("{}ms", d.as_millis())]);
     }
-    for h in headers {
-        args.extend(["--header".to_owned(), h.clone()]);
+    if let Some(url) = &spawn.usage_url {
+        args.extend(["--usage-url".to_owned(), url.clone()]);
     }
+    let mut secrets = ChildSecrets {
+        redis_url: None,
+        headers: headers.to_vec(),
+    };
     if let Some(path) = &spawn.ca_cert {
         args.extend(["--ca-cert".to_owned(), path.display().to_string()]);
     }
@@ -159,14 +223,18 @@ fn child_args(
         args.push("--progress".to_owned());
     }
     if let StoreChoice::Redis { url, name } = store {
+        secrets.redis_url = Some(url.clone());
         args.extend([
-            "--redis".to_owned(),
-            url.clone(),
             "--name".to_owned(),
             name.clone(),
+            "--on-store-outage".to_owned(),
+            s.on_store_outage.to_string(),
+            // The run's processes: the local fallback divides the rate by them.
+            "--processes".to_owned(),
+            processes.to_string(),
         ]);
     }
-    (args, workers)
+    (args, workers, secrets)
 }
 
 /// Runs `s` in `processes` child processes of `exe` against `target_url`, and merges what
@@ -205,27 +273,35 @@ pub async fn run_processes_with(
     let start = Instant::now();
     let mut children = Vec::with_capacity(processes);
     for index in 0..processes {
-        let (args, _) = child_args(s, target_url, headers, store, spawn, (index, processes));
+        let (args, _, secrets) =
+            child_args(s, target_url, headers, store, spawn, (index, processes));
         let started = start.elapsed();
         let mut child = tokio::process::Command::new(exe)
             .args(&args)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
-        // Read stderr as it comes: progress lines feed the counter, the rest is kept for
-        // an error message.
+        // The secrets, then end of input: the child reads to the end.
+        if let Some(mut stdin) = child.stdin.take() {
+            let json = serde_json::to_vec(&secrets)?;
+            stdin.write_all(&json).await?;
+            stdin.shutdown().await?;
+        }
+        // Read stderr as it comes: progress lines feed the counter, the rest (the child's
+        // log) is forwarded to ours and kept for an error message.
         let stderr = child
             .stderr
             .take()
-            .map(|err| tokio::spawn(read_stderr(err, spawn.progress.clone())));
+            .map(|err| tokio::spawn(read_stderr(err, spawn.progress.clone(), Some(index))));
         children.push((started, child, stderr));
     }
     let mut attempts = Vec::new();
     let mut ends = Vec::new();
     let mut first_error = None;
+    let (mut admissions, mut store_calls) = (None::<u64>, None::<u64>);
     for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
@@ -245,6 +321,12 @@ pub async fn run_processes_with(
         let part: ChildReport = serde_json::from_slice(&output.stdout)
             .map_err(|e| format!("a worker process printed no report: {e}"))?;
         first_error = first_error.or(part.first_error);
+        let add = |total: Option<u64>, part: Option<u64>| match (total, part) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        admissions = add(admissions, part.admissions);
+        store_calls = add(store_calls, part.store_calls);
         let shift = u64::try_from(started.as_millis()).unwrap_or(0);
         attempts.extend(part.attempts.into_iter().map(|mut m| {
             m.at_ms += shift;
@@ -257,6 +339,7 @@ pub async fn run_processes_with(
                 e.at_ms + shift,
                 outcome_of(&e.outcome),
             )
+            .failed_by(e.failure)
         }));
     }
     let makespan = start.elapsed();
@@ -265,12 +348,19 @@ pub async fn run_processes_with(
     let mut report = RunReport::new(s, "real", "client", timeline, makespan);
     report.scenario = format!("{} x{processes} {}", report.scenario, store.describe());
     report.first_error = first_error;
+    report.admissions = admissions;
+    report.store_calls = store_calls;
     Ok(report)
 }
 
 /// A child's stderr: each `progress N` line (N jobs ended so far) adds what is new to
-/// `progress`; every other line is returned.
-async fn read_stderr(stderr: impl AsyncRead + Unpin, progress: Option<Arc<AtomicUsize>>) -> String {
+/// `progress`; every other line (its log: a Redis outage, say) is returned, and with
+/// `forward` also printed on this process's stderr at once, as `worker INDEX: line`.
+async fn read_stderr(
+    stderr: impl AsyncRead + Unpin,
+    progress: Option<Arc<AtomicUsize>>,
+    forward: Option<usize>,
+) -> String {
     let mut lines = BufReader::new(stderr).lines();
     let (mut seen, mut rest) = (0, String::new());
     while let Ok(Some(line)) = lines.next_line().await {
@@ -282,6 +372,10 @@ async fn read_stderr(stderr: impl AsyncRead + Unpin, progress: Option<Arc<Atomic
                 seen = seen.max(n);
             }
             _ => {
+                if let Some(index) = forward {
+                    // A closed stderr is no reason to stop reading the child.
+                    let _ = writeln!(std::io::stderr(), "worker {index}: {line}");
+                }
                 rest.push_str(&line);
                 rest.push('\n');
             }
@@ -379,7 +473,7 @@ mod tests {
         let mut covered = Vec::new();
         for i in 0..4 {
             let spawn = Spawn::default();
-            let (args, n) = child_args(
+            let (args, n, _) = child_args(
                 &s,
                 "http://x/{job}",
                 &[],
@@ -401,7 +495,7 @@ mod tests {
     async fn progress_lines_add_up_and_the_rest_is_kept() {
         let done = Arc::new(AtomicUsize::new(5)); // another child's jobs
         let stderr: &[u8] = b"progress 1\nprogress 3\nboom: no report\nprogress 3\nprogress x\n";
-        let rest = read_stderr(stderr, Some(done.clone())).await;
+        let rest = read_stderr(stderr, Some(done.clone()), None).await;
         assert_eq!(done.load(Ordering::Relaxed), 5 + 3);
         assert_eq!(rest, "boom: no report\nprogress x\n");
     }

@@ -1,13 +1,22 @@
 //! What a run reports, in virtual or real time: counts, makespan, rates and a timeline.
 //!
 //! A [`RunReport`] serialises (with `--json`) to one object with the keys `attempts`,
-//! `rejected`, `completed`, `abandoned`, `abandoned_by_reason`, `failed`, `makespan_ms`,
-//! `min_makespan_ms`, `last_attempt_ms`, `achieved_rate_per_sec` and the run's parameters.
+//! `rejected`, `completed`, `abandoned`, `abandoned_by_reason`, `failed`, `failed_by_cause`,
+//! `makespan_ms`, `min_makespan_ms`, `last_attempt_ms`, `achieved_rate_per_sec`, the run's
+//! parameters, and where they apply `first_error`, `usage_probes`, `admissions` and
+//! `store_calls`.
+//!
+//! A job ends in exactly one of three ways: **completed** (a successful final response),
+//! **abandoned** (the allowance gave up on it by design, with a reason: attempts, budget,
+//! deadline, quota...), or **failed**, with a [`Failure`] cause: the allowance's store could
+//! not decide, the transport failed, or the final response was not a success (a 401, a 404,
+//! a 503 after the last attempt). A final non-2xx response is never counted as completed.
 //! Its [`Timeline`] feeds the ASCII and SVG pictures in [`crate::timeline`].
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
 
-use tower_allowance::Outcome;
+use http::Response;
+use tower_allowance::{error::StoreUnavailable, store::StoreError, BoxError, Outcome};
 
 use crate::scenario::{Mode, Report, Scenario};
 
@@ -25,6 +34,99 @@ pub struct Mark {
     pub retry_after_ms: Option<u64>,
 }
 
+/// Why a job failed (it was neither completed nor abandoned by design).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Failure {
+    /// The allowance's store could not decide (Redis did not answer, or refused us), so the
+    /// request was not sent.
+    Store,
+    /// The request was sent (or tried) and no response came back: connection refused, TLS,
+    /// a reset.
+    Transport,
+    /// The final response was not a success: this status, after the last attempt.
+    Status(u16),
+}
+
+impl Failure {
+    /// Why `result` failed, if it did: a final non-2xx status, an allowance store that
+    /// could not decide, or a transport error.
+    ///
+    /// ```
+    /// use allowance_sim::report::Failure;
+    /// use http::{Response, StatusCode};
+    /// use tower_allowance::BoxError;
+    ///
+    /// let res: Result<Response<()>, BoxError> =
+    ///     Ok(Response::builder().status(StatusCode::NOT_FOUND).body(())?);
+    /// assert_eq!(Failure::of(&res), Some(Failure::Status(404)));
+    /// let err: Result<Response<()>, BoxError> = Err("connection refused".into());
+    /// assert_eq!(Failure::of(&err), Some(Failure::Transport));
+    /// assert_eq!(Failure::Status(503).to_string(), "status_503");
+    /// # Ok::<(), BoxError>(())
+    /// ```
+    pub fn of<B>(result: &Result<Response<B>, BoxError>) -> Option<Self> {
+        match (Outcome::of(result), result) {
+            (Outcome::Unsuccessful(status), _) => Some(Self::Status(status.as_u16())),
+            (Outcome::Failed, Err(e)) if is_store_error(e.as_ref()) => Some(Self::Store),
+            (Outcome::Failed, _) => Some(Self::Transport),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the allowance's store is somewhere in `e`'s `source()` chain.
+fn is_store_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(e) = cur {
+        if e.is::<StoreUnavailable>() || e.is::<StoreError>() {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
+impl fmt::Display for Failure {
+    /// `store`, `transport` or `status_503`: the keys of `failed_by_cause`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Store => f.write_str("store"),
+            Self::Transport => f.write_str("transport"),
+            Self::Status(s) => write!(f, "status_{s}"),
+        }
+    }
+}
+
+impl FromStr for Failure {
+    type Err = String;
+
+    /// Parses what [`Display`](fmt::Display) prints.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "store" => Ok(Self::Store),
+            "transport" => Ok(Self::Transport),
+            _ => s
+                .strip_prefix("status_")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Status)
+                .ok_or_else(|| format!("unknown failure cause {s:?}")),
+        }
+    }
+}
+
+impl serde::Serialize for Failure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Failure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// How one job ended.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct JobEnd {
@@ -36,22 +138,47 @@ pub struct JobEnd {
     pub at_ms: u64,
     /// `"completed"`, `"failed"`, or the abandonment reason (`"max_attempts"`, ...).
     pub outcome: &'static str,
+    /// Why it failed, when `outcome` is `"failed"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
 }
 
 impl JobEnd {
-    /// A job run by `worker` from `started_ms` to `at_ms`, ending with `outcome`.
+    /// A job run by `worker` from `started_ms` to `at_ms`, ending with `outcome`. A failure's
+    /// cause is its status for [`Outcome::Unsuccessful`], else a transport error (see
+    /// [`JobEnd::failed_by`] to say otherwise).
     pub fn new(worker: u32, started_ms: u64, at_ms: u64, outcome: Outcome) -> Self {
-        let outcome = match outcome {
-            Outcome::Completed => "completed",
-            Outcome::Abandoned(reason) => reason.as_str(),
-            _ => "failed",
+        let (outcome, failure) = match outcome {
+            Outcome::Completed => ("completed", None),
+            Outcome::Abandoned(reason) => (reason.as_str(), None),
+            Outcome::Unsuccessful(status) => ("failed", Some(Failure::Status(status.as_u16()))),
+            _ => ("failed", Some(Failure::Transport)),
         };
         Self {
             worker,
             started_ms,
             at_ms,
             outcome,
+            failure,
         }
+    }
+
+    /// The job as it ended with `result`.
+    pub fn of<B>(
+        worker: u32,
+        started_ms: u64,
+        at_ms: u64,
+        result: &Result<Response<B>, BoxError>,
+    ) -> Self {
+        Self::new(worker, started_ms, at_ms, Outcome::of(result)).failed_by(Failure::of(result))
+    }
+
+    /// The same end, failed for `cause` (when it failed at all).
+    pub fn failed_by(mut self, cause: Option<Failure>) -> Self {
+        if self.outcome == "failed" {
+            self.failure = cause.or(self.failure);
+        }
+        self
     }
 
     /// Whether the job was abandoned.
@@ -177,12 +304,26 @@ pub struct RunReport {
     pub abandoned: usize,
     /// Jobs abandoned, by reason.
     pub abandoned_by_reason: BTreeMap<&'static str, usize>,
-    /// Jobs that failed otherwise (transport errors).
+    /// Jobs that failed: neither completed nor abandoned (see [`Failure`]).
     pub failed: usize,
+    /// Failed jobs by cause: `store`, `transport`, `status_NNN` (a final non-2xx status).
+    pub failed_by_cause: BTreeMap<String, usize>,
     /// The first failed job's error, with its causes (e.g. a TLS certificate the client
-    /// does not trust); absent when nothing failed or the run's clients do not say.
+    /// does not trust, or `final status 503`); absent when nothing failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    /// `/v1/usage` requests the upstream served (counted by the server), for runs against
+    /// the built-in upstream with a quota.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage_probes: Option<usize>,
+    /// Admissions the run's allowances made (first attempts and retries), for runs whose
+    /// workers share allowances.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admissions: Option<u64>,
+    /// Calls the run's Redis stores made (the sum of `RedisStore::round_trips()` over every
+    /// process, without the script load at connect), with `--redis`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_calls: Option<u64>,
     /// Until the last job finished, in ms, rounded up (as the minimum is).
     pub makespan_ms: u64,
     /// The theoretical minimum makespan for this many jobs at this allowance:
@@ -209,11 +350,16 @@ impl RunReport {
         makespan: Duration,
     ) -> Self {
         let mut abandoned_by_reason = BTreeMap::new();
+        let mut failed_by_cause = BTreeMap::new();
         let (mut completed, mut failed) = (0, 0);
         for end in &timeline.ends {
             match end.outcome {
                 "completed" => completed += 1,
-                "failed" => failed += 1,
+                "failed" => {
+                    failed += 1;
+                    let cause = end.failure.unwrap_or(Failure::Transport);
+                    *failed_by_cause.entry(cause.to_string()).or_default() += 1;
+                }
                 reason => *abandoned_by_reason.entry(reason).or_default() += 1,
             }
         }
@@ -249,7 +395,11 @@ impl RunReport {
             abandoned: abandoned_by_reason.values().sum(),
             abandoned_by_reason,
             failed,
+            failed_by_cause,
             first_error: None,
+            usage_probes: None,
+            admissions: None,
+            store_calls: None,
             makespan_ms: ceil_ms(makespan),
             min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
             last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),
@@ -284,12 +434,13 @@ impl RunReport {
     /// One line of figures for a table.
     pub fn row(&self) -> String {
         format!(
-            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>6} {:>11} {:>11} {:>9}",
             self.scenario,
             self.attempts,
             self.rejected,
             self.completed,
             self.abandoned,
+            self.failed,
             self.makespan_ms,
             self.min_makespan_ms,
             format!("{:.2}/s", self.achieved_rate_per_sec),
@@ -299,12 +450,13 @@ impl RunReport {
     /// The header matching [`RunReport::row`].
     pub fn header() -> String {
         format!(
-            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>11} {:>11} {:>9}",
+            "{:<16} {:>8} {:>8} {:>9} {:>9} {:>6} {:>11} {:>11} {:>9}",
             "mode",
             "attempts",
             "429s",
             "completed",
             "abandoned",
+            "failed",
             "makespan ms",
             "minimum ms",
             "rate"

@@ -4,14 +4,15 @@
 //! with the library's `RetryPolicy` for the naive mode) against a [`FakeUpstream`], on a
 //! paused Tokio clock, so the figures are exact and repeatable.
 
-use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
+use std::{collections::BTreeMap, fmt, num::NonZeroU32, str::FromStr, time::Duration};
 
 use http::Request;
 use tokio::time::Instant;
-use tower::{retry::Retry, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, Allowance, AllowanceConfig,
-    AllowanceLayer, BoxError, Deadline, Outcome, RetryBudgetConfig,
+    admission::AdmissionLayer, error::AbandonReason, retry::RetryConfig, retry::RetryPolicy,
+    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline, OutagePolicy, Outcome,
+    RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
 };
 
 use crate::{
@@ -22,7 +23,8 @@ use crate::{
 /// How workers coordinate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// Each worker retries on its own, honouring `Retry-After`; no shared admission.
+    /// Each worker retries on its own, honouring `Retry-After`; no shared admission. A
+    /// retry budget, if given, is one pool for the group (nothing else is shared).
     Naive,
     /// One allowance for everyone: shared admission, cooldown and retry budget.
     Shared,
@@ -81,6 +83,108 @@ impl FromStr for Mode {
     }
 }
 
+/// What an admission does when the allowance's store (Redis) does not answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreOutage {
+    /// Wait for the store (probing with backoff) up to this long, then fail
+    /// ([`OutagePolicy::Wait`]). Nothing is sent without the store's admission.
+    Wait(Duration),
+    /// Fail at once ([`OutagePolicy::FailFast`]): the job fails with a store error.
+    FailFast,
+    /// Decide in each process at the rate divided by `expected_processes` while Redis does
+    /// not answer (`FailurePolicy::LocalFallback` of `tower-allowance-redis`).
+    LocalFallback {
+        /// The processes sharing the allowance (the run's `--processes`).
+        expected_processes: NonZeroU32,
+    },
+}
+
+impl Default for OnStoreOutage {
+    /// Wait, up to [`DEFAULT_MAX_OUTAGE_WAIT`] (60 s).
+    fn default() -> Self {
+        Self::Wait(DEFAULT_MAX_OUTAGE_WAIT)
+    }
+}
+
+impl OnStoreOutage {
+    /// The allowance's outage policy for this choice (the local fallback answers in the
+    /// store, so the allowance keeps the default).
+    pub fn outage_policy(self) -> OutagePolicy {
+        match self {
+            Self::Wait(max) => OutagePolicy::Wait { max },
+            Self::FailFast => OutagePolicy::FailFast,
+            Self::LocalFallback { .. } => OutagePolicy::default(),
+        }
+    }
+
+    /// The same choice for a run of `processes` processes (the local fallback divides the
+    /// rate by it).
+    pub fn for_processes(self, processes: u32) -> Self {
+        match self {
+            Self::LocalFallback { .. } => Self::LocalFallback {
+                expected_processes: NonZeroU32::new(processes).unwrap_or(NonZeroU32::MIN),
+            },
+            other => other,
+        }
+    }
+}
+
+impl fmt::Display for OnStoreOutage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Wait(max) if *max == DEFAULT_MAX_OUTAGE_WAIT => f.write_str("wait"),
+            Self::Wait(max) => write!(f, "wait:{}ms", max.as_millis()),
+            Self::FailFast => f.write_str("fail-fast"),
+            Self::LocalFallback { .. } => f.write_str("local-fallback"),
+        }
+    }
+}
+
+impl FromStr for OnStoreOutage {
+    type Err = String;
+
+    /// Parses `wait`, `wait:DURATION` (`wait:30s`, `wait:1500ms`), `fail-fast` or
+    /// `local-fallback` (for one process until [`OnStoreOutage::for_processes`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use allowance_sim::scenario::OnStoreOutage;
+    ///
+    /// assert_eq!("wait".parse(), Ok(OnStoreOutage::default()));
+    /// assert_eq!("wait:1500ms".parse(), Ok(OnStoreOutage::Wait(Duration::from_millis(1500))));
+    /// assert_eq!("fail-fast".parse(), Ok(OnStoreOutage::FailFast));
+    /// assert!("later".parse::<OnStoreOutage>().is_err());
+    /// ```
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "invalid store outage policy {s:?}: use wait, wait:DURATION (e.g. wait:30s), fail-fast or local-fallback"
+            )
+        };
+        match s {
+            "wait" => Ok(Self::default()),
+            "fail-fast" => Ok(Self::FailFast),
+            "local-fallback" => Ok(Self::LocalFallback {
+                expected_processes: NonZeroU32::MIN,
+            }),
+            _ => {
+                let d = s.strip_prefix("wait:").ok_or_else(bad)?;
+                let max = match d.strip_suffix("ms") {
+                    Some(ms) => ms.parse().map(Duration::from_millis).map_err(|_| bad())?,
+                    None => d
+                        .strip_suffix('s')
+                        .unwrap_or(d)
+                        .parse::<f64>()
+                        .ok()
+                        .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+                        .ok_or_else(bad)?,
+                };
+                Ok(Self::Wait(max))
+            }
+        }
+    }
+}
+
 /// One scenario.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -102,6 +206,8 @@ pub struct Scenario {
     pub retry_budget: Option<u64>,
     /// A per-request deadline from the moment the job starts.
     pub deadline: Option<Duration>,
+    /// What an admission does when the allowance's store does not answer (Redis runs).
+    pub on_store_outage: OnStoreOutage,
 }
 
 impl Scenario {
@@ -132,6 +238,7 @@ impl Scenario {
             max_attempts: 10,
             retry_budget: None,
             deadline: None,
+            on_store_outage: OnStoreOutage::default(),
         }
     }
 }
@@ -183,11 +290,46 @@ pub fn allowance_config(s: &Scenario) -> Result<AllowanceConfig, BoxError> {
         .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
     Ok(AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
         .with_retry_budget(budget)
-        .with_max_waiters(s.workers.max(1)))
+        .with_max_waiters(s.workers.max(1))
+        .with_outage_policy(s.on_store_outage.outage_policy()))
+}
+
+/// The allowance naive workers share when the group has a retry budget: the budget (one pool
+/// for the group, as in the seed's scenario 4b) and nothing else. Its rate is far above any
+/// upstream's (a million per second, bursts of a million), so it never paces anyone: each
+/// worker still retries on its own, honouring `Retry-After`, and only the budget is common.
+/// `None` without a budget.
+///
+/// # Errors
+///
+/// None in practice (the configuration is fixed); typed for the library's validation.
+pub fn naive_budget_config(s: &Scenario) -> Result<Option<AllowanceConfig>, BoxError> {
+    let Some(budget) = s.retry_budget else {
+        return Ok(None);
+    };
+    Ok(Some(
+        AllowanceConfig::per_second(1_000_000, 1_000_000)?
+            .with_retry_budget(RetryBudgetConfig::fixed(budget))
+            .with_max_waiters(s.workers.max(1))
+            .with_outage_policy(s.on_store_outage.outage_policy()),
+    ))
 }
 
 fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
     Ok(Allowance::new(allowance_config(s)?))
+}
+
+/// A naive worker's own allowance: the policy's bookkeeping at the scenario's rate, with an
+/// unlimited budget (the group's budget, if any, is the pool of [`naive_budget_config`]).
+///
+/// # Errors
+///
+/// A configuration the library rejects.
+pub fn naive_own_allowance(s: &Scenario) -> Result<Allowance, BoxError> {
+    allowance_for(&Scenario {
+        retry_budget: None,
+        ..s.clone()
+    })
 }
 
 type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;
@@ -206,7 +348,10 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
     let mut tasks = Vec::with_capacity(s.workers);
 
     let allowances: Vec<Allowance> = match s.mode {
-        Mode::Naive => Vec::new(),
+        Mode::Naive => naive_budget_config(s)?
+            .map(Allowance::new)
+            .into_iter()
+            .collect(),
         Mode::Shared => vec![allowance_for(s)?],
         Mode::Split(n) => (0..n.max(1))
             .map(|_| allowance_for(s))
@@ -221,16 +366,23 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         // Each worker builds its stack once; jobs reuse it.
         let service = match s.mode {
-            Mode::Naive => {
+            Mode::Naive => match allowances.first() {
+                // The group's budget: the policy spends the pool, and the pool's admission
+                // layer holds each retry to the verdict (a refused retry is not sent).
+                Some(pool) => Svc::new(Retry::new(
+                    RetryPolicy::new(pool.clone(), retry.clone()),
+                    AdmissionLayer::new(pool.clone()).layer(upstream),
+                )),
                 // Its own retry loop and nothing shared: a private, unlimited allowance that
                 // only serves the policy's bookkeeping.
-                let own = allowance_for(&Scenario {
-                    retry_budget: None,
-                    ..s.clone()
-                })?;
-                let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
-                Svc::new(Retry::new(RetryPolicy::new(own, retry.clone()), upstream))
-            }
+                None => {
+                    let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
+                    Svc::new(Retry::new(
+                        RetryPolicy::new(naive_own_allowance(s)?, retry.clone()),
+                        upstream,
+                    ))
+                }
+            },
             Mode::Shared | Mode::Split(_) => {
                 let allowance = allowances[worker % allowances.len()].clone();
                 Svc::new(

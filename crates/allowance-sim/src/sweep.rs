@@ -25,7 +25,7 @@ use crate::{
     live::{self, StoreChoice},
     multi,
     report::{min_makespan_ms, RunReport},
-    scenario::{self, Mode, Scenario},
+    scenario::{self, Mode, OnStoreOutage, Scenario},
     upstream::{UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 
@@ -141,6 +141,7 @@ fn scenario(mode: Mode, workers: usize, jobs: usize, (burst, rate): (u32, u32)) 
         max_attempts: 10,
         retry_budget: None,
         deadline: None,
+        on_store_outage: OnStoreOutage::default(),
     }
 }
 

@@ -356,6 +356,7 @@ mod tests {
             started_ms: 0,
             at_ms: 1000,
             outcome: "max_attempts",
+            failure: None,
         }];
         let t = Timeline::new(Mode::Naive, 2, attempts, ends);
         let out = ascii(&t, 2000, 21);

@@ -320,6 +320,11 @@ impl Upstream {
         format!("{}{}", self.url(), snapshot_path(event_id))
     }
 
+    /// The URL of the usage endpoint.
+    pub fn usage_url(&self) -> String {
+        format!("{}{USAGE_PATH}", self.url())
+    }
+
     /// Its configuration.
     pub fn config(&self) -> &UpstreamConfig {
         &self.shared.config
@@ -568,6 +573,41 @@ fn period_end_utc(now: SystemTime) -> String {
     format!("{year:04}-{month:02}-01T00:00:00Z")
 }
 
+/// Parses a `period_end_utc` as `/v1/usage` writes it (`YYYY-MM-DDT00:00:00Z`).
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use allowance_sim::upstream::parse_period_end;
+///
+/// assert_eq!(parse_period_end("2025-01-01T00:00:00Z"), Some(UNIX_EPOCH + Duration::from_secs(1_735_689_600)));
+/// assert_eq!(parse_period_end("2025-01-01"), None);
+/// ```
+pub fn parse_period_end(s: &str) -> Option<SystemTime> {
+    let date = s.strip_suffix("T00:00:00Z")?;
+    let mut parts = date.split('-').map(str::parse::<i64>);
+    let (y, m, d) = (
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+    );
+    if parts.next().is_some() || !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+        return None;
+    }
+    let secs = u64::try_from(days_from_civil(y, m, d).checked_mul(86_400)?).ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// (year, month, day) to days since 1970-01-01, proleptic Gregorian (H. Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
@@ -609,6 +649,16 @@ mod tests {
         assert_eq!(period_end_utc(dec), "2025-01-01T00:00:00Z");
         let feb = UNIX_EPOCH + Duration::from_secs(19_782 * 86_400);
         assert_eq!(period_end_utc(feb), "2024-03-01T00:00:00Z");
+        // What `period_end_utc` writes, `parse_period_end` reads back.
+        for days in [0, 19_782, 20_000, 40_000] {
+            let t = UNIX_EPOCH + Duration::from_secs(days * 86_400);
+            let end = parse_period_end(&period_end_utc(t)).expect("parses");
+            assert_eq!(
+                period_end_utc(end - Duration::from_secs(1)),
+                period_end_utc(t)
+            );
+            assert!(end > t);
+        }
     }
 
     #[tokio::test(start_paused = true)]

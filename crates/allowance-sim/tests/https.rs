@@ -160,6 +160,18 @@ fn run_in_process(args: Vec<String>) -> String {
     String::from_utf8(out).expect("utf-8")
 }
 
+/// Runs a command whose jobs all fail: the report is printed all the same, and the run
+/// ends with [`JobsFailed`](allowance_sim::cli::JobsFailed) (exit status 3 in the binary).
+fn run_in_process_failing(args: Vec<String>) -> (String, allowance_sim::cli::JobsFailed) {
+    let mut out = Vec::new();
+    let err = allowance_sim::cli::run_args(args, &mut out).expect_err("jobs failed");
+    let failed = err
+        .downcast_ref::<allowance_sim::cli::JobsFailed>()
+        .cloned()
+        .unwrap_or_else(|| panic!("not a JobsFailed: {err}"));
+    (String::from_utf8(out).expect("utf-8"), failed)
+}
+
 fn figures(v: &Value) -> (u64, u64, u64, u64) {
     let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
     (n("attempts"), n("completed"), n("abandoned"), n("failed"))
@@ -212,10 +224,13 @@ fn https_with_the_test_ca_completes_through_the_binary() {
 #[test]
 fn without_the_ca_the_server_is_refused_and_the_run_says_why() {
     let server = TlsServer::start("refused");
-    let v: Value = serde_json::from_str(&run_in_process(http_args(&server.url(), &["--json"])))
-        .expect("one JSON object");
+    let (out, failed) = run_in_process_failing(http_args(&server.url(), &["--json"]));
+    let v: Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!(v["completed"], 0, "{v}");
     assert_eq!(v["failed"], JOBS, "{v}");
+    assert_eq!(v["failed_by_cause"]["transport"], JOBS, "{v}");
+    assert_eq!(failed.failed as u64, JOBS);
+    assert!(failed.to_string().contains("certificate"), "{failed}");
     let error = v["first_error"]
         .as_str()
         .expect("the first error is reported");
@@ -223,8 +238,9 @@ fn without_the_ca_the_server_is_refused_and_the_run_says_why() {
     assert_eq!(server.served(), 0);
 
     // The table says so too.
-    let table = run_in_process(http_args(&server.url(), &[]));
+    let (table, _) = run_in_process_failing(http_args(&server.url(), &[]));
     assert!(table.contains("failed: 6 (first error: "), "{table}");
+    assert!(table.contains("failed by cause: transport: 6"), "{table}");
     assert!(table.contains("UnknownIssuer"), "{table}");
 }
 

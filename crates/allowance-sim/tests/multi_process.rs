@@ -115,6 +115,16 @@ async fn one_redis_allowance_for_four_processes_vs_one_allowance_each() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_budget_of_k_is_exact_across_processes() {
+    budget_of_k_across_processes(Mode::Shared).await;
+}
+
+/// Naive workers with `--retry-budget`: one pool for the group, in Redis across processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_naive_budget_pool_of_k_is_exact_across_processes() {
+    budget_of_k_across_processes(Mode::Naive).await;
+}
+
+async fn budget_of_k_across_processes(mode: Mode) {
     let Some(redis) = TestRedis::start().await else {
         return;
     };
@@ -129,6 +139,7 @@ async fn a_shared_budget_of_k_is_exact_across_processes() {
         rate_per_sec: 1000,
         max_attempts: 3,
         retry_budget: Some(K),
+        mode,
         ..scenario(16, 16)
     };
     let store = StoreChoice::Redis {
@@ -148,7 +159,7 @@ async fn a_shared_budget_of_k_is_exact_across_processes() {
     let seen = upstream.log();
     upstream.shutdown().await;
     eprintln!(
-        "always-429 upstream, shared budget {K}: {} attempts for 16 jobs; abandoned {:?}",
+        "always-429 upstream, {mode} budget {K}: {} attempts for 16 jobs; abandoned {:?}",
         seen.len(),
         report.abandoned_by_reason
     );
@@ -230,4 +241,57 @@ async fn progress_counts_every_job_across_processes() {
     upstream.shutdown().await;
     assert_eq!(report.completed, 12);
     assert_eq!(done.load(Ordering::Relaxed), 12);
+}
+
+/// `store_calls` (issue 15, point 2) is what the Redis server counted: the scripts the run's
+/// stores called, summed over the processes (the connect-time script load left out), and
+/// about one per admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_calls_are_what_redis_counted() {
+    let Some(redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
+        .await
+        .expect("upstream");
+    let store = StoreChoice::Redis {
+        url: redis.url().to_owned(),
+        name: run_name(),
+    };
+    assert_eq!(redis.command(&["CONFIG", "RESETSTAT"]).await, "+OK");
+    let report = run_processes(
+        exe(),
+        &scenario(32, 120),
+        &upstream.snapshot_url("e{job}"),
+        &key_header(),
+        &store,
+        PROCESSES,
+    )
+    .await
+    .expect("runs");
+    upstream.shutdown().await;
+    let stats = redis.command(&["INFO", "commandstats"]).await;
+    let counted: u64 = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    let (calls, admissions) = (
+        report.store_calls.expect("store_calls with Redis"),
+        report.admissions.expect("admissions"),
+    );
+    eprintln!("{PROCESSES} processes: {calls} store calls, Redis counted {counted} script calls, {admissions} admissions");
+    assert_eq!(calls, counted);
+    assert!(admissions >= 120, "{admissions}");
+    assert!(
+        calls * 10 <= admissions * 13,
+        "{calls} calls for {admissions} admissions"
+    );
 }
