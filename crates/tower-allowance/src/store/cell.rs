@@ -4,15 +4,23 @@
 //! passed in so the interleavings can be model-checked
 //! (`RUSTFLAGS="--cfg loom" cargo test -p tower-allowance --release --lib loom`).
 //!
-//! - `word` packs the first limit's theoretical arrival time (54 bits) with the low 10 bits of
-//!   the event epoch. It is the commit point of every operation: each one ends with one
-//!   compare-and-swap of it, so two operations that read the same state cannot both commit.
-//! - `published` holds what a first attempt reads besides the bucket (cooldown, closed state,
-//!   epoch). Only the locked path writes it, and before its compare-and-swap, so whoever sees
-//!   the new `word` also sees the new cooldown. Every change to these fields bumps the epoch,
-//!   which is in `word`: a first attempt that read the old ones fails its compare-and-swap.
+//! - `word` packs the first limit's theoretical arrival time (54 bits), the low 9 bits of
+//!   the event epoch and a `BUSY` bit. A lock-free first attempt commits with one
+//!   compare-and-swap of it, so two attempts that read the same state cannot both commit.
+//! - The locked path (everything else) holds the mutex and raises `BUSY` first, with one
+//!   atomic read-modify-write that also reads the latest bucket: from then on no lock-free
+//!   attempt can commit (its compare-and-swap expects a word without `BUSY`; a new attempt
+//!   that sees `BUSY` takes the locked path, behind the mutex). So the locked path applies
+//!   [`rule::apply`] to the state in place, with no copy and no retry, publishes what a
+//!   first attempt reads besides the bucket (cooldown, closed state, epoch: `published`),
+//!   and releases the word with the new bucket and epoch and `BUSY` clear.
+//! - A first attempt loads the word, then the published fields: it sees at least what the
+//!   locked path that stored that word published. If it read anything newer, a locked path
+//!   has raised `BUSY` since, and its compare-and-swap fails. A word stored again unchanged
+//!   (same bucket, same epoch) comes with the same published fields: every change to them
+//!   bumps the epoch.
 //! - The rest of [`State`] (other limits, the retry budget, the quota probe) lives behind the
-//!   mutex, which serialises the locked path.
+//!   mutex.
 //!
 //! The lock-free path (a first attempt on a one-limit allowance, nothing to deposit, no
 //! `not_before`) is [`rule::admit`] with nothing to do for deposits and the budget: it calls
@@ -42,15 +50,19 @@ pub(crate) struct Padded<T>(pub(crate) T);
 
 const TAT_BITS: u32 = 54;
 const TAT_MASK: u64 = (1 << TAT_BITS) - 1;
-const EPOCH_MASK: u64 = (1 << (64 - TAT_BITS)) - 1;
+const EPOCH_BITS: u32 = 9;
+const EPOCH_MASK: u64 = (1 << EPOCH_BITS) - 1;
+/// Set while the locked path applies an operation: no lock-free commit meanwhile.
+const BUSY: u64 = 1 << 63;
 
 fn pack(tat: u64, epoch: u64) -> u64 {
     // A theoretical arrival time beyond 2^54 µs (570 years of uptime plus backlog) saturates.
     tat.min(TAT_MASK) | ((epoch & EPOCH_MASK) << TAT_BITS)
 }
 
+/// The bucket and the epoch's low bits (`BUSY` aside).
 fn unpack(word: u64) -> (u64, u64) {
-    (word & TAT_MASK, word >> TAT_BITS)
+    (word & TAT_MASK, (word >> TAT_BITS) & EPOCH_MASK)
 }
 
 /// What the lock-free path reads besides the bucket.
@@ -105,20 +117,25 @@ impl Cell {
     /// Applies one operation at `now`.
     #[inline]
     pub(crate) fn apply(&self, now: u64, params: &Params, op: &Op) -> Reply {
-        match op {
-            Op::Admit(req) if lock_free(params, req) => {
-                Reply::Admit(self.admit_first(now, params, req))
+        if let Op::Admit(req) = op {
+            if lock_free(params, req) {
+                if let Some(admission) = self.admit_first(now, params, req) {
+                    return Reply::Admit(admission);
+                }
             }
-            _ => self.apply_locked(now, params, op),
         }
+        self.apply_locked(now, params, op)
     }
 
     /// The lock-free path: [`rule::admit`] for a request that touches neither the budget nor
-    /// a second limit.
-    fn admit_first(&self, now: u64, params: &Params, req: &AdmitRequest) -> Admission {
+    /// a second limit. `None` while the locked path is applying an operation: take it too.
+    fn admit_first(&self, now: u64, params: &Params, req: &AdmitRequest) -> Option<Admission> {
         let published = &self.published.0;
         loop {
             let word = self.word.0.load(Ordering::Acquire);
+            if word & BUSY != 0 {
+                return None;
+            }
             let (tat, epoch_bits) = unpack(word);
             let closed_until = published.closed_until.load(Ordering::Acquire);
             if let Some(closed) = rule::closed(
@@ -126,7 +143,7 @@ impl Cell {
                 published.closed_by.load(Ordering::Acquire),
                 now,
             ) {
-                return closed;
+                return Some(closed);
             }
             let blocked_until = published.blocked_until.load(Ordering::Acquire);
             let Some((at, new_tat)) = rule::schedule(
@@ -136,15 +153,18 @@ impl Cell {
                 now.max(blocked_until),
                 req.cost,
             ) else {
-                return Admission::TooCostly;
+                return Some(Admission::TooCostly);
             };
             let wait = at - now;
             if wait > req.max_wait_us {
-                return Admission::Refused {
+                return Some(Admission::Refused {
                     wait: Duration::from_micros(wait),
                     cooldown: blocked_until > now,
-                };
+                });
             }
+            // The full epoch of the word: the locked path that stored it published it first.
+            // Anything newer means a locked path has raised `BUSY` since: the commit fails.
+            let epoch = published.epoch.load(Ordering::Acquire);
             if wait > 0 {
                 // Before the commit, so a cooldown raised concurrently sees it pending (if
                 // the commit then fails, a cooldown errs late, never early).
@@ -164,19 +184,11 @@ impl Cell {
                 continue;
             }
             if wait == 0 {
-                return Admission::Admitted;
+                return Some(Admission::Admitted);
             }
-            // The full epoch of the state committed against: the locked path publishes the
-            // next epoch before its commit, so the published one may be one ahead.
-            let published_epoch = published.epoch.load(Ordering::Acquire);
-            let epoch = if published_epoch & EPOCH_MASK == epoch_bits {
-                published_epoch
-            } else {
-                published_epoch.wrapping_sub(1)
-            };
             let mut reserved = [0; MAX_LIMITS];
             reserved[0] = new_tat[0];
-            return Admission::Reserved {
+            return Some(Admission::Reserved {
                 wait: Duration::from_micros(wait),
                 reservation: Reservation {
                     slot: at,
@@ -187,56 +199,43 @@ impl Cell {
                     retry: req.retry,
                     budget_slot: 0,
                 },
-            };
+            });
         }
     }
 
-    /// Everything else: [`rule::apply`] on the full state under the lock, committed by one
-    /// compare-and-swap of `word` (retried when a lock-free admission got there first).
+    /// Everything else: [`rule::apply`] on the state in place, under the lock and with
+    /// `BUSY` raised (so no lock-free commit lands meanwhile).
     fn apply_locked(&self, now: u64, params: &Params, op: &Op) -> Reply {
-        let mut image = self.lock();
+        let mut state = self.lock();
         let published = &self.published.0;
-        loop {
-            let word = self.word.0.load(Ordering::Acquire);
-            let mut state = *image;
-            state.tat[0] = unpack(word).0;
-            state.reserved_until = state
-                .reserved_until
-                .max(self.reserved_until.0.load(Ordering::Acquire));
-            // tokio's clock is monotonic; readings that reach the lock out of order by a few
-            // microseconds are taken as the latest seen, never as a backward step.
-            let now = now.max(state.seen);
-            let reply = rule::apply(&mut state, now, params, op);
-            // Publish before the commit (see the module docs). These fields do not depend on
-            // the bucket, so a retried attempt publishes the same values.
-            published
-                .blocked_until
-                .store(state.blocked_until, Ordering::Release);
-            published
-                .closed_until
-                .store(state.closed_until, Ordering::Release);
-            published
-                .closed_by
-                .store(state.closed_by, Ordering::Release);
-            published.epoch.store(state.epoch, Ordering::Release);
-            self.reserved_until
-                .0
-                .fetch_max(state.reserved_until, Ordering::AcqRel);
-            if self
-                .word
-                .0
-                .compare_exchange(
-                    word,
-                    pack(state.tat[0], state.epoch),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-            {
-                *image = state;
-                return reply;
-            }
-        }
+        // Reads the latest bucket (lock-free commits included) and stops further ones.
+        let word = self.word.0.fetch_or(BUSY, Ordering::AcqRel);
+        state.tat[0] = unpack(word).0;
+        state.reserved_until = state
+            .reserved_until
+            .max(self.reserved_until.0.load(Ordering::Acquire));
+        // tokio's clock is monotonic; readings that reach the lock out of order by a few
+        // microseconds are taken as the latest seen, never as a backward step.
+        let now = now.max(state.seen);
+        let reply = rule::apply(&mut state, now, params, op);
+        // Publish before the word (see the module docs).
+        published
+            .blocked_until
+            .store(state.blocked_until, Ordering::Release);
+        published
+            .closed_until
+            .store(state.closed_until, Ordering::Release);
+        published
+            .closed_by
+            .store(state.closed_by, Ordering::Release);
+        published.epoch.store(state.epoch, Ordering::Release);
+        self.reserved_until
+            .0
+            .fetch_max(state.reserved_until, Ordering::AcqRel);
+        self.word
+            .0
+            .store(pack(state.tat[0], state.epoch), Ordering::Release);
+        reply
     }
 }
 
@@ -414,7 +413,7 @@ mod loom_tests {
                 panic!("the bucket is empty: {here:?}");
             };
             if let Some(e) = event {
-                assert_ne!(reservation.apply(&e), Applied::Gap);
+                assert_ne!(reservation.apply(&e, &p), Applied::Gap);
             }
             assert!(
                 reservation.slot >= 5_000_000,
