@@ -218,13 +218,13 @@ async fn run(events: Weak<Events>) {
     }
 }
 
-/// `epoch,rebased,kind,w3,w4,...` as published by `apply.lua`.
+/// `generation,epoch,rebased,kind,w4,w5,...` as published by `apply.lua`.
 pub(crate) fn parse_event(payload: &str) -> Option<Event> {
     let words: Vec<u64> = payload
         .split(',')
         .enumerate()
         .map(|(i, w)| match (i, w) {
-            (3, "-1") => Some(tower_allowance::rule::FOREVER),
+            (4, "-1") => Some(tower_allowance::rule::FOREVER),
             (_, w) => w.parse().ok(),
         })
         .collect::<Option<_>>()?;

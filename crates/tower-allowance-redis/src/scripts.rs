@@ -206,6 +206,7 @@ fn push_admit(a: &mut Vec<Arg<'_>>, req: &AdmitRequest) {
         Arg::N(exact(req.not_before_us())),
         Arg::N(exact(req.max_wait_us())),
         Arg::N(exact(req.deposit_count())),
+        Arg::N(exact(req.known_generation_of())),
     ]);
 }
 
@@ -217,6 +218,7 @@ fn push_release(a: &mut Vec<Arg<'_>>, res: &Reservation) {
     }
     a.extend([
         Arg::N(exact(parts.rebased)),
+        Arg::N(exact(parts.generation)),
         Arg::N(u64::from(parts.cost)),
         Arg::N(u64::from(parts.retry)),
         Arg::N(exact(parts.budget_slot)),
@@ -250,7 +252,7 @@ fn event(w: &[i64]) -> Result<Event, BadReply> {
         .enumerate()
         .map(|(i, v)| match (i, *v) {
             // A closure until cleared: FOREVER.
-            (3, -1) => Ok(FOREVER),
+            (4, -1) => Ok(FOREVER),
             (_, v) => n(v),
         })
         .collect::<Result<_, _>>()?;
@@ -288,7 +290,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             _ => return Err(BadReply),
         },
         Op::Read { .. } => match *reply {
-            [blocked, is_closed @ (0 | 1), closed_for, left, probes, epoch, rate] => {
+            [blocked, is_closed @ (0 | 1), closed_for, left, probes, epoch, rate, generation] => {
                 Reply::State(StoreState {
                     blocked_for: us(blocked)?,
                     closed: if is_closed == 1 {
@@ -299,6 +301,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
                     retries_remaining: maybe(left)?,
                     probes: n(probes)?,
                     epoch: n(epoch)?,
+                    generation: n(generation)?,
                     rate_milli: n(rate)?,
                 })
             }
@@ -310,21 +313,23 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
 fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admission, BadReply> {
     Ok(match reply {
         [0] => Admission::Admitted,
-        [1, wait, slot, rest @ ..] if rest.len() == MAX_LIMITS + 3 => {
+        [1, wait, slot, rest @ ..] if rest.len() == MAX_LIMITS + 4 => {
             let mut tat = [0; MAX_LIMITS];
             for (t, v) in tat.iter_mut().zip(rest) {
                 *t = n(*v)?;
             }
-            let [epoch, rebased, budget_slot] = [
+            let [generation, epoch, rebased, budget_slot] = [
                 n(rest[MAX_LIMITS])?,
                 n(rest[MAX_LIMITS + 1])?,
                 n(rest[MAX_LIMITS + 2])?,
+                n(rest[MAX_LIMITS + 3])?,
             ];
             Admission::Reserved {
                 wait: us(*wait)?,
                 reservation: Reservation::from_parts(tower_allowance::rule::ReservationParts::new(
                     n(*slot)?,
                     tat,
+                    generation,
                     epoch,
                     rebased,
                     req.cost_units(),
@@ -407,8 +412,8 @@ mod tests {
             assert!(decode(&first, bad).is_err(), "{bad:?}");
         }
         assert!(decode(&Op::Clear, &[1, 2, 3]).is_err());
-        assert!(decode(&Op::Read { deposits: 0 }, &[0, 0, 0, -2, 0, 0, 0]).is_err());
-        let ev = decode(&Op::Clear, &[3, 0, 3, 0, 0, 0, 0, 0]).expect("an event");
+        assert!(decode(&Op::Read { deposits: 0 }, &[0, 0, 0, -2, 0, 0, 0, 1]).is_err());
+        let ev = decode(&Op::Clear, &[9, 3, 0, 3, 0, 0, 0, 0, 0]).expect("an event");
         assert!(matches!(ev, Reply::Changed(_)));
     }
 

@@ -118,7 +118,7 @@ pub(crate) fn begin(
     if options.deadline.is_some_and(|d| d <= now) {
         return Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)));
     }
-    progress.started.get_or_insert(now);
+    let started = *progress.started.get_or_insert(now);
     let overloaded =
         shared.holders.waiting() >= shared.config.max_waiters() + usize::from(progress.in_outage);
     let deposits = shared.take_deposits();
@@ -127,12 +127,19 @@ pub(crate) fn begin(
     } else {
         AdmitRequest::first()
     };
-    req = req.deposits(deposits);
+    req = req
+        .deposits(deposits)
+        .known_generation(shared.holders.generation());
     if let Some(cost) = options.cost {
         req = req.cost(cost);
     }
     if let Some(delay) = options.not_before {
-        req = req.not_before(delay);
+        // From when the admission began: asking again (after an outage, or for a slot the
+        // store lost) keeps the instant, neither shortens nor lengthens the delay.
+        let left = started
+            .checked_add(delay)
+            .map_or(delay, |at| at.saturating_duration_since(now));
+        req = req.not_before(left);
     }
     if overloaded {
         req = req.max_wait(Duration::ZERO);
@@ -181,6 +188,11 @@ fn decide(
                     .register(reservation, at, options.deadline, futures_noop_waker());
             match check {
                 Check::Wait(at) => Begin::Hold(id, at),
+                Check::Reask => {
+                    // Reserved in a state already replaced: ask the current one.
+                    shared.holders.remove(id);
+                    Begin::Outage(now)
+                }
                 Check::Closed(e) => {
                     shared.holders.remove(id);
                     Begin::Ready(Err(exhausted(shared, progress, e)))
@@ -434,6 +446,14 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                                 this.progress,
                                 AbandonReason::Deadline,
                             )))
+                        }
+                        Check::Reask => {
+                            // The store lost the state this slot was reserved in (and every
+                            // other slot): ask the new one, which schedules the holders in
+                            // the order they ask (a request's own `not_before` still holds).
+                            shared.holders.remove(id);
+                            let now = Instant::now();
+                            begin(shared, this.options, this.progress, now)
                         }
                         Check::Gone => Begin::Ready(Ok(())),
                     }

@@ -340,6 +340,10 @@ pub struct State {
     pub(crate) seen: u64,
     /// Total backward steps absorbed, in microseconds.
     pub(crate) rebased: u64,
+    /// When this state was created, on the store's clock (0: not yet): a state lost and
+    /// recreated (a Redis `FLUSHALL`, a restart without persistence) has another one, so the
+    /// holders of reservations made in the old one know to ask again.
+    pub(crate) generation: u64,
 }
 
 impl State {
@@ -356,6 +360,11 @@ impl State {
     /// Each limit's theoretical arrival time.
     pub fn tat(&self) -> [u64; MAX_LIMITS] {
         self.tat
+    }
+
+    /// When this state was created (0: not yet).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 }
 
@@ -378,6 +387,7 @@ pub struct AdmitRequest {
     pub(crate) not_before_us: u64,
     pub(crate) max_wait_us: u64,
     pub(crate) deposits: u64,
+    pub(crate) known_generation: u64,
 }
 
 impl AdmitRequest {
@@ -389,6 +399,7 @@ impl AdmitRequest {
             not_before_us: 0,
             max_wait_us: u64::MAX,
             deposits: 0,
+            known_generation: 0,
         }
     }
 
@@ -430,6 +441,20 @@ impl AdmitRequest {
         self
     }
 
+    /// The generation of the state the caller last heard of (0: none). When the store has
+    /// lost that state, the new one it creates for this request starts with an empty bucket
+    /// rather than a full one: the provider's bucket was likely being used, and the holders
+    /// of the lost reservations are about to ask again.
+    pub const fn known_generation(mut self, generation: u64) -> Self {
+        self.known_generation = generation;
+        self
+    }
+
+    /// See [`AdmitRequest::known_generation`].
+    pub fn known_generation_of(&self) -> u64 {
+        self.known_generation
+    }
+
     /// Whether this is a retry.
     pub fn is_retry(&self) -> bool {
         self.retry
@@ -462,6 +487,7 @@ impl AdmitRequest {
 pub struct Reservation {
     pub(crate) slot: u64,
     pub(crate) tat: [u64; MAX_LIMITS],
+    pub(crate) generation: u64,
     pub(crate) epoch: u64,
     pub(crate) rebased: u64,
     pub(crate) cost: u32,
@@ -477,6 +503,8 @@ pub struct ReservationParts {
     pub slot: u64,
     /// Each limit's theoretical arrival time after the reservation.
     pub tat: [u64; MAX_LIMITS],
+    /// The state's generation (see [`State::generation`]).
+    pub generation: u64,
     /// The event epoch the reservation has seen.
     pub epoch: u64,
     /// The store's total backward clock steps when it was made.
@@ -491,9 +519,11 @@ pub struct ReservationParts {
 
 impl ReservationParts {
     /// The parts of a reservation made for a request of `cost` (`retry`: spending budget).
+    #[allow(clippy::too_many_arguments, reason = "one per field, for decoders")]
     pub fn new(
         slot: u64,
         tat: [u64; MAX_LIMITS],
+        generation: u64,
         epoch: u64,
         rebased: u64,
         cost: u32,
@@ -503,6 +533,7 @@ impl ReservationParts {
         Self {
             slot,
             tat,
+            generation,
             epoch,
             rebased,
             cost,
@@ -518,6 +549,7 @@ impl Reservation {
         ReservationParts {
             slot: self.slot,
             tat: self.tat,
+            generation: self.generation,
             epoch: self.epoch,
             rebased: self.rebased,
             cost: self.cost,
@@ -531,6 +563,7 @@ impl Reservation {
         Self {
             slot: p.slot,
             tat: p.tat,
+            generation: p.generation,
             epoch: p.epoch,
             rebased: p.rebased,
             cost: p.cost,
@@ -549,12 +582,22 @@ impl Reservation {
         self.epoch
     }
 
+    /// The generation of the state it was made in.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Applies an event the store published after this reservation was made.
     ///
     /// Events apply in epoch order, each once: one already seen changes nothing
     /// ([`Applied::Seen`]); one beyond the next expected epoch is not applied
-    /// ([`Applied::Gap`]) until the events in between have been.
+    /// ([`Applied::Gap`]) until the events in between have been. An event of another
+    /// generation of the state ([`Applied::Lost`]) means the state this reservation was made
+    /// in is gone: its schedule, and so this slot's place in it, are unknown to the store.
     pub fn apply(&mut self, event: &Event, params: &Params) -> Applied {
+        if event.generation != self.generation {
+            return Applied::Lost;
+        }
         if event.epoch <= self.epoch {
             return Applied::Seen;
         }
@@ -596,7 +639,7 @@ impl Reservation {
                 Applied::Moved(slot - old)
             }
             EventKind::Closed { .. } => Applied::Closed,
-            EventKind::Cleared => Applied::Moved(0),
+            EventKind::Cleared | EventKind::Created => Applied::Moved(0),
         }
     }
 }
@@ -612,14 +655,18 @@ pub enum Applied {
     Moved(u64),
     /// The allowance closed: the reservation cannot be used.
     Closed,
+    /// The store lost the state the reservation was made in (and made a new one): ask
+    /// again, no earlier than the slot, so the new state schedules it.
+    Lost,
 }
 
-/// Words in an encoded [`Event`]: epoch, rebased, kind, and five per kind.
-pub const EVENT_WORDS: usize = 8;
+/// Words in an encoded [`Event`]: generation, epoch, rebased, kind, and five per kind.
+pub const EVENT_WORDS: usize = 9;
 
 /// Something every holder of a reservation must hear of, published by the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
+    pub(crate) generation: u64,
     pub(crate) epoch: u64,
     pub(crate) rebased: u64,
     pub(crate) kind: EventKind,
@@ -636,23 +683,30 @@ impl Event {
         self.kind
     }
 
+    /// The generation of the state that published it.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// Encodes the event as integers (for a store that publishes it, such as Redis).
     pub fn to_words(&self) -> [u64; EVENT_WORDS] {
         let mut w = [0; EVENT_WORDS];
-        w[0] = self.epoch;
-        w[1] = self.rebased;
+        w[0] = self.generation;
+        w[1] = self.epoch;
+        w[2] = self.rebased;
         match self.kind {
             EventKind::Cooldown { until, shift } => {
-                w[2] = 1;
-                w[3] = until;
-                w[4..].copy_from_slice(&shift);
+                w[3] = 1;
+                w[4] = until;
+                w[5..].copy_from_slice(&shift);
             }
             EventKind::Closed { until, by } => {
-                w[2] = 2;
-                w[3] = until;
-                w[4] = by as u64;
+                w[3] = 2;
+                w[4] = until;
+                w[5] = by as u64;
             }
-            EventKind::Cleared => w[2] = 3,
+            EventKind::Cleared => w[3] = 3,
+            EventKind::Created => w[3] = 4,
         }
         w
     }
@@ -662,22 +716,24 @@ impl Event {
         if w.len() != EVENT_WORDS {
             return None;
         }
-        let kind = match w[2] {
+        let kind = match w[3] {
             1 => {
                 let mut shift = [0; MAX_LIMITS];
-                shift.copy_from_slice(&w[4..]);
-                EventKind::Cooldown { until: w[3], shift }
+                shift.copy_from_slice(&w[5..]);
+                EventKind::Cooldown { until: w[4], shift }
             }
             2 => EventKind::Closed {
-                until: w[3],
-                by: ClosedBy::from_code(w[4])?,
+                until: w[4],
+                by: ClosedBy::from_code(w[5])?,
             },
             3 => EventKind::Cleared,
+            4 => EventKind::Created,
             _ => return None,
         };
         Some(Self {
-            epoch: w[0],
-            rebased: w[1],
+            generation: w[0],
+            epoch: w[1],
+            rebased: w[2],
             kind,
         })
     }
@@ -702,6 +758,10 @@ pub enum EventKind {
     },
     /// An operator cleared the cooldown and the closed state.
     Cleared,
+    /// The state was created: first use, or the store lost the previous one (a Redis
+    /// `FLUSHALL`, a restart without persistence). Published by stores that can lose their
+    /// state, so every holder of a reservation in a lost one asks again at once.
+    Created,
 }
 
 /// Why an allowance is closed.
@@ -806,6 +866,8 @@ pub struct StoreState {
     pub probes: u64,
     /// The event epoch.
     pub epoch: u64,
+    /// The state's generation (see [`State::generation`]).
+    pub generation: u64,
     /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
     pub rate_milli: u64,
 }
@@ -906,6 +968,14 @@ pub enum Reply {
 /// step ([`rebase`]).
 pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     rebase(state, now, params);
+    if state.generation == 0 {
+        state.generation = now.max(1);
+        if let Op::Admit(req) = op {
+            if req.known_generation != 0 {
+                recreated(state, now, params);
+            }
+        }
+    }
     match *op {
         Op::Admit(req) => Reply::Admit(admit(state, now, params, &req)),
         Op::Release(res) => Reply::Release {
@@ -958,6 +1028,16 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     }
     state.rebased = state.rebased.saturating_add(step);
     state.seen = now;
+}
+
+/// A state created for a caller that knew an earlier one (the store lost it): every limit
+/// starts empty, its next unit one interval away, instead of with the full burst. After a
+/// loss, the provider's bucket was likely in use and the lost reservations' holders are
+/// about to ask again: a full burst now would be sent on top of them.
+pub fn recreated(state: &mut State, now: u64, params: &Params) {
+    for (t, limit) in state.tat.iter_mut().zip(params.limits()) {
+        *t = now.saturating_add(limit.tolerance_us);
+    }
 }
 
 /// Whether the allowance is closed at `now`: the admission's answer if it is.
@@ -1058,6 +1138,7 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
         reservation: Reservation {
             slot: at,
             tat: new_tat,
+            generation: state.generation,
             epoch: state.epoch,
             rebased: state.rebased,
             cost: req.cost,
@@ -1071,6 +1152,10 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
 /// moves back by its units; a retry's budget unit is refunded. Returns whether every limit
 /// took its slot back (otherwise the rest is a bounded loss: at most this one slot).
 pub fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
+    if res.generation != state.generation {
+        // Made in a state that is gone: the current one never scheduled it.
+        return false;
+    }
     // A reservation from before a clock step: translate it into the current frame.
     let step = state.rebased.saturating_sub(res.rebased);
     let mut all = true;
@@ -1144,6 +1229,7 @@ pub fn extend_cooldown(
         blocked_for: us(until - now),
         closed: None,
         event: Some(Event {
+            generation: state.generation,
             epoch: state.epoch,
             rebased: state.rebased,
             kind: EventKind::Cooldown { until, shift },
@@ -1327,6 +1413,7 @@ pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -
     }
     state.epoch += 1;
     Event {
+        generation: state.generation,
         epoch: state.epoch,
         rebased: state.rebased,
         kind: EventKind::Closed {
@@ -1345,6 +1432,7 @@ pub fn clear(state: &mut State, now: u64) -> Event {
     state.probe_failures = 0;
     state.epoch += 1;
     Event {
+        generation: state.generation,
         epoch: state.epoch,
         rebased: state.rebased,
         kind: EventKind::Cleared,
@@ -1411,6 +1499,7 @@ pub fn read(state: &mut State, now: u64, params: &Params) -> StoreState {
         retries_remaining: (left != u64::MAX).then_some(left),
         probes: state.probes,
         epoch: state.epoch,
+        generation: state.generation,
         rate_milli: adaptive_rate(state, now, params).unwrap_or(0),
     }
 }

@@ -4,6 +4,12 @@
 local function arg(i) return tonumber(ARGV[O + i]) end
 
 rebase()
+-- A state created now (first use, or lost and recreated) is stamped with its creation time.
+local created = s.gn == 0
+if created then
+  s.gn = math.max(now, 1)
+  if OP == 1 and arg(5) ~= 0 then recreated() end
+end
 local reply
 local ev_at
 if OP == 1 then
@@ -11,7 +17,7 @@ if OP == 1 then
 elseif OP == 2 then
   local tats = {}
   for l = 1, MAX_LIMITS do tats[l] = arg(l) end
-  reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3) == 1, arg(MAX_LIMITS + 4))
+  reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3), arg(MAX_LIMITS + 4) == 1, arg(MAX_LIMITS + 5))
 elseif OP == 3 then
   reply = extend_cooldown(arg(0))
   if reply[5] == 1 then ev_at = 6 end
@@ -38,6 +44,12 @@ else
   return redis.error_reply('ERR tower-allowance: unknown operation')
 end
 save()
+if created then
+  -- Holders of reservations made in a lost state ask again at once, in every process.
+  local words = {}
+  for _, w in ipairs(event(4)) do words[#words + 1] = string.format('%.0f', w) end
+  redis.call('PUBLISH', channel, table.concat(words, ','))
+end
 if ev_at then
   local words = {}
   for i = 0, EVENT_WORDS - 1 do words[#words + 1] = string.format('%.0f', reply[ev_at + i]) end

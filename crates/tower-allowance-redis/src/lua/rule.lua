@@ -17,8 +17,8 @@ local function units(l, cost)
   return 1
 end
 
-local function event(kind, w3, w4, w5, w6, w7)
-  return {s.ep, s.rb, kind, w3, w4 or 0, w5 or 0, w6 or 0, w7 or 0}
+local function event(kind, w4, w5, w6, w7, w8)
+  return {s.gn, s.ep, s.rb, kind, w4 or 0, w5 or 0, w6 or 0, w7 or 0, w8 or 0}
 end
 
 -- === The retry budget ===
@@ -175,7 +175,12 @@ local function schedule(iv, tol, t0, cost)
   return at, new
 end
 
--- {0} admitted; {1, wait, slot, t1..t4, epoch, rebased, budget slot} reserved;
+-- rule::recreated: a state created for a caller that knew a lost one starts empty.
+local function recreated()
+  for l = 1, P.n do s['t' .. l] = now + P.tol[l] end
+end
+
+-- {0} admitted; {1, wait, slot, t1..t4, generation, epoch, rebased, budget slot} reserved;
 -- {2, wait, cooldown} refused; {3} budget exhausted; {4, until or -1, by} closed;
 -- {5} too costly.
 local function admit(cost, retry, not_before, max_wait, deposits)
@@ -203,14 +208,17 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   if t0 > natural and at == t0 then s.ir = math.max(s.ir, at) end
   local reply = {1, wait, at}
   for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
+  reply[#reply + 1] = s.gn
   reply[#reply + 1] = s.ep
   reply[#reply + 1] = s.rb
   reply[#reply + 1] = budget_slot
   return reply
 end
 
--- {1} when every limit took the slot back, else {0}.
-local function release(slot, tats, rebased, cost, retry, budget_slot)
+-- {1} when every limit took the slot back, else {0} (and nothing for a reservation made in a
+-- state since lost: this one never scheduled it).
+local function release(slot, tats, rebased, generation, cost, retry, budget_slot)
+  if generation ~= s.gn then return {0} end
   local step = sat_sub(s.rb, rebased)
   local all = 1
   local iv = effective_limits(slot)
@@ -352,7 +360,8 @@ local function finish_probe(token, outcome, retry_in)
   return {0}
 end
 
--- {blocked for, closed (0/1), closed for or -1, retries remaining or -1, probes, epoch}.
+-- {blocked for, closed (0/1), closed for or -1, retries remaining or -1, probes, epoch, rate,
+-- generation}.
 local function read()
   load(PROBE)
   local left = remaining()
@@ -362,5 +371,5 @@ local function read()
   elseif now < s.cl then
     is_closed, closed_for = 1, s.cl - now
   end
-  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0}
+  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0, s.gn}
 end

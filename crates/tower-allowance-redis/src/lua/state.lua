@@ -50,7 +50,7 @@ local function load(fields)
   end
 end
 
-local BASE = {'bu', 'ep', 'ru', 'ir', 'cl', 'cb', 'sn', 'rb', 'ex'}
+local BASE = {'bu', 'ep', 'ru', 'ir', 'cl', 'cb', 'sn', 'rb', 'ex', 'gn'}
 for l = 1, MAX_LIMITS do BASE[#BASE + 1] = 't' .. l end
 local BUDGET = {'sp', 'hd'}
 for i = 0, BUDGET_SLOTS - 1 do

@@ -477,6 +477,7 @@ fn a_backward_clock_step_never_lengthens_a_wait() {
 fn events_round_trip_as_words() {
     let events = [
         Event {
+            generation: 11,
             epoch: 3,
             rebased: 7,
             kind: EventKind::Cooldown {
@@ -485,6 +486,7 @@ fn events_round_trip_as_words() {
             },
         },
         Event {
+            generation: 11,
             epoch: 4,
             rebased: 0,
             kind: EventKind::Closed {
@@ -493,6 +495,7 @@ fn events_round_trip_as_words() {
             },
         },
         Event {
+            generation: 12,
             epoch: 5,
             rebased: 0,
             kind: EventKind::Cleared,
@@ -501,7 +504,7 @@ fn events_round_trip_as_words() {
     for e in events {
         assert_eq!(Event::from_words(&e.to_words()), Some(e));
     }
-    assert_eq!(Event::from_words(&[1, 2, 9, 0, 0, 0, 0, 0]), None);
+    assert_eq!(Event::from_words(&[1, 1, 2, 9, 0, 0, 0, 0, 0]), None);
     assert_eq!(Event::from_words(&[1, 2]), None);
 }
 
@@ -745,4 +748,49 @@ fn an_advertised_rate_caps_and_can_be_adopted() {
         ),
         Reply::Rate { rate_milli: 0 }
     );
+}
+
+/// A state lost and recreated (a Redis `FLUSHALL`, a restart without persistence) has a new
+/// generation: its events tell the old reservations to ask again, and it takes back no slot
+/// it never scheduled.
+#[test]
+fn a_recreated_state_is_another_generation() {
+    let p = params(1, 1);
+    let mut old = State::default();
+    assert_eq!(admit_at(&mut old, 10, &p, FIRST), Admission::Admitted);
+    assert_eq!(old.generation(), 10, "stamped by its first operation");
+    let Admission::Reserved {
+        mut reservation, ..
+    } = admit_at(&mut old, 10, &p, FIRST)
+    else {
+        panic!("reserved");
+    };
+    assert_eq!(reservation.generation(), 10);
+
+    // The store forgets everything; the next operation creates a new state.
+    let mut new = State::default();
+    let Reply::Defer(Deferred {
+        event: Some(event), ..
+    }) = apply(
+        &mut new,
+        500_000,
+        &p,
+        &Op::Defer {
+            delay_us: Some(2_000_000),
+        },
+    )
+    else {
+        panic!("a cooldown event");
+    };
+    assert_eq!(event.generation(), 500_000);
+    // Its first event has epoch 1, which the old reservation has "seen" by number alone: the
+    // generation tells it apart, so the holder asks again instead of ignoring the cooldown.
+    assert_eq!(reservation.apply(&event, &p), Applied::Lost);
+    // The new state takes nothing back for a slot it never scheduled.
+    let before = new;
+    assert_eq!(
+        apply(&mut new, 600_000, &p, &Op::Release(reservation)),
+        Reply::Release { released: false }
+    );
+    assert_eq!(new.tat, before.tat);
 }

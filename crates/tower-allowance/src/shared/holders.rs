@@ -8,7 +8,7 @@
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Mutex, MutexGuard, PoisonError,
     },
     task::Waker,
@@ -34,6 +34,8 @@ pub(crate) enum Check {
     Closed(Exhausted),
     /// A cooldown pushed the slot past the holder's deadline: fail now.
     Doomed,
+    /// The store lost the state the slot was reserved in: ask it again.
+    Reask,
     /// Not registered (already removed).
     Gone,
 }
@@ -44,6 +46,8 @@ struct Entry {
     deadline: Option<Instant>,
     waker: Option<Waker>,
     closed: Option<Exhausted>,
+    /// Reserved in a state the store has since lost.
+    lost: bool,
 }
 
 /// The local view of the shared state, for snapshots.
@@ -57,8 +61,32 @@ pub(crate) struct Known {
 struct Registry {
     next_id: u64,
     entries: BTreeMap<u64, Entry>,
+    /// Events of the current generation.
     log: VecDeque<Event>,
     known: Known,
+    /// The generation of the state last heard of (0: none yet).
+    generation: u64,
+}
+
+impl Registry {
+    /// Another generation of the state was heard of: the store lost the old state (and every
+    /// reservation in it). The latest one heard of is taken as current, whichever it is (a
+    /// clock stepped back can make a new state's stamp the smaller): a stale one heard late
+    /// costs its holders a needless second ask, never a slot inside a cooldown. Holders of
+    /// other generations must ask again; they are returned to be woken.
+    fn adopt(&mut self, generation: u64, wake: &mut Vec<Waker>) {
+        if generation == self.generation {
+            return;
+        }
+        self.generation = generation;
+        self.log.clear();
+        for entry in self.entries.values_mut() {
+            if entry.reservation.generation() != generation && !entry.lost {
+                entry.lost = true;
+                wake.extend(entry.waker.take());
+            }
+        }
+    }
 }
 
 /// The registry. Shared behind the allowance's `Arc` (and weakly by the store's watcher).
@@ -67,6 +95,8 @@ pub(crate) struct Holders {
     registry: Mutex<Registry>,
     /// Callers waiting right now (holders, and callers waiting out a store outage).
     waiting: AtomicUsize,
+    /// `Registry::generation`, readable without the lock (admissions send it).
+    generation: AtomicU64,
 }
 
 impl Holders {
@@ -75,12 +105,19 @@ impl Holders {
             params,
             registry: Mutex::new(Registry::default()),
             waiting: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
         // Critical sections are bookkeeping that cannot panic.
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The generation of the state last heard of (0: none yet).
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Callers waiting right now.
@@ -122,20 +159,28 @@ impl Holders {
         deadline: Option<Instant>,
         waker: &Waker,
     ) -> (u64, Check) {
-        let mut r = self.lock();
-        let id = r.next_id;
-        r.next_id += 1;
-        let mut entry = Entry {
-            reservation,
-            at,
-            deadline,
-            waker: Some(waker.clone()),
-            closed: None,
+        let mut wake = Vec::new();
+        let (id, check) = {
+            let mut r = self.lock();
+            r.adopt(reservation.generation(), &mut wake);
+            self.generation.store(r.generation, Ordering::Relaxed);
+            let id = r.next_id;
+            r.next_id += 1;
+            let mut entry = Entry {
+                reservation,
+                at,
+                deadline,
+                waker: Some(waker.clone()),
+                closed: None,
+                lost: false,
+            };
+            catch_up(&mut entry, &r.log, &self.params);
+            let check = entry.check();
+            r.entries.insert(id, entry);
+            (id, check)
         };
-        catch_up(&mut entry, &r.log, &self.params);
-        let check = entry.check();
-        r.entries.insert(id, entry);
         self.waiting.fetch_add(1, Ordering::AcqRel);
+        wake.into_iter().for_each(Waker::wake);
         (id, check)
     }
 
@@ -165,9 +210,13 @@ impl Holders {
         let mut wake = Vec::new();
         {
             let mut r = self.lock();
+            r.adopt(event.generation(), &mut wake);
+            self.generation.store(r.generation, Ordering::Relaxed);
             // Keep the log ordered by epoch, without duplicates.
             let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
             if r.log.get(pos).is_some_and(|e| e.epoch() == event.epoch()) {
+                drop(r);
+                wake.into_iter().for_each(Waker::wake);
                 return;
             }
             r.log.insert(pos, event);
@@ -183,9 +232,9 @@ impl Holders {
             }
             let Registry { entries, log, .. } = &mut *r;
             for entry in entries.values_mut() {
-                let before = (entry.at, entry.closed.is_some());
+                let before = (entry.at, entry.closed.is_some(), entry.lost);
                 catch_up(entry, log, &self.params);
-                if (entry.at, entry.closed.is_some()) != before {
+                if (entry.at, entry.closed.is_some(), entry.lost) != before {
                     wake.extend(entry.waker.take());
                 }
             }
@@ -195,11 +244,16 @@ impl Holders {
 
     /// Events may have been missed: every holder still behind `epoch` is moved to at least
     /// `blocked_until` (the bound a missed cooldown could have set; errs late) and catches up.
-    pub(crate) fn resync(&self, epoch: u64, blocked_until: Instant) {
+    pub(crate) fn resync(&self, generation: u64, epoch: u64, blocked_until: Instant) {
         let mut wake = Vec::new();
         {
             let mut r = self.lock();
+            r.adopt(generation, &mut wake);
+            self.generation.store(r.generation, Ordering::Relaxed);
             for entry in r.entries.values_mut() {
+                if entry.lost {
+                    continue;
+                }
                 if entry.reservation.epoch < epoch {
                     entry.reservation.epoch = epoch;
                     if entry.at < blocked_until {
@@ -220,6 +274,10 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
         match entry.reservation.apply(event, params) {
             Applied::Seen => {}
             Applied::Gap => break,
+            Applied::Lost => {
+                entry.lost = true;
+                break;
+            }
             Applied::Moved(us) => {
                 entry.at = entry
                     .at
@@ -252,6 +310,9 @@ impl Entry {
         }
         if self.deadline.is_some_and(|d| d < self.at) {
             return Check::Doomed;
+        }
+        if self.lost {
+            return Check::Reask;
         }
         Check::Wait(self.at)
     }

@@ -87,7 +87,7 @@ impl EventSink for Sink {
             let now = Instant::now();
             if let Ok(Reply::State(state)) = shared.apply_async(Op::Read { deposits: 0 }).await {
                 let until = now.checked_add(state.blocked_for).unwrap_or(now);
-                shared.holders.resync(state.epoch, until);
+                shared.holders.resync(state.generation, state.epoch, until);
             }
         });
     }

@@ -68,6 +68,8 @@ fn unpack(word: u64) -> (u64, u64) {
 /// What the lock-free path reads besides the bucket.
 #[derive(Debug, Default)]
 struct Published {
+    /// The state's generation; 0 until the locked path has stamped it.
+    generation: AtomicU64,
     blocked_until: AtomicU64,
     closed_until: AtomicU64,
     closed_by: AtomicU64,
@@ -133,7 +135,9 @@ impl Cell {
         let published = &self.published.0;
         loop {
             let word = self.word.0.load(Ordering::Acquire);
-            if word & BUSY != 0 {
+            // The first operation stamps the state's generation, under the lock.
+            let generation = published.generation.load(Ordering::Acquire);
+            if word & BUSY != 0 || generation == 0 {
                 return None;
             }
             let (tat, epoch_bits) = unpack(word);
@@ -193,6 +197,7 @@ impl Cell {
                 reservation: Reservation {
                     slot: at,
                     tat: reserved,
+                    generation,
                     epoch,
                     rebased: 0,
                     cost: req.cost,
@@ -219,6 +224,9 @@ impl Cell {
         let now = now.max(state.seen);
         let reply = rule::apply(&mut state, now, params, op);
         // Publish before the word (see the module docs).
+        published
+            .generation
+            .store(state.generation, Ordering::Release);
         published
             .blocked_until
             .store(state.blocked_until, Ordering::Release);
