@@ -17,7 +17,7 @@ use crate::{
     rule::{self, Op, Reply},
     shared::Applying,
     store::{StoreError, StoreFuture},
-    BoxError,
+    Allowance, BoxError,
 };
 
 pin_project! {
@@ -61,18 +61,17 @@ pub(crate) fn classify<C: Classify>(
     status: http::StatusCode,
     response_headers: &http::HeaderMap,
 ) -> Classified {
-    let class = classifier.classify(status, response_headers);
-    let delay = match class {
-        Classification::Throttled | Classification::Transient => {
-            match headers::retry_after(response_headers) {
-                Ok(Some(d)) => Some(ServerDelay::After(d)),
-                Ok(None) => None,
-                Err(_) => Some(ServerDelay::TooLong),
-            }
-        }
-        _ => None,
-    };
-    Classified::new(class, delay)
+    classifier.classify_response(status, response_headers)
+}
+
+/// The wait a throttling or transient response asks for, from its headers: `Retry-After`.
+/// The one place the default classification reads a server's delay.
+pub(crate) fn server_delay(response_headers: &http::HeaderMap) -> Option<ServerDelay> {
+    match headers::retry_after(response_headers) {
+        Ok(Some(d)) => Some(ServerDelay::After(d)),
+        Ok(None) => None,
+        Err(_) => Some(ServerDelay::TooLong),
+    }
 }
 
 impl<F, E, RB, C> Future for ResponseFuture<F, RB, C>
@@ -91,7 +90,7 @@ where
             let Some((_, _, response)) = this.deferring.take() else {
                 unreachable!("checked above");
             };
-            deferred(this.shared, now, result);
+            deferred(&this.shared.allowance, now, result);
             return Poll::Ready(Ok(response));
         }
         let response = ready!(this.inner.poll(cx)).map_err(Into::into)?;
@@ -134,8 +133,9 @@ where
             }
             // An unrepresentable wait closes the allowance (the rule decides).
             (Classification::Throttled, Some(ServerDelay::TooLong)) => None,
-            // No usable delay: no cooldown is invented; it may be a spent quota.
-            (Classification::Throttled, None) => {
+            // No usable delay (or "do not retry"): no cooldown is invented; it may be a
+            // spent quota.
+            (Classification::Throttled, None | Some(ServerDelay::DoNotRetry)) => {
                 allowance.on_throttled(false);
                 return Poll::Ready(Ok(response));
             }
@@ -144,12 +144,12 @@ where
         let now = Instant::now();
         match allowance.shared.apply(now, Op::Defer { delay_us }) {
             Applying::Done(result) => {
-                deferred(shared, now, result);
+                deferred(&shared.allowance, now, result);
                 Poll::Ready(Ok(response))
             }
             Applying::Pending(mut fut) => match fut.as_mut().poll(cx) {
                 Poll::Ready(result) => {
-                    deferred(shared, now, result);
+                    deferred(&shared.allowance, now, result);
                     Poll::Ready(Ok(response))
                 }
                 Poll::Pending => {
@@ -168,14 +168,31 @@ pub(crate) fn plainly_successful(status: http::StatusCode) -> bool {
     status.is_success() || status.is_redirection() || status.is_informational()
 }
 
+/// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
+/// after the response was handed on): at once on an in-memory store, in a task on a shared
+/// one.
+pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
+    let now = Instant::now();
+    match allowance.shared.apply(now, Op::Defer { delay_us }) {
+        Applying::Done(result) => deferred(allowance, now, result),
+        Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let allowance = allowance.clone();
+                handle.spawn(async move { deferred(&allowance, now, fut.await) });
+            }
+            Err(_) => tracing::warn!("no tokio runtime to record a cooldown seen in trailers"),
+        },
+    }
+}
+
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
 /// it would be worse than a cooldown the other processes do not hear of.
-fn deferred<C>(shared: &CooldownShared<C>, now: Instant, result: Result<Reply, StoreError>) {
+fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
     match result {
-        Ok(Reply::Defer(d)) => shared.allowance.shared.after_defer(now, &d),
+        Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),
         Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),
         Err(e) => tracing::warn!(
-            allowance = &*shared.allowance.shared.name,
+            allowance = &*allowance.shared.name,
             error = %e,
             cause = ?std::error::Error::source(&e).map(ToString::to_string),
             "could not record the cooldown in the allowance store"

@@ -50,6 +50,6 @@ pub(crate) mod service;
 
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
 pub(crate) use self::{
-    future::{classify, plainly_successful},
+    future::{classify, plainly_successful, raise_detached, server_delay},
     service::FinalAttempt,
 };
