@@ -22,6 +22,10 @@ mod custom_classifier;
 #[allow(dead_code)]
 mod eight_workers;
 
+#[path = "../tonic_grpc.rs"]
+#[allow(dead_code)]
+mod tonic_grpc;
+
 use std::time::Duration;
 
 use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
@@ -265,4 +269,51 @@ fn eight_workers_help_runs_nothing() {
     for option in ["--json", "--svg PATH", "--help"] {
         assert!(USAGE.contains(option), "{USAGE}");
     }
+}
+
+/// Over gRPC (tonic), as the server counted: eight workers that each honour the pushback
+/// still get RESOURCE_EXHAUSTED; one shared allowance sends one call per job and is never
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonic_grpc_shared_sends_one_call_per_job_and_is_never_refused() {
+    use tonic_grpc::{json_row, run, Mode, QuoteServer, Scenario};
+
+    let s = Scenario::SEED;
+    let server = QuoteServer::start(s.burst, s.rate_per_sec)
+        .await
+        .expect("binds");
+    let naive = run(&server, s, Mode::Naive).await.expect("runs");
+    let shared = run(&server, s, Mode::Shared).await.expect("runs");
+    let jobs = s.jobs as usize;
+
+    assert!(naive.counts.rejected > 0, "{naive:?}");
+    assert_eq!(
+        naive.counts.attempts,
+        naive.counts.rejected + naive.counts.completed
+    );
+    assert_eq!(
+        (
+            shared.counts.attempts,
+            shared.counts.rejected,
+            shared.counts.completed
+        ),
+        (jobs, 0, jobs),
+        "{shared:?}"
+    );
+    assert_eq!(shared.abandoned, 0);
+    // No faster than the limit allows.
+    assert!(shared.makespan_ms >= shared.min_makespan_ms, "{shared:?}");
+    let row = json_row(&shared);
+    for key in [
+        "mode",
+        "attempts",
+        "rejected",
+        "completed",
+        "abandoned",
+        "makespan_ms",
+        "min_makespan_ms",
+    ] {
+        assert!(row.get(key).is_some(), "{key} in {row}");
+    }
+    assert_eq!(row["mode"], "shared");
 }
