@@ -6,7 +6,7 @@ use std::{
     task::{ready, Context, Poll},
 };
 
-use http::{Request, Response};
+use http::{request::Parts, Request, Response};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -17,10 +17,7 @@ use crate::{
     classify::{Classify, StatusClassifier},
     cooldown::{service::CooldownShared, Cooldown, FinalAttempt},
     error::AbandonReason,
-    retry::{
-        policy::{with_body, PolicyShared},
-        RetryConfig, RetryPolicy, RetryWait,
-    },
+    retry::{policy::PolicyShared, RetryConfig, RetryPolicy, RetryWait},
     Allowance, BoxError,
 };
 
@@ -222,14 +219,22 @@ where
             // No retry will follow: a throttling answer is reported as abandoned, and why.
             req.extensions_mut().insert(FinalAttempt(reason));
         }
-        let retry = spare.map(|spare| Retrying {
-            policy: RetryPolicy::from_shared(self.policy.clone()),
-            // For the retries; polled ready before each.
-            service: self.inner.clone(),
-            head: with_body(&req, ()),
-            spare,
-            next: None,
-        });
+        let retry = match spare {
+            None => None,
+            Some(spare) => {
+                let (head, body) = req.into_parts();
+                let retrying = Retrying {
+                    policy: RetryPolicy::from_shared(self.policy.clone()),
+                    // For the retries; polled ready before each.
+                    service: self.inner.clone(),
+                    head: head.clone(),
+                    spare,
+                    next: None,
+                };
+                req = Request::from_parts(head, body);
+                Some(retrying)
+            }
+        };
         AllowanceFuture {
             state: State::Called {
                 future: self.inner.call(req),
@@ -261,7 +266,7 @@ struct Retrying<S, C, B> {
     policy: RetryPolicy<C>,
     service: Cooldown<Admission<S>, C>,
     /// The request's head; the policy marks its extensions for each retry.
-    head: Request<()>,
+    head: Parts,
     spare: Spare<B>,
     /// The body of the next attempt, made when the policy decided on it.
     next: Option<B>,
@@ -325,14 +330,13 @@ where
                     };
                     let cap = retry.policy.config().replay_cap;
                     let (spare, next) = (&retry.spare, &mut retry.next);
-                    let wait = retry.policy.after_attempt(
-                        retry.head.extensions_mut(),
-                        &mut result,
-                        || {
-                            *next = spare.body(cap);
-                            next.is_some()
-                        },
-                    );
+                    let wait =
+                        retry
+                            .policy
+                            .after_attempt(&mut retry.head.extensions, &mut result, || {
+                                *next = spare.body(cap);
+                                next.is_some()
+                            });
                     match wait {
                         Some(wait) => this.state.set(State::Waiting { wait }),
                         None => return Poll::Ready(result),
@@ -349,7 +353,9 @@ where
                         .expect("only a request that may be retried waits for a retry");
                     ready!(retry.service.poll_ready(cx))?;
                     let body = retry.next.take().expect("a retry is planned with its body");
-                    let future = retry.service.call(with_body(&retry.head, body));
+                    let future = retry
+                        .service
+                        .call(Request::from_parts(retry.head.clone(), body));
                     this.state.set(State::Called { future });
                 }
             }
