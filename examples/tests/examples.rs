@@ -22,6 +22,10 @@ mod custom_classifier;
 #[allow(dead_code)]
 mod eight_workers;
 
+#[path = "../reqwest_client.rs"]
+#[allow(dead_code)]
+mod reqwest_client;
+
 #[path = "../tonic_grpc.rs"]
 #[allow(dead_code)]
 mod tonic_grpc;
@@ -316,4 +320,15 @@ async fn tonic_grpc_shared_sends_one_call_per_job_and_is_never_refused() {
         assert!(row.get(key).is_some(), "{key} in {row}");
     }
     assert_eq!(row["mode"], "shared");
+}
+
+/// reqwest through the middleware, as the server counted: naive workers still collide with
+/// 429s, one shared allowance sends one request per job and gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_client_shared_middleware_gets_no_429() {
+    let naive = reqwest_client::run(false).await.expect("runs");
+    let shared = reqwest_client::run(true).await.expect("runs");
+    assert!(naive.rejected > 0, "{naive:?}");
+    assert_eq!((shared.attempts, shared.rejected), (8, 0), "{shared:?}");
+    assert_eq!(shared.completed(), 8, "{shared:?}");
 }
