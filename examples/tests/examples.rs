@@ -146,10 +146,11 @@ async fn custom_classifier_retries_only_the_marked_503() {
     assert_eq!(
         custom,
         Summary {
-            // One marked 503, then a 200 after its Retry-After; maintenance once, as is.
+            // One marked 503, then a 200 after its Retry-After; maintenance once, as is:
+            // a final failure, never reported as completed.
             provider_calls: (2, 1),
             throttled: (Outcome::Completed, 200, 2000),
-            maintenance: (Outcome::Completed, 503),
+            maintenance: (Outcome::Unsuccessful(StatusCode::SERVICE_UNAVAILABLE), 503),
         }
     );
 
@@ -161,6 +162,10 @@ async fn custom_classifier_retries_only_the_marked_503() {
     assert_eq!(
         default.maintenance.0,
         Outcome::Abandoned(AbandonReason::MaxAttempts)
+    );
+    assert_eq!(
+        custom_classifier::describe(custom.maintenance.0),
+        "ended unsuccessfully (503 Service Unavailable)"
     );
 }
 
@@ -331,4 +336,64 @@ async fn reqwest_client_shared_middleware_gets_no_429() {
     assert!(naive.rejected > 0, "{naive:?}");
     assert_eq!((shared.attempts, shared.rejected), (8, 0), "{shared:?}");
     assert_eq!(shared.completed(), 8, "{shared:?}");
+}
+
+/// The upstream throttles during the run (`Retry-After: 7`): callers that cannot wait that
+/// long get a 503 whose `Retry-After` is the shared cooldown still to run, 6 or 7 seconds,
+/// not a made-up value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_proxy_answers_503_with_the_shared_cooldown_as_retry_after() {
+    let upstream = Upstream::start(axum_proxy::throttling_upstream())
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(4, 4).expect("valid"));
+    let app = axum_proxy::app(
+        upstream.url(),
+        DEFAULT_KEY.to_owned(),
+        allowance.clone(),
+        Duration::from_secs(2),
+    )
+    .expect("valid");
+    let mut inbound = Vec::new();
+    for i in 0..8 {
+        let app = app.clone();
+        inbound.push(tokio::spawn(async move {
+            let req = Request::get(format!("/odds/e{i}"))
+                .body(Body::empty())
+                .expect("request");
+            app.oneshot(req).await.expect("infallible")
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in inbound {
+        answers.push(task.await.expect("joins"));
+    }
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    assert!(
+        log.iter().any(|r| r.status == 429),
+        "the upstream throttled: {log:?}"
+    );
+    let ok = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::OK)
+        .count();
+    let refused: Vec<u64> = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|r| {
+            r.headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("every 503 says when to come back")
+        })
+        .collect();
+    assert_eq!(ok + refused.len(), 8, "200 or 503, nothing else");
+    assert!(!refused.is_empty());
+    // Taken from the cooldown the upstream's Retry-After: 7 raised, as it runs down.
+    assert!(refused.iter().all(|s| (6..=7).contains(s)), "{refused:?}");
+    let cooling = allowance.snapshot().cooling_for.expect("cooling down");
+    assert!(cooling > Duration::from_secs(5), "{cooling:?}");
 }
