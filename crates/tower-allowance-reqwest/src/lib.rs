@@ -2,12 +2,12 @@
 //! shared [`tower_allowance::Allowance`].
 //!
 //! [`AllowanceMiddleware`] runs each request through the same stack as
-//! [`AllowanceLayer`](tower_allowance::AllowanceLayer): every attempt, first try or retry,
+//! [`AllowanceLayer`]: every attempt, first try or retry,
 //! is admitted by the allowance; a 429 or 503 with `Retry-After` raises the shared cooldown
 //! for everyone using it (in this process, or in every process with a shared store); a retry
 //! spends the shared retry budget, and only requests that may be replayed are retried
 //! (idempotent methods or `Idempotency-Key`, see
-//! [`RetryConfig`](tower_allowance::retry::RetryConfig)) and only when their body can be
+//! [`RetryConfig`]) and only when their body can be
 //! sent again: a body in memory is (reqwest clones it), a streamed body is not, and its
 //! throttling answer is returned marked abandoned
 //! ([`AbandonReason::NotReplayable`](tower_allowance::error::AbandonReason::NotReplayable)).
