@@ -221,19 +221,14 @@ where
         }
         let retry = match spare {
             None => None,
-            Some(spare) => {
-                let (head, body) = req.into_parts();
-                let retrying = Retrying {
-                    policy: RetryPolicy::from_shared(self.policy.clone()),
-                    // For the retries; polled ready before each.
-                    service: self.inner.clone(),
-                    head: head.clone(),
-                    spare,
-                    next: None,
-                };
-                req = Request::from_parts(head, body);
-                Some(retrying)
-            }
+            Some(spare) => Some(Retrying {
+                policy: RetryPolicy::from_shared(self.policy.clone()),
+                // For the retries; polled ready before each.
+                service: self.inner.clone(),
+                head: head_of(&req),
+                spare,
+                next: None,
+            }),
         };
         AllowanceFuture {
             state: State::Called {
@@ -242,6 +237,17 @@ where
             retry,
         }
     }
+}
+
+/// A copy of `req`'s head, cloned field by field (the request itself is not moved).
+fn head_of<B>(req: &Request<B>) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
+    head.uri = req.uri().clone();
+    head.version = req.version();
+    head.headers = req.headers().clone();
+    head.extensions = req.extensions().clone();
+    head
 }
 
 /// Where the body of a retry comes from.
