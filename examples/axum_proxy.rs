@@ -6,13 +6,23 @@
 //! allowance admits; a request that cannot be served in time gets a 503 with
 //! `Retry-After`, never a silent hang.
 //!
+//! The `Retry-After` the proxy sends is the allowance's own knowledge: the shared cooldown
+//! still to run (the snapshot's `cooling_for`, raised by the upstream's own `Retry-After`),
+//! or the time until the allowance reopens, or, with neither, one token interval of the
+//! allowance. The demo below makes the upstream throttle: the API key is also used
+//! elsewhere, so the upstream allows less than the proxy's allowance expects, answers 429
+//! with `Retry-After: 7`, and the callers who cannot wait that long get a 503 with
+//! `Retry-After: 7` (or 6, as the cooldown runs down) from the proxy.
+//!
 //! ```text
 //! cargo run --example axum_proxy
 //! ```
 
 use std::time::Duration;
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
+use allowance_sim::upstream::{
+    RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
+};
 use axum::{
     body::Body,
     extract::{Path, State},
@@ -107,19 +117,14 @@ async fn fetch(state: &AppState, event_id: &str) -> Result<Response, BoxError> {
         // The upstream's final answer was a failure (a 404, a 401...): pass it on.
         Outcome::Unsuccessful(status) => Ok((status, "upstream answered").into_response()),
         // Given up on (deadline, budget, quota...): tell our caller, honestly, and when to
-        // come back: the shared cooldown's remaining time, as this process last learned it.
+        // come back: what the shared allowance knows, as this process last learned it.
         Outcome::Abandoned(reason) => {
             let mut response = (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("upstream allowance: request abandoned ({reason})"),
             )
                 .into_response();
-            let snapshot = state.allowance.snapshot();
-            let wait = snapshot
-                .closed
-                .and_then(|c| c.reopens_in)
-                .or(snapshot.cooling_for)
-                .unwrap_or(Duration::from_secs(1));
+            let wait = come_back_after(&state.allowance);
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             response
                 .headers_mut()
@@ -130,43 +135,89 @@ async fn fetch(state: &AppState, event_id: &str) -> Result<Response, BoxError> {
     }
 }
 
+/// When a caller turned away should come back: the shared cooldown still to run (raised by
+/// the upstream's `Retry-After`), or the time until a closed allowance reopens, or else one
+/// token interval of the allowance (the earliest a new slot can come).
+pub(crate) fn come_back_after(allowance: &Allowance) -> Duration {
+    let snapshot = allowance.snapshot();
+    snapshot
+        .closed
+        .and_then(|c| c.reopens_in)
+        .or(snapshot.cooling_for)
+        .unwrap_or_else(|| allowance.config().interval())
+}
+
+/// Sends `n` inbound requests at once to the proxy at `addr`: each one's status and
+/// `Retry-After`, in order.
+pub(crate) async fn inbound(
+    addr: std::net::SocketAddr,
+    n: usize,
+) -> Result<Vec<(StatusCode, Option<u64>)>, BoxError> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let client = client.clone();
+        let uri = format!("http://{addr}/odds/e{i}");
+        tasks.push(tokio::spawn(async move {
+            let res = client.get(uri.parse()?).await?;
+            let retry_after = res
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            Ok::<_, BoxError>((res.status(), retry_after))
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await??);
+    }
+    Ok(answers)
+}
+
+/// The upstream of the demo: per key, bursts of 2 at 1 request/s, and `429` with
+/// `Retry-After: 7` beyond that.
+pub(crate) fn throttling_upstream() -> UpstreamConfig {
+    UpstreamConfig::new(2, 1).with_retry_after(RetryAfterMode::Seconds(7))
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let upstream = Upstream::start(UpstreamConfig::new(2, 4)).await?;
-    let allowance = Allowance::new(AllowanceConfig::per_second(4, 2)?);
+    // The key is shared with another app, so the upstream allows less than this proxy's
+    // allowance expects: it will throttle during the run.
+    let upstream = Upstream::start(throttling_upstream()).await?;
+    let allowance = Allowance::new(AllowanceConfig::per_second(4, 4)?);
     let router = app(
         upstream.url(),
         DEFAULT_KEY.to_owned(),
-        allowance,
-        Duration::from_secs(5),
+        allowance.clone(),
+        Duration::from_secs(2),
     )?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
     println!(
-        "proxy on http://{addr}, upstream {} (burst 2, 4 req/s)",
+        "proxy on http://{addr} (allowance: 4 req/s, callers wait up to 2 s), upstream {}\n\
+         (burst 2, 1 req/s, 429 with Retry-After: 7 beyond that)\n",
         upstream.url()
     );
 
-    // Twelve inbound requests at once.
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let mut inbound = Vec::new();
-    for i in 0..12 {
-        let client = client.clone();
-        let uri = format!("http://{addr}/odds/e{i}");
-        inbound.push(tokio::spawn(async move {
-            let res = client.get(uri.parse()?).await?;
-            Ok::<_, BoxError>(res.status())
-        }));
-    }
-    for (i, task) in inbound.into_iter().enumerate() {
-        println!("inbound /odds/e{i}: {}", task.await??);
+    // Eight inbound requests at once.
+    for (i, (status, retry_after)) in inbound(addr, 8).await?.into_iter().enumerate() {
+        match retry_after {
+            Some(secs) => println!("inbound /odds/e{i}: {status}, Retry-After: {secs}"),
+            None => println!("inbound /odds/e{i}: {status}"),
+        }
     }
     let log = upstream.log();
+    let snapshot = allowance.snapshot();
     println!(
-        "\nThe upstream saw {} requests, {} of them 429.",
+        "\nThe upstream saw {} requests, {} of them 429 (Retry-After: 7). The shared cooldown\n\
+         has {:?} left, which is what the 503s' Retry-After says: come back when the\n\
+         upstream will take the call, not a guess.",
         log.len(),
-        log.iter().filter(|r| r.status == 429).count()
+        log.iter().filter(|r| r.status == 429).count(),
+        snapshot.cooling_for.unwrap_or_default()
     );
     server.abort();
     upstream.shutdown().await;

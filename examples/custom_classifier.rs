@@ -111,6 +111,16 @@ pub(crate) async fn demo<C: Classify>(classifier: C) -> Result<Summary, BoxError
     })
 }
 
+/// What happened, in words: a 503 is never called completed.
+pub(crate) fn describe(outcome: Outcome) -> String {
+    match outcome {
+        Outcome::Completed => "completed".to_owned(),
+        Outcome::Unsuccessful(status) => format!("ended unsuccessfully ({status})"),
+        Outcome::Abandoned(reason) => format!("abandoned ({reason})"),
+        other => format!("{other:?}"),
+    }
+}
+
 fn main() -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
@@ -128,12 +138,15 @@ fn main() -> Result<(), BoxError> {
     ] {
         println!("{name}:");
         println!(
-            "  /throttled   -> {:?}, status {}, done at {} ms (waited for Retry-After: 2)",
-            summary.throttled.0, summary.throttled.1, summary.throttled.2
+            "  /throttled   -> {}, status {}, done at {} ms (waited for Retry-After: 2)",
+            describe(summary.throttled.0),
+            summary.throttled.1,
+            summary.throttled.2
         );
         println!(
-            "  /maintenance -> {:?}, status {}",
-            summary.maintenance.0, summary.maintenance.1
+            "  /maintenance -> {}, status {}",
+            describe(summary.maintenance.0),
+            summary.maintenance.1
         );
         println!(
             "  the provider saw {} /throttled and {} /maintenance calls\n",

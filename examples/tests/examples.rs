@@ -22,6 +22,14 @@ mod custom_classifier;
 #[allow(dead_code)]
 mod eight_workers;
 
+#[path = "../reqwest_client.rs"]
+#[allow(dead_code)]
+mod reqwest_client;
+
+#[path = "../tonic_grpc.rs"]
+#[allow(dead_code)]
+mod tonic_grpc;
+
 use std::time::Duration;
 
 use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
@@ -138,10 +146,11 @@ async fn custom_classifier_retries_only_the_marked_503() {
     assert_eq!(
         custom,
         Summary {
-            // One marked 503, then a 200 after its Retry-After; maintenance once, as is.
+            // One marked 503, then a 200 after its Retry-After; maintenance once, as is:
+            // a final failure, never reported as completed.
             provider_calls: (2, 1),
             throttled: (Outcome::Completed, 200, 2000),
-            maintenance: (Outcome::Completed, 503),
+            maintenance: (Outcome::Unsuccessful(StatusCode::SERVICE_UNAVAILABLE), 503),
         }
     );
 
@@ -153,6 +162,10 @@ async fn custom_classifier_retries_only_the_marked_503() {
     assert_eq!(
         default.maintenance.0,
         Outcome::Abandoned(AbandonReason::MaxAttempts)
+    );
+    assert_eq!(
+        custom_classifier::describe(custom.maintenance.0),
+        "ended unsuccessfully (503 Service Unavailable)"
     );
 }
 
@@ -265,4 +278,122 @@ fn eight_workers_help_runs_nothing() {
     for option in ["--json", "--svg PATH", "--help"] {
         assert!(USAGE.contains(option), "{USAGE}");
     }
+}
+
+/// Over gRPC (tonic), as the server counted: eight workers that each honour the pushback
+/// still get RESOURCE_EXHAUSTED; one shared allowance sends one call per job and is never
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tonic_grpc_shared_sends_one_call_per_job_and_is_never_refused() {
+    use tonic_grpc::{json_row, run, Mode, QuoteServer, Scenario};
+
+    let s = Scenario::SEED;
+    let server = QuoteServer::start(s.burst, s.rate_per_sec)
+        .await
+        .expect("binds");
+    let naive = run(&server, s, Mode::Naive).await.expect("runs");
+    let shared = run(&server, s, Mode::Shared).await.expect("runs");
+    let jobs = s.jobs as usize;
+
+    assert!(naive.counts.rejected > 0, "{naive:?}");
+    assert_eq!(
+        naive.counts.attempts,
+        naive.counts.rejected + naive.counts.completed
+    );
+    assert_eq!(
+        (
+            shared.counts.attempts,
+            shared.counts.rejected,
+            shared.counts.completed
+        ),
+        (jobs, 0, jobs),
+        "{shared:?}"
+    );
+    assert_eq!(shared.abandoned, 0);
+    // No faster than the limit allows.
+    assert!(shared.makespan_ms >= shared.min_makespan_ms, "{shared:?}");
+    let row = json_row(&shared);
+    for key in [
+        "mode",
+        "attempts",
+        "rejected",
+        "completed",
+        "abandoned",
+        "makespan_ms",
+        "min_makespan_ms",
+    ] {
+        assert!(row.get(key).is_some(), "{key} in {row}");
+    }
+    assert_eq!(row["mode"], "shared");
+}
+
+/// reqwest through the middleware, as the server counted: naive workers still collide with
+/// 429s, one shared allowance sends one request per job and gets none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_client_shared_middleware_gets_no_429() {
+    let naive = reqwest_client::run(false).await.expect("runs");
+    let shared = reqwest_client::run(true).await.expect("runs");
+    assert!(naive.rejected > 0, "{naive:?}");
+    assert_eq!((shared.attempts, shared.rejected), (8, 0), "{shared:?}");
+    assert_eq!(shared.completed(), 8, "{shared:?}");
+}
+
+/// The upstream throttles during the run (`Retry-After: 7`): callers that cannot wait that
+/// long get a 503 whose `Retry-After` is the shared cooldown still to run, 6 or 7 seconds,
+/// not a made-up value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn axum_proxy_answers_503_with_the_shared_cooldown_as_retry_after() {
+    let upstream = Upstream::start(axum_proxy::throttling_upstream())
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(4, 4).expect("valid"));
+    let app = axum_proxy::app(
+        upstream.url(),
+        DEFAULT_KEY.to_owned(),
+        allowance.clone(),
+        Duration::from_secs(2),
+    )
+    .expect("valid");
+    let mut inbound = Vec::new();
+    for i in 0..8 {
+        let app = app.clone();
+        inbound.push(tokio::spawn(async move {
+            let req = Request::get(format!("/odds/e{i}"))
+                .body(Body::empty())
+                .expect("request");
+            app.oneshot(req).await.expect("infallible")
+        }));
+    }
+    let mut answers = Vec::new();
+    for task in inbound {
+        answers.push(task.await.expect("joins"));
+    }
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    assert!(
+        log.iter().any(|r| r.status == 429),
+        "the upstream throttled: {log:?}"
+    );
+    let ok = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::OK)
+        .count();
+    let refused: Vec<u64> = answers
+        .iter()
+        .filter(|r| r.status() == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|r| {
+            r.headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .expect("every 503 says when to come back")
+        })
+        .collect();
+    assert_eq!(ok + refused.len(), 8, "200 or 503, nothing else");
+    assert!(!refused.is_empty());
+    // Taken from the cooldown the upstream's Retry-After: 7 raised, as it runs down.
+    assert!(refused.iter().all(|s| (6..=7).contains(s)), "{refused:?}");
+    let cooling = allowance.snapshot().cooling_for.expect("cooling down");
+    assert!(cooling > Duration::from_secs(5), "{cooling:?}");
 }

@@ -13,6 +13,15 @@
 //!
 //! Frames are `Bytes::slice`s of one buffer, so the source never allocates per frame.
 //!
+//! A second group runs the same 16 KiB through the whole `AllowanceLayer` stack: the inner
+//! service reads each request body whole and answers the first attempt 502 (transient),
+//! the retry 200, so every iteration is a first attempt and a replay, on a paused-clock
+//! runtime (the backoff sleep costs no wall time):
+//! - `full_bytes_clone`: a `Full<Bytes>` body, which the stack clones for the retry
+//!   (`Replayable::try_clone`);
+//! - `replay_wrapper`: the 16 frames as a `BoxBody<Bytes, BoxError>`, which the stack wraps
+//!   in a `ReplayBody` (a copy kept while the first attempt streams) and replays.
+//!
 //! `cargo bench -p allowance-bench --bench replay_body -- --measurement-time 2 --warm-up-time 1`
 
 #![allow(missing_docs)] // criterion_group! generates undocumented items.
@@ -28,9 +37,12 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use http_body::{Body, Frame};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use tower::{service_fn, Layer, ServiceExt};
 use tower_allowance::{
     body::{ReplayBody, Replayable, DEFAULT_REPLAY_CAP},
-    BoxError,
+    classify::StatusClassifier,
+    retry::RetryConfig,
+    Allowance, AllowanceConfig, AllowanceLayer, Attempt, BoxError, Outcome,
 };
 
 const BODY: usize = 16 * 1024;
@@ -127,5 +139,68 @@ fn replay_body(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, replay_body);
+/// Reads the body whole; 502 to a first attempt, 200 to a retry.
+async fn read_then_answer<B>(req: http::Request<B>) -> Result<http::Response<()>, BoxError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let retry = req
+        .extensions()
+        .get::<Attempt>()
+        .is_some_and(Attempt::is_retry);
+    let body = req.into_body().collect().await.map_err(Into::into)?;
+    assert_eq!(black_box(body.to_bytes()).len(), BODY);
+    let mut res = http::Response::new(());
+    if !retry {
+        *res.status_mut() = http::StatusCode::BAD_GATEWAY;
+    }
+    Ok(res)
+}
+
+fn through_the_stack(c: &mut Criterion) {
+    let data = Bytes::from((0..BODY).map(|i| i as u8).collect::<Vec<u8>>());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let allowance =
+        Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000).expect("valid"));
+    let layer = AllowanceLayer::new(
+        allowance,
+        RetryConfig::default()
+            .with_backoff(
+                std::time::Duration::from_micros(1),
+                std::time::Duration::from_micros(1),
+            )
+            .expect("valid"),
+    )
+    .with_classifier(StatusClassifier::default().transient([502]));
+
+    let mut group = c.benchmark_group("replay_through_the_stack_16KiB");
+    group.throughput(Throughput::Bytes(2 * BODY as u64));
+
+    let full = layer.layer(service_fn(read_then_answer::<Full<Bytes>>));
+    group.bench_function("full_bytes_clone", |b| {
+        b.iter(|| {
+            let req = http::Request::new(Full::new(data.clone()));
+            let result = rt.block_on(full.clone().oneshot(req));
+            assert_eq!(Outcome::of(&result), Outcome::Completed);
+        })
+    });
+
+    let boxed = layer.layer(service_fn(read_then_answer::<BoxBody<Bytes, BoxError>>));
+    group.bench_function("replay_wrapper", |b| {
+        b.iter(|| {
+            let body = Frames::new(&data).map_err(|never| match never {}).boxed();
+            let result = rt.block_on(boxed.clone().oneshot(http::Request::new(body)));
+            assert_eq!(Outcome::of(&result), Outcome::Completed);
+        })
+    });
+
+    group.finish();
+}
+
+criterion_group!(benches, replay_body, through_the_stack);
 criterion_main!(benches);

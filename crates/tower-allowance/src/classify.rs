@@ -71,6 +71,10 @@ pub enum ServerDelay {
     After(Duration),
     /// A wait too long to represent: the allowance closes rather than shorten it.
     TooLong,
+    /// The server asked not to be retried (gRPC's negative or malformed
+    /// `grpc-retry-pushback-ms`, gRFC A6): the response is the answer, and no cooldown is
+    /// invented for it.
+    DoNotRetry,
 }
 
 /// Classifies responses from their status and headers.
@@ -80,6 +84,18 @@ pub enum ServerDelay {
 pub trait Classify: Clone + Send + Sync + 'static {
     /// Classifies one response.
     fn classify(&self, status: StatusCode, headers: &HeaderMap) -> Classification;
+
+    /// Classifies one response and reads the wait it asks for, once for the whole stack.
+    ///
+    /// The default calls [`classify`](Self::classify) and reads no wait: the allowance's
+    /// dialect reads the waits servers state in headers (`Retry-After`, `retry-after-ms`,
+    /// a provider's reset times; see [`signals`](crate::signals)), once, and the longest of
+    /// the classifier's and the dialect's wins. Override it when the server states its wait
+    /// where no dialect looks, as [`GrpcClassifier`](crate::grpc::GrpcClassifier) does with
+    /// `grpc-retry-pushback-ms`.
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classified {
+        Classified::new(self.classify(status, headers), None)
+    }
 }
 
 /// The default classifier: 429 and 503 are throttling, 2xx and 3xx success, everything

@@ -30,6 +30,49 @@
 //! assert_eq!(GrpcResponse::from_head(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new()), None);
 //! ```
 //!
+//! # In the stack
+//!
+//! [`GrpcClassifier`] classifies each response by its gRPC status where it has one
+//! (RESOURCE_EXHAUSTED is throttling, UNAVAILABLE transient, every other code final) and
+//! reads `grpc-retry-pushback-ms` as the server's delay, fed to the same shared cooldown as
+//! `Retry-After`. A status that comes in the trailers is read by [`TrailersLayer`] as the
+//! trailers pass, without holding the body back: a RESOURCE_EXHAUSTED there cools the
+//! allowance down for everyone (the call itself is over by then, so it is not retried).
+//! [`GrpcLayer`] stacks both: the whole allowance stack for a tonic `Channel`.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Method, Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_allowance::{grpc::GrpcLayer, retry::RetryConfig, Allowance, AllowanceConfig, Outcome};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let allowance = Allowance::new(AllowanceConfig::per_second(5, 5)?);
+//! // gRPC calls are POSTs: say which ones may be retried (here, all of them).
+//! let retry = RetryConfig::default().with_replayable_methods([Method::POST]);
+//! let channel = tower::service_fn(|_req: Request<String>| async {
+//!     // A trailers-only RESOURCE_EXHAUSTED asking for 2 s, as a tonic server sends it.
+//!     let res = Response::builder()
+//!         .header("content-type", "application/grpc")
+//!         .header("grpc-status", "8")
+//!         .header("grpc-retry-pushback-ms", "2000")
+//!         .body(String::new())
+//!         .map_err(tower_allowance::BoxError::from)?;
+//!     Ok::<_, tower_allowance::BoxError>(res)
+//! });
+//! let client = ServiceBuilder::new()
+//!     .layer(GrpcLayer::new(allowance.clone(), retry))
+//!     .service(channel);
+//!
+//! let result = client.oneshot(Request::post("/pkg.Svc/Get").body(String::new())?).await;
+//! // Three attempts, each after the pushback, then the attempts ran out: not a success.
+//! assert!(matches!(Outcome::of(&result), Outcome::Abandoned(_)));
+//! assert_eq!(allowance.snapshot().admitted, 3);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # What is read, and how strictly
 //!
 //! - `grpc-status` is `1*DIGIT` (the gRPC over HTTP/2 grammar). A value that is not, or
@@ -45,15 +88,23 @@
 
 use std::{
     fmt,
+    future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{ready, Context, Poll},
     time::Duration,
 };
 
-use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, StatusCode};
+use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use tower_layer::Layer;
+use tower_service::Service;
 
-use crate::classify::Classification;
+use crate::{
+    classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
+    cooldown::raise_detached,
+    retry::RetryConfig,
+    rule, Allowance, AllowanceLayer, AllowanceService, MAX_DELAY,
+};
 
 const GRPC_STATUS: &str = "grpc-status";
 const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
@@ -222,6 +273,20 @@ impl Pushback {
     }
 }
 
+impl Pushback {
+    /// The pushback as the stack's [`ServerDelay`]: a delay beyond
+    /// [`MAX_DELAY`] is [`TooLong`](ServerDelay::TooLong) (the allowance
+    /// closes rather than wait less), "do not retry" is
+    /// [`DoNotRetry`](ServerDelay::DoNotRetry).
+    pub fn server_delay(self) -> ServerDelay {
+        match self {
+            Self::Delay(d) if d > MAX_DELAY => ServerDelay::TooLong,
+            Self::Delay(d) => ServerDelay::After(d),
+            Self::DoNotRetry => ServerDelay::DoNotRetry,
+        }
+    }
+}
+
 /// The status of a finished gRPC call: its code and the server's pushback, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GrpcStatus {
@@ -285,6 +350,276 @@ impl GrpcResponse {
             return Some(Self::TrailersOnly(status));
         }
         (status == StatusCode::OK && is_grpc(headers)).then_some(Self::StatusInTrailers)
+    }
+}
+
+/// Classifies gRPC responses by their status (gRFC A6), and any other response by its HTTP
+/// status.
+///
+/// | response | classification | delay |
+/// |----------|----------------|-------|
+/// | `grpc-status` in the headers (trailers-only) | by [`Code::classification`] | `grpc-retry-pushback-ms` (see [`Pushback::server_delay`]) |
+/// | a gRPC 200 whose status comes in the trailers | success, as far as the head goes (see [`TrailersLayer`]) | none |
+/// | anything else (a proxy's 429 or 503) | by the HTTP classifier, [`StatusClassifier`] by default | `Retry-After` |
+///
+/// ```
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+/// use tower_allowance::{classify::{Classification, Classify, ServerDelay}, grpc::GrpcClassifier};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("grpc-status", HeaderValue::from_static("8"));
+/// headers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
+/// let classified = GrpcClassifier::new().classify_response(StatusCode::OK, &headers);
+/// assert_eq!(classified.class, Classification::Throttled);
+/// assert_eq!(classified.delay, Some(ServerDelay::DoNotRetry));
+/// ```
+///
+/// # Clone
+///
+/// `Copy`: no state of its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrpcClassifier {
+    http: StatusClassifier,
+}
+
+// === impl GrpcClassifier ===
+
+impl GrpcClassifier {
+    /// gRPC statuses, and the default HTTP classifier for responses without one.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Classifies responses that carry no gRPC status (an HTTP-level answer from a proxy or
+    /// a load balancer) with `http` instead of the default [`StatusClassifier`].
+    pub fn with_http(self, http: StatusClassifier) -> Self {
+        Self { http }
+    }
+}
+
+impl Classify for GrpcClassifier {
+    fn classify(&self, status: StatusCode, headers: &HeaderMap) -> Classification {
+        self.classify_response(status, headers).class
+    }
+
+    fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classified {
+        match GrpcResponse::from_head(status, headers) {
+            Some(GrpcResponse::TrailersOnly(status)) => {
+                let class = status.classification();
+                let delay = match class {
+                    Classification::Throttled | Classification::Transient => {
+                        status.pushback().map(Pushback::server_delay)
+                    }
+                    _ => None,
+                };
+                Classified::new(class, delay)
+            }
+            Some(GrpcResponse::StatusInTrailers) => Classified::new(Classification::Success, None),
+            None => self.http.classify_response(status, headers),
+        }
+    }
+}
+
+/// What runs when a [`WatchTrailers`] body's trailers pass: any `FnOnce(&HeaderMap)`, or a
+/// named type such as [`FeedAllowance`] (so that a service's response type can be named).
+pub trait OnTrailers {
+    /// Called once, with the trailers, just before they are passed on.
+    fn on_trailers(self, trailers: &HeaderMap);
+}
+
+impl<F: FnOnce(&HeaderMap)> OnTrailers for F {
+    fn on_trailers(self, trailers: &HeaderMap) {
+        self(trailers)
+    }
+}
+
+/// Feeds the allowance from a gRPC status in trailers: a RESOURCE_EXHAUSTED raises the
+/// shared cooldown by its `grpc-retry-pushback-ms` (as a throttling response's delay does
+/// in the [`CooldownLayer`](crate::cooldown::CooldownLayer)); any other status changes
+/// nothing.
+#[derive(Clone, Debug)]
+pub struct FeedAllowance {
+    allowance: Allowance,
+}
+
+impl FeedAllowance {
+    /// Feeds `allowance`.
+    pub fn new(allowance: Allowance) -> Self {
+        Self { allowance }
+    }
+}
+
+impl OnTrailers for FeedAllowance {
+    fn on_trailers(self, trailers: &HeaderMap) {
+        let Some(status) = GrpcStatus::from_header_map(trailers) else {
+            return;
+        };
+        if status.classification() != Classification::Throttled {
+            return;
+        }
+        match status.pushback().map(Pushback::server_delay) {
+            Some(ServerDelay::After(d)) => {
+                self.allowance.on_throttled(true);
+                raise_detached(&self.allowance, rule::micros_ceil(d));
+            }
+            // Beyond what can be represented: the allowance closes rather than wait less.
+            Some(ServerDelay::TooLong) => raise_detached(&self.allowance, None),
+            // No delay, or "do not retry": no cooldown is invented.
+            _ => self.allowance.on_throttled(false),
+        }
+    }
+}
+
+/// Reads the gRPC status in each response's trailers as they pass, and feeds it to the
+/// allowance ([`FeedAllowance`]). Responses keep streaming as they come.
+///
+/// # Clone
+///
+/// Cloning this layer does not create a new allowance: every service it builds feeds the
+/// same one.
+#[derive(Clone, Debug)]
+pub struct TrailersLayer {
+    allowance: Allowance,
+}
+
+impl TrailersLayer {
+    /// Feeds `allowance` from trailers.
+    pub fn new(allowance: Allowance) -> Self {
+        Self { allowance }
+    }
+}
+
+impl<S> Layer<S> for TrailersLayer {
+    type Service = Trailers<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Trailers {
+            inner,
+            allowance: self.allowance.clone(),
+        }
+    }
+}
+
+/// The service of [`TrailersLayer`]: each response body is a [`WatchTrailers`] that feeds
+/// the allowance from a gRPC response's trailers.
+///
+/// # Clone
+///
+/// Clones share the allowance; only `S` is cloned.
+#[derive(Clone, Debug)]
+pub struct Trailers<S> {
+    inner: S,
+    allowance: Allowance,
+}
+
+impl<S> Trailers<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Trailers<S>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+{
+    type Response = Response<WatchTrailers<RB, FeedAllowance>>;
+    type Error = S::Error;
+    type Future = TrailersFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        TrailersFuture {
+            inner: self.inner.call(req),
+            allowance: Some(self.allowance.clone()),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`Trailers`].
+    pub struct TrailersFuture<F> {
+        #[pin]
+        inner: F,
+        allowance: Option<Allowance>,
+    }
+}
+
+impl<F> fmt::Debug for TrailersFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TrailersFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, RB, E> Future for TrailersFuture<F>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+{
+    type Output = Result<Response<WatchTrailers<RB, FeedAllowance>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        let allowance = this
+            .allowance
+            .take()
+            .expect("TrailersFuture polled after completion");
+        // Only a call whose status is still to come has trailers worth reading: a
+        // trailers-only answer was classified from its headers already.
+        let watch = GrpcResponse::from_head(response.status(), response.headers())
+            == Some(GrpcResponse::StatusInTrailers);
+        Poll::Ready(Ok(response.map(|inner| WatchTrailers {
+            inner,
+            on_trailers: watch.then(|| FeedAllowance::new(allowance)),
+        })))
+    }
+}
+
+/// The whole allowance stack for gRPC: [`AllowanceLayer`] with a [`GrpcClassifier`], over a
+/// [`TrailersLayer`] feeding the same allowance. For a tonic `Channel`.
+///
+/// gRPC calls are POSTs: a call is retried only if its method is listed in the
+/// [`RetryConfig`] (`with_replayable_methods([Method::POST])` when every call is
+/// idempotent) or it carries `Idempotency-Key`; otherwise a RESOURCE_EXHAUSTED is returned
+/// as is, marked abandoned ([`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable)).
+///
+/// # Clone
+///
+/// Cloning this layer does not create a new bucket, cooldown or budget.
+#[derive(Clone, Debug)]
+pub struct GrpcLayer {
+    allowance: AllowanceLayer<GrpcClassifier>,
+    trailers: TrailersLayer,
+}
+
+impl GrpcLayer {
+    /// The gRPC stack over `allowance`, retrying by `retry`.
+    pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
+        Self {
+            trailers: TrailersLayer::new(allowance.clone()),
+            allowance: AllowanceLayer::new(allowance, retry).with_classifier(GrpcClassifier::new()),
+        }
+    }
+}
+
+impl<S> Layer<S> for GrpcLayer {
+    type Service = AllowanceService<Trailers<S>, GrpcClassifier>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.allowance.layer(self.trailers.layer(inner))
     }
 }
 
@@ -384,7 +719,7 @@ impl<B: fmt::Debug, F> fmt::Debug for WatchTrailers<B, F> {
 impl<B, F> Body for WatchTrailers<B, F>
 where
     B: Body,
-    F: FnOnce(&HeaderMap),
+    F: OnTrailers,
 {
     type Data = B::Data;
     type Error = B::Error;
@@ -398,7 +733,7 @@ where
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(trailers) = frame.trailers_ref() {
                 if let Some(on_trailers) = this.on_trailers.take() {
-                    on_trailers(trailers);
+                    on_trailers.on_trailers(trailers);
                 }
             }
         }
@@ -707,6 +1042,279 @@ mod tests {
         assert_eq!(collected.trailers(), Some(&trailers));
         assert_eq!(collected.to_bytes(), "ok");
         assert_eq!(seen.get().map(|s| s.code()), Some(Code::OK));
+        Ok(())
+    }
+
+    // === GrpcClassifier ===
+
+    #[test]
+    fn the_classifier_reads_grpc_statuses_and_leaves_the_rest_to_http() {
+        use crate::classify::{Classify, ServerDelay};
+        let grpc = ("content-type", "application/grpc");
+        let c = GrpcClassifier::new();
+        let cases: &[(
+            &str,
+            StatusCode,
+            HeaderMap,
+            Classification,
+            Option<ServerDelay>,
+        )] = &[
+            (
+                "RESOURCE_EXHAUSTED with pushback",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "8"),
+                    ("grpc-retry-pushback-ms", "1500"),
+                ]),
+                Classification::Throttled,
+                Some(ServerDelay::After(Duration::from_millis(1500))),
+            ),
+            (
+                "RESOURCE_EXHAUSTED, negative pushback: do not retry",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "8"), ("grpc-retry-pushback-ms", "-5")]),
+                Classification::Throttled,
+                Some(ServerDelay::DoNotRetry),
+            ),
+            (
+                "RESOURCE_EXHAUSTED, pushback beyond MAX_DELAY",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "8"),
+                    ("grpc-retry-pushback-ms", "9223372036854775807"),
+                ]),
+                Classification::Throttled,
+                Some(ServerDelay::TooLong),
+            ),
+            (
+                "UNAVAILABLE: transient",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "14")]),
+                Classification::Transient,
+                None,
+            ),
+            (
+                "INVALID_ARGUMENT with a pushback: final, the pushback is not read",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "3"), ("grpc-retry-pushback-ms", "10")]),
+                Classification::Failure,
+                None,
+            ),
+            (
+                "OK in the headers",
+                StatusCode::OK,
+                map(&[grpc, ("grpc-status", "0")]),
+                Classification::Success,
+                None,
+            ),
+            (
+                "status in the trailers: the head is fine",
+                StatusCode::OK,
+                map(&[grpc]),
+                Classification::Success,
+                None,
+            ),
+            (
+                "a proxy's 429 with Retry-After",
+                StatusCode::TOO_MANY_REQUESTS,
+                map(&[grpc, ("retry-after", "2")]),
+                Classification::Throttled,
+                Some(ServerDelay::After(Duration::from_secs(2))),
+            ),
+            (
+                "a proxy's 404",
+                StatusCode::NOT_FOUND,
+                HeaderMap::new(),
+                Classification::Failure,
+                None,
+            ),
+        ];
+        for (name, status, headers, class, delay) in cases {
+            let classified = c.classify_response(*status, headers);
+            assert_eq!(
+                (classified.class, classified.delay),
+                (*class, *delay),
+                "{name}"
+            );
+            assert_eq!(c.classify(*status, headers), *class, "{name}");
+        }
+    }
+
+    // === in the stack ===
+
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+
+    use http::Method;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use crate::{AllowanceConfig, BoxError, Outcome};
+
+    fn grpc_allowance() -> Allowance {
+        Allowance::new(AllowanceConfig::per_second(10, 10).expect("valid"))
+    }
+
+    fn retry_posts() -> RetryConfig {
+        RetryConfig::default().with_replayable_methods([Method::POST])
+    }
+
+    fn call() -> Request<String> {
+        let mut req = Request::new(String::new());
+        *req.method_mut() = Method::POST;
+        req
+    }
+
+    /// A channel answering `first` (trailers-only headers) to the first call, then OK.
+    fn channel(
+        first: &'static [(&'static str, &'static str)],
+        calls: Arc<AtomicUsize>,
+    ) -> impl tower_service::Service<
+        Request<String>,
+        Response = Response<String>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(move |_req: Request<String>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut res = Response::new(String::new());
+                res.headers_mut()
+                    .insert("content-type", HeaderValue::from_static("application/grpc"));
+                let fields: &[(&str, &str)] = if n == 0 {
+                    first
+                } else {
+                    &[("grpc-status", "0")]
+                };
+                for (name, value) in fields {
+                    res.headers_mut()
+                        .append(*name, HeaderValue::from_static(value));
+                }
+                Ok::<_, BoxError>(res)
+            }
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resource_exhausted_is_retried_after_its_pushback_and_cools_everyone() {
+        let allowance = grpc_allowance();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(channel(
+                &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "1500")],
+                calls.clone(),
+            ));
+        let start = tokio::time::Instant::now();
+        let result = stack.oneshot(call()).await;
+        assert_eq!(Outcome::of(&result), Outcome::Completed);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(
+            start.elapsed() >= Duration::from_millis(1500),
+            "{:?}",
+            start.elapsed()
+        );
+        let snapshot = allowance.snapshot();
+        assert_eq!((snapshot.deferred, snapshot.retries_spent), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_negative_pushback_is_not_retried_and_invents_no_cooldown() {
+        let allowance = grpc_allowance();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(channel(
+                &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
+                calls.clone(),
+            ));
+        let result = stack.oneshot(call()).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // The server's answer is final: a failure on an HTTP 200, never a success.
+        assert_eq!(Outcome::of(&result), Outcome::Unsuccessful(StatusCode::OK));
+        let snapshot = allowance.snapshot();
+        assert_eq!((snapshot.deferred, snapshot.cooling_for), (0, None));
+        assert_eq!(snapshot.abandoned.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_post_not_marked_replayable_is_answered_once_and_marked_abandoned() {
+        let allowance = grpc_allowance();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), RetryConfig::default()))
+            .service(channel(
+                &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "700")],
+                calls.clone(),
+            ));
+        let result = stack.oneshot(call()).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(crate::error::AbandonReason::NotReplayable)
+        );
+        // Still fed to the shared cooldown.
+        assert_eq!(
+            allowance.store_state().await.expect("memory").blocked_for,
+            Duration::from_millis(700)
+        );
+    }
+
+    /// A streamed call whose RESOURCE_EXHAUSTED comes in the trailers, after a message.
+    fn streamed_call(
+        status: &'static str,
+    ) -> impl tower_service::Service<
+        Request<String>,
+        Response = Response<StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Item>>>>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(move |_req: Request<String>| async move {
+            let trailers = map(&[("grpc-status", status), ("grpc-retry-pushback-ms", "3000")]);
+            let mut res = Response::new(stream(vec![
+                Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x02hi"))),
+                Ok(Frame::trailers(trailers)),
+            ]));
+            res.headers_mut()
+                .insert("content-type", HeaderValue::from_static("application/grpc"));
+            Ok::<_, BoxError>(res)
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_status_in_the_trailers_feeds_the_cooldown_as_it_passes() -> Result<(), BoxError> {
+        let allowance = grpc_allowance();
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(streamed_call("8"));
+        let response = stack.oneshot(call()).await?;
+        // The head is handed on at once; nothing is known yet.
+        assert_eq!(allowance.store_state().await?.blocked_for, Duration::ZERO);
+        let collected = response.into_body().collect().await?;
+        // Every frame reached the caller, trailers included...
+        assert_eq!(
+            collected.trailers().and_then(|t| t.get("grpc-status")),
+            Some(&HeaderValue::from_static("8"))
+        );
+        assert_eq!(collected.to_bytes(), Bytes::from_static(b"\0\0\0\0\x02hi"));
+        // ...and the pushback now holds everyone sharing the allowance.
+        assert_eq!(
+            allowance.store_state().await?.blocked_for,
+            Duration::from_secs(3)
+        );
+        assert_eq!(allowance.snapshot().deferred, 1);
+
+        // An OK in the trailers changes nothing.
+        let allowance = grpc_allowance();
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(streamed_call("0"));
+        let response = stack.oneshot(call()).await?;
+        response.into_body().collect().await?;
+        assert_eq!(allowance.store_state().await?.blocked_for, Duration::ZERO);
         Ok(())
     }
 

@@ -1,19 +1,23 @@
 use std::{
+    fmt,
+    future::Future,
+    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{ready, Context, Poll},
 };
 
-use http::{Request, Response};
-use tower::retry::{future::ResponseFuture as RetryFuture, Policy, Retry};
+use http::{request::Parts, Request, Response};
+use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::{
     admission::Admission,
+    body::{Replay, Replayable},
     classify::{Classify, StatusClassifier},
     cooldown::{service::CooldownShared, Cooldown, FinalAttempt},
     error::AbandonReason,
-    retry::{policy::PolicyShared, RetryConfig, RetryPolicy},
+    retry::{policy::PolicyShared, RetryConfig, RetryPolicy, RetryWait},
     Allowance, BoxError,
 };
 
@@ -104,9 +108,8 @@ impl<S, C> Layer<S> for AllowanceLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let admission = Admission::new(inner, self.policy.allowance.clone());
-        let cooldown = Cooldown::from_shared(admission, self.cooldown.clone());
         AllowanceService {
-            inner: Retry::new(RetryPolicy::from_shared(self.policy.clone()), cooldown),
+            inner: Cooldown::from_shared(admission, self.cooldown.clone()),
             policy: self.policy.clone(),
         }
     }
@@ -114,12 +117,41 @@ impl<S, C> Layer<S> for AllowanceLayer<C> {
 
 /// The service [`AllowanceLayer`] builds: Retry → Cooldown → Admission → `S`.
 ///
+/// It serves `http::Request<B>` for any body `B` that implements
+/// [`Replayable`](crate::body::Replayable), and passes the inner service a body of that same
+/// type on every attempt: `Full<Bytes>`, `String`, `BoxBody`, hyper's `Incoming`, axum's and
+/// tonic's `Body`. A retry sends the body again: cloned when it is cheap to copy, otherwise
+/// from a copy of up to [`RetryConfig::replay_cap`] bytes kept while the first attempt
+/// streamed. A body longer than that is sent once; a throttling answer to it is returned,
+/// marked abandoned ([`AbandonReason::NotReplayable`]).
+///
+/// A body type that does not implement `Replayable` is refused where the stack is first
+/// used as a service, with a message naming the trait and the bodies that implement it:
+///
+/// ```compile_fail
+/// # use std::convert::Infallible;
+/// # use http::{Request, Response};
+/// # use tower::{ServiceBuilder, ServiceExt};
+/// # use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+/// /// Not a body the stack can send again.
+/// struct Upload;
+///
+/// # async fn run() {
+/// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+/// let stack = ServiceBuilder::new()
+///     .layer(AllowanceLayer::new(allowance, RetryConfig::default()))
+///     .service_fn(|_: Request<Upload>| async { Ok::<_, Infallible>(Response::new(())) });
+/// // error[E0277]: `Upload` is not a request body the allowance can replay for a retry
+/// let _ = stack.oneshot(Request::new(Upload)).await;
+/// # }
+/// ```
+///
 /// # Clone
 ///
 /// Clones share the allowance and the configuration; only `S` is cloned.
 #[derive(Debug)]
 pub struct AllowanceService<S, C = StatusClassifier> {
-    inner: Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>,
+    inner: Cooldown<Admission<S>, C>,
     policy: Arc<PolicyShared<C>>,
 }
 
@@ -135,31 +167,27 @@ impl<S: Clone, C> Clone for AllowanceService<S, C> {
 impl<S, C> AllowanceService<S, C> {
     /// The innermost service.
     pub fn get_ref(&self) -> &S {
-        self.inner.get_ref().get_ref().get_ref()
+        self.inner.get_ref().get_ref()
     }
 
     /// The innermost service, mutably.
     pub fn get_mut(&mut self) -> &mut S {
-        self.inner.get_mut().get_mut().get_mut()
+        self.inner.get_mut().get_mut()
     }
 
     /// Unwraps the innermost service.
     pub fn into_inner(self) -> S {
-        self.inner.into_inner().into_inner().into_inner()
+        self.inner.into_inner().into_inner()
     }
 }
-
-/// The response future of [`AllowanceService`].
-pub type AllowanceFuture<S, C, B> =
-    RetryFuture<RetryPolicy<C>, Cooldown<Admission<S>, C>, Request<B>>;
 
 impl<S, C, B, RB> Service<Request<B>> for AllowanceService<S, C>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     C: Classify,
-    RetryPolicy<C>: Policy<Request<B>, Response<RB>, BoxError>,
-    B: Clone,
+    B: Replayable,
+    RB: Send + 'static,
 {
     type Response = Response<RB>;
     type Error = BoxError;
@@ -171,17 +199,175 @@ where
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let config = &self.policy.config;
-        let last = if !config.replayable(&req) {
-            Some(AbandonReason::NotReplayable)
+        let (spare, last) = if !config.replayable(&req) {
+            (None, Some(AbandonReason::NotReplayable))
         } else if config.max_attempts.get() <= 1 {
-            Some(AbandonReason::MaxAttempts)
+            (None, Some(AbandonReason::MaxAttempts))
+        } else if let Some(copy) = req.body().try_clone(config.replay_cap) {
+            (Some(Spare::Copy(copy)), None)
         } else {
-            None
+            let (parts, body) = req.into_parts();
+            let (body, replay) = body.prepare(config.replay_cap);
+            req = Request::from_parts(parts, body);
+            match replay {
+                Some(replay) => (Some(Spare::Replay(replay)), None),
+                // Known to be over the cap already: sent once.
+                None => (None, Some(AbandonReason::NotReplayable)),
+            }
         };
         if let Some(reason) = last {
             // No retry will follow: a throttling answer is reported as abandoned, and why.
             req.extensions_mut().insert(FinalAttempt(reason));
         }
-        self.inner.call(req)
+        let retry = match spare {
+            None => None,
+            Some(spare) => Some(Retrying {
+                policy: RetryPolicy::from_shared(self.policy.clone()),
+                // For the retries; polled ready before each.
+                service: self.inner.clone(),
+                head: head_of(&req),
+                spare,
+                next: None,
+            }),
+        };
+        AllowanceFuture {
+            state: State::Called {
+                future: self.inner.call(req),
+            },
+            retry,
+        }
     }
 }
+
+/// A copy of `req`'s head, cloned field by field (the request itself is not moved).
+fn head_of<B>(req: &Request<B>) -> Parts {
+    let (mut head, ()) = Request::new(()).into_parts();
+    head.method = req.method().clone();
+    head.uri = req.uri().clone();
+    head.version = req.version();
+    head.headers = req.headers().clone();
+    head.extensions = req.extensions().clone();
+    head
+}
+
+/// Where the body of a retry comes from.
+enum Spare<B> {
+    /// A copy taken by reference ([`Replayable::try_clone`]), copied again for each retry.
+    Copy(B),
+    /// A copy kept while the first attempt streamed.
+    Replay(Replay<B>),
+}
+
+impl<B: Replayable> Spare<B> {
+    fn body(&self, cap: usize) -> Option<B> {
+        match self {
+            Self::Copy(body) => body.try_clone(cap),
+            Self::Replay(replay) => replay.body(),
+        }
+    }
+}
+
+/// What a request that may be retried keeps for its retries.
+struct Retrying<S, C, B> {
+    policy: RetryPolicy<C>,
+    service: Cooldown<Admission<S>, C>,
+    /// The request's head; the policy marks its extensions for each retry.
+    head: Parts,
+    spare: Spare<B>,
+    /// The body of the next attempt, made when the policy decided on it.
+    next: Option<B>,
+}
+
+pin_project! {
+    /// The response future of [`AllowanceService`]: one request's attempts, each through
+    /// the cooldown and admission layers, with the retry policy deciding in between.
+    pub struct AllowanceFuture<S, C, B>
+    where
+        Cooldown<Admission<S>, C>: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<<Cooldown<Admission<S>, C> as Service<Request<B>>>::Future>,
+        // `None` for a request that will not be retried: nothing kept.
+        retry: Option<Retrying<S, C, B>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt in flight.
+        Called { #[pin] future: F },
+        // The policy's wait (backoff, then the retry's admission).
+        Waiting { #[pin] wait: RetryWait },
+        // Waiting for the inner service to be ready for the retry.
+        Retrying,
+    }
+}
+
+impl<S, C, B> fmt::Debug for AllowanceFuture<S, C, B>
+where
+    Cooldown<Admission<S>, C>: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllowanceFuture")
+            .field("retryable", &self.retry.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C, B, RB> Future for AllowanceFuture<S, C, B>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    C: Classify,
+    B: Replayable,
+    RB: Send + 'static,
+{
+    type Output = Result<Response<RB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let mut result = ready!(future.poll(cx));
+                    let Some(retry) = this.retry.as_mut() else {
+                        return Poll::Ready(result);
+                    };
+                    let cap = retry.policy.config().replay_cap;
+                    let (spare, next) = (&retry.spare, &mut retry.next);
+                    let wait =
+                        retry
+                            .policy
+                            .after_attempt(&mut retry.head.extensions, &mut result, || {
+                                *next = spare.body(cap);
+                                next.is_some()
+                            });
+                    match wait {
+                        Some(wait) => this.state.set(State::Waiting { wait }),
+                        None => return Poll::Ready(result),
+                    }
+                }
+                StateProj::Waiting { wait } => {
+                    ready!(wait.poll(cx));
+                    this.state.set(State::Retrying);
+                }
+                StateProj::Retrying => {
+                    let retry = this
+                        .retry
+                        .as_mut()
+                        .expect("only a request that may be retried waits for a retry");
+                    ready!(retry.service.poll_ready(cx))?;
+                    let body = retry.next.take().expect("a retry is planned with its body");
+                    let future = retry
+                        .service
+                        .call(Request::from_parts(retry.head.clone(), body));
+                    this.state.set(State::Called { future });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

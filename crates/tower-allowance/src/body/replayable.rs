@@ -20,11 +20,11 @@ use super::{ReplayBody, ReplayError, ReplayRefused};
 ///
 /// | body | how it is replayed |
 /// |------|--------------------|
-/// | `Full<Bytes>`, `Empty<Bytes>` | cloned (the clone shares the bytes; the cap does not apply) |
-/// | `String` | cloned (a copy: not replayed when longer than the cap) |
+/// | `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `()` | cloned by [`try_clone`](Self::try_clone) (the clone shares the bytes; the cap does not apply) |
+/// | `String` | cloned by [`try_clone`](Self::try_clone) (a copy: not replayed when longer than the cap) |
 /// | `Either<L, R>` | as `L` or `R` |
 /// | `BoxBody<Bytes, E>`, `UnsyncBoxBody<Bytes, E>` | through a [`ReplayBody`], re-boxed; needs `E: From<ReplayRefused>`, as `BoxError` is |
-/// | `hyper::body::Incoming` (feature `hyper`) | not replayed: sent once, never retried |
+/// | `hyper::body::Incoming` (feature `hyper`, on by default) | not replayed: sent once, never retried |
 /// | `axum::body::Body` (feature `axum`) | through a [`ReplayBody`], in `Body::new` |
 /// | `tonic::body::Body` (feature `tonic`) | through a [`ReplayBody`], in `Body::new` |
 ///
@@ -63,13 +63,26 @@ use super::{ReplayBody, ReplayError, ReplayRefused};
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a request body the allowance can replay for a retry",
     label = "`Replayable` is not implemented for this body type",
-    note = "replayable bodies: `Full<Bytes>`, `Empty<Bytes>`, `String`, `Either<L, R>`, `BoxBody<Bytes, E>` and `UnsyncBoxBody<Bytes, E>` (with `E: From<ReplayRefused>`, such as `BoxError`); with crate features: `hyper::body::Incoming` (`hyper`, sent once), `axum::body::Body` (`axum`), `tonic::body::Body` (`tonic`)",
+    note = "`AllowanceLayer` (and `RetryPolicy`) wrap services of `http::Request<B>` where `B: tower_allowance::body::Replayable`: check the request body type of the service given to `.layer()`",
+    note = "replayable bodies: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `()`, `String`, `Either<L, R>`, `BoxBody<Bytes, E>` and `UnsyncBoxBody<Bytes, E>` (with `E: From<ReplayRefused>`, such as `BoxError`); with crate features: `hyper::body::Incoming` (`hyper`, on by default; sent once), `axum::body::Body` (`axum`), `tonic::body::Body` (`tonic`)",
     note = "for your own body: box it with `BodyExt::boxed`, or implement `Replayable` with `Replay::from_fn` (a body you can rebuild) or `Replay::wrap` (a copy kept while it streams)"
 )]
 pub trait Replayable: Sized {
     /// The body for the first attempt, and a [`Replay`] for the next ones, if a retry is
     /// possible. `cap` bounds the bytes a body that has to keep a copy may keep.
     fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>);
+
+    /// A copy of this body for another attempt, taken by reference, for a body that is cheap
+    /// to copy: `Full<Bytes>` and `Empty<Bytes>` (the copy shares the bytes), a `String` of
+    /// at most `cap` bytes, an `Either` of those. `None`, the default, for every other body,
+    /// which goes through [`prepare`](Self::prepare) instead.
+    ///
+    /// The retry layers ask this first: a body copied this way needs no [`Replay`] handle,
+    /// so the stack's fast path stays free of allocations.
+    fn try_clone(&self, cap: usize) -> Option<Self> {
+        let _ = cap;
+        None
+    }
 }
 
 /// Makes the body of each retry of one request.
@@ -131,6 +144,19 @@ impl<B: 'static> Replay<B> {
         (first, Some(replay))
     }
 
+    /// A `Replay<C>` that makes each body with `f` from one of these, for wrapper types.
+    pub fn map<C, F>(self, f: F) -> Replay<C>
+    where
+        C: 'static,
+        F: Fn(B) -> C + Send + Sync + 'static,
+    {
+        Replay {
+            source: Arc::new(Mapped { replay: self, f }),
+        }
+    }
+}
+
+impl<B> Replay<B> {
     /// A body for the next attempt, from the first byte; `None` when the body cannot be
     /// replayed: it outgrew the cap, or it failed before its end.
     ///
@@ -144,17 +170,6 @@ impl<B: 'static> Replay<B> {
     /// Whether the body outgrew the cap, so no retry can send it.
     pub fn is_capped(&self) -> bool {
         self.source.is_capped()
-    }
-
-    /// A `Replay<C>` that makes each body with `f` from one of these, for wrapper types.
-    pub fn map<C, F>(self, f: F) -> Replay<C>
-    where
-        C: 'static,
-        F: Fn(B) -> C + Send + Sync + 'static,
-    {
-        Replay {
-            source: Arc::new(Mapped { replay: self, f }),
-        }
     }
 }
 
@@ -227,11 +242,42 @@ impl Replayable for Full<Bytes> {
         let copy = self.clone();
         (self, Some(Replay::from_fn(move || copy.clone())))
     }
+
+    fn try_clone(&self, _cap: usize) -> Option<Self> {
+        Some(self.clone())
+    }
+}
+
+impl Replayable for () {
+    /// No body at all (tests, examples, services that ignore it): nothing to copy.
+    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+        (self, Some(Replay::from_fn(|| ())))
+    }
+
+    fn try_clone(&self, _cap: usize) -> Option<Self> {
+        Some(())
+    }
+}
+
+impl Replayable for Bytes {
+    /// Cloned: the clones share the bytes, so the cap does not apply.
+    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+        let copy = self.clone();
+        (self, Some(Replay::from_fn(move || copy.clone())))
+    }
+
+    fn try_clone(&self, _cap: usize) -> Option<Self> {
+        Some(self.clone())
+    }
 }
 
 impl Replayable for Empty<Bytes> {
     fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
         (self, Some(Replay::from_fn(Empty::new)))
+    }
+
+    fn try_clone(&self, _cap: usize) -> Option<Self> {
+        Some(Empty::new())
     }
 }
 
@@ -243,6 +289,10 @@ impl Replayable for String {
         }
         let copy = self.clone();
         (self, Some(Replay::from_fn(move || copy.clone())))
+    }
+
+    fn try_clone(&self, cap: usize) -> Option<Self> {
+        (self.len() <= cap).then(|| self.clone())
     }
 }
 
@@ -261,6 +311,13 @@ where
                 let (body, replay) = body.prepare(cap);
                 (Either::Right(body), replay.map(|r| r.map(Either::Right)))
             }
+        }
+    }
+
+    fn try_clone(&self, cap: usize) -> Option<Self> {
+        match self {
+            Either::Left(body) => body.try_clone(cap).map(Either::Left),
+            Either::Right(body) => body.try_clone(cap).map(Either::Right),
         }
     }
 }

@@ -18,7 +18,7 @@ use crate::{
     shared::Applying,
     signals::{ReadContext, Reader, Wait},
     store::{StoreError, StoreFuture},
-    AllowanceConfig, BoxError,
+    Allowance, AllowanceConfig, BoxError,
 };
 
 pin_project! {
@@ -89,10 +89,12 @@ pub(crate) fn read_response<C: Classify>(
     status: http::StatusCode,
     response_headers: &http::HeaderMap,
 ) -> Read {
-    let class = classifier.classify(status, response_headers);
+    // The classifier's own reading (a gRPC pushback, say), then the dialect's.
+    let base = classifier.classify_response(status, response_headers);
+    let class = base.class;
     if response_headers.is_empty() {
         return Read {
-            classified: Classified::new(class, None),
+            classified: base,
             spent_until: None,
             advertised_milli: None,
             observation: None,
@@ -101,10 +103,11 @@ pub(crate) fn read_response<C: Classify>(
     }
     let cx = ReadContext::new(headers::wall_clock()).with_max_skew(config.max_date_skew());
     let reading = config.dialect().read(response_headers, &cx);
-    let delay = reading.wait.as_ref().map(|w| match w {
+    let dialect_delay = reading.wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),
         Wait::TooLong { .. } => ServerDelay::TooLong,
     });
+    let delay = longest(base.delay, dialect_delay);
     let from_retry_after = matches!(
         reading.source,
         Some(Reader::RetryAfter | Reader::RetryAfterMs)
@@ -155,7 +158,7 @@ where
             let Some((_, _, response)) = this.deferring.take() else {
                 unreachable!("checked above");
             };
-            deferred(this.shared, now, result);
+            deferred(&this.shared.allowance, now, result);
             return Poll::Ready(Ok(response));
         }
         let response = ready!(this.inner.poll(cx)).map_err(Into::into)?;
@@ -223,10 +226,10 @@ where
                     Some(ServerDelay::After(d)) => rule::micros_ceil(d),
                     // An unrepresentable wait closes the allowance (the rule decides).
                     Some(ServerDelay::TooLong) => None,
-                    // No usable delay: no cooldown is invented (it may be a spent quota);
-                    // an adaptive rate is still cut.
-                    None if adaptive => Some(0),
-                    None => return Poll::Ready(Ok(response)),
+                    // No usable delay (or "do not retry"): no cooldown is invented (it may
+                    // be a spent quota); an adaptive rate is still cut.
+                    None | Some(ServerDelay::DoNotRetry) if adaptive => Some(0),
+                    None | Some(ServerDelay::DoNotRetry) => return Poll::Ready(Ok(response)),
                 };
                 let age_us = this.sent.map_or(0, |sent| {
                     rule::micros_floor(Instant::now().saturating_duration_since(sent))
@@ -238,12 +241,12 @@ where
         let now = Instant::now();
         match allowance.shared.apply(now, op) {
             Applying::Done(result) => {
-                deferred(shared, now, result);
+                deferred(&shared.allowance, now, result);
                 Poll::Ready(Ok(response))
             }
             Applying::Pending(mut fut) => match fut.as_mut().poll(cx) {
                 Poll::Ready(result) => {
-                    deferred(shared, now, result);
+                    deferred(&shared.allowance, now, result);
                     Poll::Ready(Ok(response))
                 }
                 Poll::Pending => {
@@ -264,12 +267,43 @@ pub(crate) fn plainly_successful(status: http::StatusCode) -> bool {
 
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
 /// it would be worse than a cooldown the other processes do not hear of.
-fn deferred<C>(shared: &CooldownShared<C>, now: Instant, result: Result<Reply, StoreError>) {
+/// The longer of two waits a response asks for; "do not retry" wins over any wait.
+fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay> {
+    use ServerDelay::{After, DoNotRetry, TooLong};
+    match (a, b) {
+        (Some(DoNotRetry), _) | (_, Some(DoNotRetry)) => Some(DoNotRetry),
+        (Some(TooLong), _) | (_, Some(TooLong)) => Some(TooLong),
+        (Some(After(x)), Some(After(y))) => Some(After(x.max(y))),
+        (x, None) | (None, x) => x,
+    }
+}
+
+/// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
+/// after the response was handed on): at once on an in-memory store, in a task on a shared
+/// one.
+pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
+    let now = Instant::now();
+    match allowance.shared.apply(now, Op::Defer { delay_us }) {
+        Applying::Done(result) => deferred(allowance, now, result),
+        Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let allowance = allowance.clone();
+                handle.spawn(async move { deferred(&allowance, now, fut.await) });
+            }
+            Err(_) => tracing::warn!(
+                allowance = &*allowance.shared.name,
+                "no tokio runtime to record a cooldown seen in trailers"
+            ),
+        },
+    }
+}
+
+fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
     match result {
-        Ok(Reply::Defer(d)) => shared.allowance.shared.after_defer(now, &d),
+        Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),
         Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),
         Err(e) => tracing::warn!(
-            allowance = &*shared.allowance.shared.name,
+            allowance = &*allowance.shared.name,
             error = %e,
             cause = ?std::error::Error::source(&e).map(ToString::to_string),
             "could not record the cooldown in the allowance store"

@@ -50,6 +50,6 @@ pub(crate) mod service;
 
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
 pub(crate) use self::{
-    future::{plainly_successful, read_response},
+    future::{plainly_successful, raise_detached, read_response},
     service::FinalAttempt,
 };

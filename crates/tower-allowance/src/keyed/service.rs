@@ -1,12 +1,12 @@
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower::{retry::Policy, ServiceExt};
+use tower::ServiceExt;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use super::{future::ResponseFuture, key::KeyFn, Keyed, KeyedError};
-use crate::{classify::StatusClassifier, retry::RetryPolicy, BoxError};
+use crate::{body::Replayable, BoxError};
 
 /// The service [`KeyedLayer`](super::KeyedLayer) builds: looks the request's key up in the
 /// registry, then calls the inner service through that key's allowance stack.
@@ -55,8 +55,8 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     K: KeyFn<B>,
-    RetryPolicy<StatusClassifier>: Policy<Request<B>, Response<RB>, BoxError>,
-    B: Clone,
+    B: Replayable,
+    RB: Send + 'static,
 {
     type Response = Response<RB>;
     type Error = BoxError;

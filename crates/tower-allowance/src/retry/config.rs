@@ -2,7 +2,7 @@ use std::{num::NonZeroU32, time::Duration};
 
 use http::Method;
 
-use crate::{rule::MAX_DELAY, ConfigError};
+use crate::{body::DEFAULT_REPLAY_CAP, rule::MAX_DELAY, ConfigError};
 
 const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
@@ -33,11 +33,12 @@ pub struct RetryConfig {
     pub(crate) backoff_base: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) jitter_seed: Option<u64>,
+    pub(crate) replay_cap: usize,
 }
 
 impl Default for RetryConfig {
     /// Three attempts, 429/503 only, idempotent methods or `Idempotency-Key`, backoff from
-    /// 100 ms up to 10 s with full jitter.
+    /// 100 ms up to 10 s with full jitter, request bodies replayed up to 64 KiB.
     fn default() -> Self {
         Self {
             max_attempts: NonZeroU32::new(3).unwrap_or(NonZeroU32::MIN),
@@ -53,6 +54,7 @@ impl Default for RetryConfig {
             backoff_base: Duration::from_millis(100),
             backoff_max: Duration::from_secs(10),
             jitter_seed: None,
+            replay_cap: DEFAULT_REPLAY_CAP,
         }
     }
 }
@@ -116,15 +118,42 @@ impl RetryConfig {
         self
     }
 
+    /// The most bytes of a streamed request body kept for a retry (default
+    /// [`DEFAULT_REPLAY_CAP`], 64 KiB).
+    ///
+    /// The first attempt streams the body while a copy of it is kept; a body that turns out
+    /// longer than this is sent once and not retried: its response is the answer, marked
+    /// abandoned ([`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable))
+    /// when it asked for a retry. Bodies that are cheap to copy (`Full<Bytes>`,
+    /// `Empty<Bytes>`) are cloned instead and ignore the cap; see
+    /// [`Replayable`](crate::body::Replayable).
+    pub fn with_replay_cap(mut self, bytes: usize) -> Self {
+        self.replay_cap = bytes;
+        self
+    }
+
     /// Attempts per request, counting the first.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts.get()
     }
 
+    /// The most bytes of a streamed request body kept for a retry.
+    pub fn replay_cap(&self) -> usize {
+        self.replay_cap
+    }
+
     /// Whether `req` may be replayed: its method, or an `Idempotency-Key` header.
     pub fn replayable<B>(&self, req: &http::Request<B>) -> bool {
-        self.replayable_methods.contains(req.method())
-            || (self.idempotency_key && req.headers().contains_key(&IDEMPOTENCY_KEY))
+        self.replayable_head(req.method(), req.headers())
+    }
+
+    pub(crate) fn replayable_parts(&self, parts: &http::request::Parts) -> bool {
+        self.replayable_head(&parts.method, &parts.headers)
+    }
+
+    fn replayable_head(&self, method: &Method, headers: &http::HeaderMap) -> bool {
+        self.replayable_methods.contains(method)
+            || (self.idempotency_key && headers.contains_key(&IDEMPOTENCY_KEY))
     }
 
     /// The backoff bound when the server gives no `Retry-After`, before jitter.
@@ -159,6 +188,8 @@ mod serde_impl {
         backoff_max_ms: Option<u64>,
         #[serde(default)]
         jitter_seed: Option<u64>,
+        #[serde(default)]
+        replay_cap_bytes: Option<usize>,
     }
 
     impl TryFrom<RawRetryConfig> for RetryConfig {
@@ -192,6 +223,9 @@ mod serde_impl {
             config = config.with_backoff(base, max)?;
             if let Some(seed) = raw.jitter_seed {
                 config = config.with_jitter_seed(seed);
+            }
+            if let Some(cap) = raw.replay_cap_bytes {
+                config = config.with_replay_cap(cap);
             }
             Ok(config)
         }

@@ -18,10 +18,15 @@
 //!
 //! # Request bodies
 //!
-//! Retrying needs a second copy of the request, so the policy is implemented for
-//! `Request<B>` with `B: Clone` (`Full<Bytes>`, `Empty<Bytes>`, `String`, ...). A streaming
-//! body does not implement `Clone` and the policy does not compile for it: buffer it first
-//! (for example with `http_body_util::BodyExt::collect` into `Full<Bytes>`).
+//! Retrying needs the request body a second time, without `B: Clone`: any body that
+//! implements [`Replayable`](crate::body::Replayable) will do (`Full<Bytes>`, `String`,
+//! `BoxBody`, hyper's `Incoming`, axum's and tonic's `Body`). A body that is cheap to copy
+//! is cloned; a stream keeps a copy of up to [`RetryConfig::replay_cap`] bytes (64 KiB by
+//! default) while the first attempt sends it, and a retry replays that copy. A body longer
+//! than the cap is sent once: a throttling answer to it is returned, marked abandoned with
+//! [`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable).
+//! [`AllowanceLayer`](crate::AllowanceLayer) does all of this itself; under
+//! `tower::retry::Retry`, pass each request through [`RetryPolicy::prepare`] first.
 //!
 //! # Budget and stack order
 //!

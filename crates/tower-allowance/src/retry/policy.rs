@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use http::{Request, Response};
+use http::{Extensions, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
@@ -19,8 +19,9 @@ use super::{
 };
 use crate::{
     acquire::{AcquireOptions, OwnedAdmit},
+    body::{Replay, Replayable},
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
-    cooldown::read_response,
+    cooldown::{read_response, FinalAttempt},
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
     extensions::{Attempt, Cost},
     shared::Shared,
@@ -84,6 +85,8 @@ enum Plan {
         not_before: Option<Duration>,
     },
     Abandon(AbandonReason),
+    /// No retry, and nothing given up on: the response is the answer.
+    Final,
 }
 
 // === impl RetryPolicy ===
@@ -115,7 +118,7 @@ impl<C> RetryPolicy<C> {
         }
     }
 
-    fn config(&self) -> &RetryConfig {
+    pub(crate) fn config(&self) -> &RetryConfig {
         &self.shared.config
     }
 
@@ -134,9 +137,9 @@ impl<C> RetryPolicy<C> {
 
     /// Decides whether to retry after attempt `self.attempts`, whose response was `class`
     /// and asked for `server_delay`.
-    fn plan<B>(
+    fn plan(
         &mut self,
-        req: &Request<B>,
+        extensions: &Extensions,
         class: Classification,
         server_delay: Option<ServerDelay>,
     ) -> Plan {
@@ -148,6 +151,9 @@ impl<C> RetryPolicy<C> {
             (_, Some(ServerDelay::TooLong)) => {
                 return Plan::Abandon(AbandonReason::CooldownTooLong)
             }
+            // The server asked not to be retried (gRPC's negative or malformed pushback):
+            // its answer is final.
+            (_, Some(ServerDelay::DoNotRetry)) => return Plan::Final,
             // The server's delay, never shortened: the shared cooldown holds everyone until
             // then, and the retry's slot is reserved no earlier.
             (Classification::Throttled, Some(ServerDelay::After(d))) if !d.is_zero() => {
@@ -159,7 +165,7 @@ impl<C> RetryPolicy<C> {
             (_, None) => (backoff, None),
         };
         let total = sleep.saturating_add(not_before.unwrap_or_default());
-        if let Some(Deadline(deadline)) = req.extensions().get::<Deadline>() {
+        if let Some(Deadline(deadline)) = extensions.get::<Deadline>() {
             // Don't sleep only to fail, and don't retry exactly at the deadline.
             if Instant::now()
                 .checked_add(total)
@@ -194,18 +200,18 @@ impl fmt::Display for MovedToRetry {
 
 impl std::error::Error for MovedToRetry {}
 
-impl<B, RB, C> Policy<Request<B>, Response<RB>, BoxError> for RetryPolicy<C>
-where
-    B: Clone,
-    RB: Send + 'static,
-    C: Classify,
-{
-    type Future = RetryWait;
-
-    fn retry(
+impl<C: Classify> RetryPolicy<C> {
+    /// Decides what follows an attempt whose result is `result`: `Some(wait)` to retry once
+    /// `wait` resolves, with `extensions` (those of the next attempt) marked for it.
+    ///
+    /// `replay` is asked for the body of the next attempt only when a retry is planned, and
+    /// before anything is spent: when it has none (the body outgrew its replay cap), the
+    /// response is the answer, marked abandoned ([`AbandonReason::NotReplayable`]).
+    pub(crate) fn after_attempt<RB: Send + 'static>(
         &mut self,
-        req: &mut Request<B>,
+        extensions: &mut Extensions,
         result: &mut Result<Response<RB>, BoxError>,
+        replay: impl FnOnce() -> bool,
     ) -> Option<RetryWait> {
         self.attempts = self.attempts.saturating_add(1);
         let plan = match result {
@@ -228,7 +234,7 @@ where
                 };
                 match classified.class {
                     class @ (Classification::Throttled | Classification::Transient) => {
-                        self.plan(req, class, classified.delay)
+                        self.plan(extensions, class, classified.delay)
                     }
                     _ => return None,
                 }
@@ -236,8 +242,7 @@ where
             Err(e) => {
                 // A retry the store refused while the policy waited: end with the response
                 // that prompted it, marked abandoned.
-                if let Some((reason, stash)) = req
-                    .extensions()
+                if let Some((reason, stash)) = extensions
                     .get::<RetryTicket>()
                     .and_then(RetryTicket::refused)
                 {
@@ -251,10 +256,15 @@ where
                 if is_own_error(e) || !self.config().retry_transport_errors {
                     return None;
                 }
-                self.plan(req, Classification::Transient, None)
+                self.plan(extensions, Classification::Transient, None)
             }
         };
+        let plan = match plan {
+            Plan::Retry { .. } if !replay() => Plan::Abandon(AbandonReason::NotReplayable),
+            plan => plan,
+        };
         match plan {
+            Plan::Final => None,
             Plan::Abandon(reason) => {
                 self.shared.allowance.shared.stats.abandon(reason);
                 if let Ok(res) = result {
@@ -273,18 +283,18 @@ where
                     }
                 };
                 let next = self.attempts.saturating_add(1);
-                req.extensions_mut().insert(Attempt(next));
-                req.extensions_mut().insert(ticket.clone());
+                extensions.insert(Attempt(next));
+                extensions.insert(ticket.clone());
                 let mut options = AcquireOptions::new().retry(true);
                 if let Some(delay) = not_before {
                     options = options.not_before(delay);
                 }
-                if let Some(Deadline(d)) = req.extensions().get::<Deadline>() {
+                if let Some(Deadline(d)) = extensions.get::<Deadline>() {
                     // The slot must come strictly before the deadline.
                     options =
                         options.deadline(d.checked_sub(Duration::from_micros(1)).unwrap_or(*d));
                 }
-                if let Some(Cost(c)) = req.extensions().get::<Cost>() {
+                if let Some(Cost(c)) = extensions.get::<Cost>() {
                     options = options.cost(*c);
                 }
                 Some(RetryWait::new(
@@ -297,12 +307,97 @@ where
         }
     }
 
+    /// Prepares `request` for a `tower::retry::Retry` that uses this policy, as
+    /// [`AllowanceLayer`](crate::AllowanceLayer) does on its own: a body that
+    /// [`Replayable::try_clone`] cannot copy (a stream) keeps a copy of up to
+    /// [`replay_cap`](RetryConfig::replay_cap) bytes while the first attempt streams, and its
+    /// [`Replay`] goes in the request's extensions, where
+    /// [`clone_request`](Policy::clone_request) finds it.
+    ///
+    /// A request that cannot be retried (its method, `max_attempts` of 1, a body known to
+    /// be over the cap) is marked so that a throttling answer to it is reported as
+    /// abandoned, with the reason.
+    pub fn prepare<B: Replayable + 'static>(&self, request: Request<B>) -> Request<B> {
+        let config = self.config();
+        let (mut parts, body) = request.into_parts();
+        let (body, last) = if !config.replayable_parts(&parts) {
+            (body, Some(AbandonReason::NotReplayable))
+        } else if config.max_attempts.get() <= 1 {
+            (body, Some(AbandonReason::MaxAttempts))
+        } else if body.try_clone(config.replay_cap).is_some() {
+            (body, None)
+        } else {
+            match body.prepare(config.replay_cap) {
+                (body, Some(replay)) => {
+                    parts.extensions.insert(replay);
+                    (body, None)
+                }
+                (body, None) => (body, Some(AbandonReason::NotReplayable)),
+            }
+        };
+        if let Some(reason) = last {
+            parts.extensions.insert(FinalAttempt(reason));
+        }
+        Request::from_parts(parts, body)
+    }
+}
+
+/// A copy of `req`'s head around `body`.
+pub(crate) fn with_body<B, B2>(req: &Request<B>, body: B2) -> Request<B2> {
+    let mut copy = Request::new(body);
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    *copy.extensions_mut() = req.extensions().clone();
+    copy
+}
+
+/// Standalone, under `tower::retry::Retry`: the body of each further attempt comes from the
+/// request's [`Replay`] extension (see [`RetryPolicy::prepare`]), or else from
+/// [`Replayable::try_clone`]; a request with neither is not retried.
+impl<B, RB, C> Policy<Request<B>, Response<RB>, BoxError> for RetryPolicy<C>
+where
+    B: Replayable + 'static,
+    RB: Send + 'static,
+    C: Classify,
+{
+    type Future = RetryWait;
+
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<RB>, BoxError>,
+    ) -> Option<RetryWait> {
+        let replay = req.extensions().get::<Replay<B>>().cloned();
+        let mut body = None;
+        let wait = self.after_attempt(req.extensions_mut(), result, || match &replay {
+            // Made now that the attempt is over: a copy taken before it may have been
+            // outgrown by it.
+            Some(replay) => {
+                body = replay.body();
+                body.is_some()
+            }
+            // `clone_request` copied the body already.
+            None => true,
+        });
+        if let Some(body) = body {
+            *req.body_mut() = body;
+        }
+        wait
+    }
+
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        if self.config().max_attempts.get() <= 1 || !self.config().replayable(req) {
+        let config = self.config();
+        if config.max_attempts.get() <= 1 || !config.replayable(req) {
             // Never replayed: no copy.
             return None;
         }
-        Some(req.clone())
+        let body = match req.extensions().get::<Replay<B>>() {
+            Some(replay) => replay.body()?,
+            None => req.body().try_clone(config.replay_cap)?,
+        };
+        Some(with_body(req, body))
     }
 }
 

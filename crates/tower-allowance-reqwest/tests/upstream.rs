@@ -1,0 +1,142 @@
+//! Over real HTTP against `allowance-sim`'s throttling upstream (what `allowance-sim serve`
+//! runs): eight workers on one reqwest client, counted by the server.
+
+use std::time::Duration;
+
+use allowance_sim::upstream::{
+    snapshot_path, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
+};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use tower_allowance::{
+    error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, Deadline, Outcome,
+};
+use tower_allowance_reqwest::{outcome, AllowanceMiddleware};
+
+/// What the server saw: attempts and 429s; and how the eight jobs ended.
+#[derive(Debug)]
+struct Run {
+    attempts: usize,
+    rejected: usize,
+    outcomes: Vec<Outcome>,
+}
+
+fn retry() -> RetryConfig {
+    RetryConfig::default()
+        .with_max_attempts(10)
+        .expect("valid")
+        .with_jitter_seed(1)
+}
+
+/// Eight jobs, eight workers, one `reqwest::Client` (one connection pool). `shared`: one
+/// middleware over one allowance; otherwise each worker has its own middleware over a
+/// private allowance of its own (it honours `Retry-After` alone).
+async fn eight_workers(shared: bool) -> Run {
+    let upstream = Upstream::start(UpstreamConfig::new(2, 2))
+        .await
+        .expect("binds");
+    let client = reqwest::Client::new();
+    let one = Allowance::new(AllowanceConfig::per_second(2, 2).expect("valid"));
+    let mut tasks = Vec::new();
+    for worker in 0..8 {
+        let allowance = if shared {
+            one.clone()
+        } else {
+            Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000).expect("valid"))
+        };
+        let client: ClientWithMiddleware = ClientBuilder::new(client.clone())
+            .with(AllowanceMiddleware::new(allowance, retry()))
+            .build();
+        let url = format!("{}{}", upstream.url(), snapshot_path(&format!("e{worker}")));
+        tasks.push(tokio::spawn(async move {
+            let result = client
+                .get(url)
+                .header(API_KEY_HEADER, DEFAULT_KEY)
+                .send()
+                .await;
+            outcome(&result)
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("joins"));
+    }
+    let log = upstream.log();
+    upstream.shutdown().await;
+    Run {
+        attempts: log.len(),
+        rejected: log.iter().filter(|r| r.status == 429).count(),
+        outcomes,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_workers_on_one_client_naive_vs_shared() {
+    let naive = eight_workers(false).await;
+    let shared = eight_workers(true).await;
+
+    // Each naive worker honours Retry-After alone: the server still sees 429s.
+    assert!(naive.rejected > 0, "{naive:?}");
+    // One allowance: one attempt per job, never refused, every job completed.
+    assert_eq!((shared.attempts, shared.rejected), (8, 0), "{shared:?}");
+    assert_eq!(shared.outcomes, vec![Outcome::Completed; 8]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_is_sent_once_and_its_429_comes_back_marked() {
+    // A bucket of zero: every call is answered 429 with Retry-After: 1.
+    let upstream = Upstream::start(UpstreamConfig::new(0, 1))
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 10).expect("valid"));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(AllowanceMiddleware::new(allowance.clone(), retry()))
+        .build();
+    let url = format!("{}{}", upstream.url(), snapshot_path("e1"));
+    let result = client
+        .get(&url)
+        .header(API_KEY_HEADER, DEFAULT_KEY)
+        .body(reqwest::Body::wrap(String::from("a streamed body")))
+        .send()
+        .await;
+    let log = upstream.log();
+    upstream.shutdown().await;
+
+    assert_eq!(log.len(), 1, "sent once: {log:?}");
+    assert_eq!(result.as_ref().map(|r| r.status().as_u16()).ok(), Some(429));
+    assert_eq!(
+        outcome(&result),
+        Outcome::Abandoned(AbandonReason::NotReplayable)
+    );
+    let snapshot = allowance.snapshot();
+    assert_eq!(snapshot.abandoned.get(AbandonReason::NotReplayable), 1);
+    // The 429 still cooled the allowance down for everyone.
+    assert!(snapshot.cooling_for.is_some(), "{snapshot:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_in_the_chain_extensions_is_honoured() {
+    let upstream = Upstream::start(UpstreamConfig::new(1, 1))
+        .await
+        .expect("binds");
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(AllowanceMiddleware::new(allowance, retry()))
+        .build();
+    let url = format!("{}{}", upstream.url(), snapshot_path("e1"));
+    let get = || {
+        client
+            .get(&url)
+            .header(API_KEY_HEADER, DEFAULT_KEY)
+            .with_extension(Deadline::after(Duration::from_millis(100)))
+            .send()
+    };
+    assert_eq!(outcome(&get().await), Outcome::Completed);
+    // The next slot is a second away: abandoned at once, nothing sent.
+    assert_eq!(
+        outcome(&get().await),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    let log = upstream.log();
+    upstream.shutdown().await;
+    assert_eq!(log.len(), 1, "{log:?}");
+}
