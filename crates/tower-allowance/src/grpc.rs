@@ -1117,11 +1117,11 @@ mod tests {
                 None,
             ),
             (
-                "a proxy's 429 with Retry-After",
+                "a proxy's 429 with Retry-After: the wait is the dialect's to read, in the stack",
                 StatusCode::TOO_MANY_REQUESTS,
                 map(&[grpc, ("retry-after", "2")]),
                 Classification::Throttled,
-                Some(ServerDelay::After(Duration::from_secs(2))),
+                None,
             ),
             (
                 "a proxy's 404",
