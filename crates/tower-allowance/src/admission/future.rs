@@ -27,10 +27,10 @@ pin_project! {
         S: Service<Req>,
     {
         Waiting {
-            // Boxed: only a waiting admission pays for the timer and the store future.
-            acquire: Pin<Box<OwnedAdmit>>,
-            service: Option<S>,
-            request: Option<Req>,
+            // Boxed, with the request and the service it waits to call: only a waiting
+            // admission pays for the timer, the store future and the request's room, and
+            // the future stays the size of the inner one on the fast path.
+            waiting: Pin<Box<Waiting<S, Req>>>,
         },
         Called {
             #[pin]
@@ -39,6 +39,16 @@ pin_project! {
         Failed {
             error: Option<AcquireError>,
         },
+    }
+}
+
+pin_project! {
+    /// What a waiting admission keeps, in one allocation.
+    pub(crate) struct Waiting<S, Req> {
+        #[pin]
+        acquire: OwnedAdmit,
+        service: Option<S>,
+        request: Option<Req>,
     }
 }
 
@@ -55,12 +65,14 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         }
     }
 
-    pub(crate) fn waiting(acquire: Pin<Box<OwnedAdmit>>, service: S, request: Req) -> Self {
+    pub(crate) fn waiting(acquire: OwnedAdmit, service: S, request: Req) -> Self {
         Self {
             state: State::Waiting {
-                acquire,
-                service: Some(service),
-                request: Some(request),
+                waiting: Box::pin(Waiting {
+                    acquire,
+                    service: Some(service),
+                    request: Some(request),
+                }),
             },
         }
     }
@@ -83,16 +95,14 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting {
-                    acquire,
-                    service,
-                    request,
-                } => {
-                    if let Err(e) = ready!(acquire.as_mut().poll(cx)) {
+                StateProj::Waiting { waiting } => {
+                    let waiting = waiting.as_mut().project();
+                    if let Err(e) = ready!(waiting.acquire.poll(cx)) {
                         return Poll::Ready(Err(e.into_box()));
                     }
                     // Admitted: send now, with the service that was polled ready in `poll_ready`.
-                    let (Some(mut service), Some(request)) = (service.take(), request.take())
+                    let (Some(mut service), Some(request)) =
+                        (waiting.service.take(), waiting.request.take())
                     else {
                         panic!("admission future polled after completion");
                     };

@@ -93,7 +93,7 @@ where
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
-                ResponseFuture::waiting(Box::pin(admit), ready, req)
+                ResponseFuture::waiting(admit, ready, req)
             }
         }
     }

@@ -32,8 +32,9 @@ pin_project! {
         sent: Option<Instant>,
         // The attempt's span (disabled, and free, without a subscriber that wants it).
         span: tracing::Span,
-        // A shared store's cooldown raise in flight, and the response waiting for it.
-        deferring: Option<(StoreFuture<Reply>, Instant, Response<RB>)>,
+        // A shared store's cooldown raise in flight, and the response waiting for it; boxed
+        // (rare: a throttling response on a shared store) to keep the future small.
+        deferring: Option<Box<(StoreFuture<Reply>, Instant, Response<RB>)>>,
     }
 }
 
@@ -152,14 +153,15 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let _entered = this.span.enter();
-        if let Some((defer, now, _)) = this.deferring {
+        if let Some(pending) = this.deferring {
+            let (defer, now, _) = &mut **pending;
             let result = ready!(defer.as_mut().poll(cx));
             let now = *now;
-            let Some((_, _, response)) = this.deferring.take() else {
+            let Some(pending) = this.deferring.take() else {
                 unreachable!("checked above");
             };
             deferred(&this.shared.allowance, now, result);
-            return Poll::Ready(Ok(response));
+            return Poll::Ready(Ok(pending.2));
         }
         let response = ready!(this.inner.poll(cx)).map_err(Into::into)?;
         let (mut parts, body) = response.into_parts();
@@ -252,7 +254,7 @@ where
                 Poll::Pending => {
                     // A shared store: hold the response until the cooldown is recorded, so the
                     // retry that follows is scheduled after it.
-                    *this.deferring = Some((fut, now, response));
+                    *this.deferring = Some(Box::new((fut, now, response)));
                     Poll::Pending
                 }
             },
