@@ -103,7 +103,7 @@ pub const FOREVER: u64 = u64::MAX;
 pub fn micros_ceil(d: Duration) -> Option<u64> {
     let us = d
         .as_micros()
-        .checked_add(u128::from(d.subsec_nanos() % 1_000 != 0))?;
+        .checked_add(u128::from(!d.subsec_nanos().is_multiple_of(1_000)))?;
     u64::try_from(us).ok().filter(|us| *us <= MAX_DELAY_US)
 }
 
