@@ -1064,15 +1064,17 @@ pub fn schedule(
     cost: u32,
 ) -> Option<(u64, [u64; MAX_LIMITS])> {
     let mut at = t0;
-    for (t, limit) in tat.iter().zip(limits) {
-        let inc = limit.units(cost).checked_mul(limit.interval_us)?;
-        if inc > limit.tolerance_us {
+    // Each limit's increment for this cost, computed once.
+    let mut inc = [0u64; MAX_LIMITS];
+    for ((t, limit), i) in tat.iter().zip(limits).zip(&mut inc) {
+        *i = limit.units(cost).checked_mul(limit.interval_us)?;
+        if *i > limit.tolerance_us {
             return None;
         }
         // The limit conforms from `max(tat, t) + inc - tolerance` on.
         let earliest = (*t)
             .max(t0)
-            .saturating_add(inc)
+            .saturating_add(*i)
             .saturating_sub(limit.tolerance_us);
         at = at.max(earliest);
     }
@@ -1082,10 +1084,8 @@ pub fn schedule(
             .saturating_mul(SLOT_GRANULARITY_US);
     }
     let mut new_tat = [0; MAX_LIMITS];
-    for (l, (t, limit)) in tat.iter().zip(limits).enumerate() {
-        new_tat[l] = (*t)
-            .max(at)
-            .saturating_add(limit.units(cost) * limit.interval_us);
+    for ((n, t), i) in new_tat.iter_mut().zip(tat).zip(inc) {
+        *n = (*t).max(at).saturating_add(i);
     }
     Some((at, new_tat))
 }
@@ -1108,8 +1108,15 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
     if params.adaptive.is_some() && state.started_at == 0 {
         state.started_at = now.max(1);
     }
-    let limits = effective_limits(state, now, params);
-    let Some((at, new_tat)) = schedule(&state.tat[..n], &limits[..n], now, t0, req.cost) else {
+    // The configured limits, unless an adaptive rate moves the first (no copy otherwise).
+    let adapted;
+    let limits = if params.adaptive.is_some() {
+        adapted = effective_limits(state, now, params);
+        &adapted[..n]
+    } else {
+        params.limits()
+    };
+    let Some((at, new_tat)) = schedule(&state.tat[..n], limits, now, t0, req.cost) else {
         return Admission::TooCostly;
     };
     let wait = at - now;
