@@ -1,15 +1,16 @@
 //! The Lua script: `tower_allowance::rule` transcribed, applied atomically on the Redis server
 //! against its own clock (`TIME`).
 //!
-//! The source is assembled from the files in `src/lua/`, in this order:
+//! The source is assembled from these files, in this order: the script's entry point,
+//! `src/apply.lua` (beside this module), after the parts it uses, in `src/lua/`:
 //!
 //! | file | what it holds |
 //! | --- | --- |
 //! | (generated) | the constants, from `tower_allowance::rule` (their one source) |
-//! | `clock.lua` | `now` from `TIME` (`clock_test.lua` in test builds: a clock argument) |
-//! | `state.lua` | the parameters from `ARGV`, loading and saving the state hash |
-//! | `rule.lua` | the rule's functions, with the names and order of `rule.rs` |
-//! | `apply.lua` | `rule::apply`: dispatch, save, publish the event |
+//! | `lua/clock.lua` | `now` from `TIME` (`lua/clock_test.lua` in test builds: a clock argument) |
+//! | `lua/state.lua` | the parameters from `ARGV`, loading and saving the state hash |
+//! | `lua/rule.lua` | the rule's functions, with the names and order of `rule.rs` |
+//! | `apply.lua` | `rule::apply`: dispatch, save, publish the events |
 //!
 //! `ARGV` is `[op, (test clock), params..., channel, op args...]` as built by [`argv`];
 //! replies are arrays of integers, decoded by [`decode`].
@@ -49,7 +50,7 @@ impl ApplyScript {
             CLOCK,
             include_str!("lua/state.lua"),
             include_str!("lua/rule.lua"),
-            include_str!("lua/apply.lua"),
+            include_str!("apply.lua"),
         ]
         .concat();
         Self {
