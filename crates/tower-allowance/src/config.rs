@@ -792,12 +792,27 @@ mod serde_impl {
         adopt_advertised: bool,
     }
 
+    /// The field a refused limit is the fault of: the one out of range by itself, or all
+    /// three when only their combination is (a rate too high for its period, a burst too
+    /// long at that rate).
+    fn limit_field(rate: u32, period: Duration, burst: u32) -> &'static str {
+        if rate == 0 {
+            "rate"
+        } else if burst == 0 {
+            "burst"
+        } else if period.is_zero() || period > rule::MAX_DELAY {
+            "period"
+        } else {
+            "rate/period/burst"
+        }
+    }
+
     impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
         type Error = ConfigError;
 
         fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
             let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
-                .map_err(|e| e.at("rate/period/burst"))?
+                .map_err(|e| e.at(limit_field(raw.rate, raw.period, raw.burst)))?
                 .with_max_waiters(raw.max_waiters)
                 .with_retry_budget(raw.retry_budget);
             for limit in raw.limits {
@@ -909,5 +924,36 @@ mod tests {
         let b = ReplenishingBudget::new(w, 2, 0.25).expect("valid");
         assert_eq!(b.reserve, 20);
         assert_eq!(b.ratio(), 0.25);
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod file_form {
+    use super::*;
+
+    #[test]
+    fn a_refused_limit_names_its_field() {
+        let cases = [
+            (r#"{"rate": 0, "burst": 1}"#, "rate"),
+            (r#"{"rate": 1, "burst": 0}"#, "burst"),
+            (r#"{"rate": 1, "burst": 1, "period": "0s"}"#, "period"),
+            (r#"{"rate": 1, "burst": 1, "period": "300years"}"#, "period"),
+            // Only the combination is wrong: more than one token per microsecond.
+            (
+                r#"{"rate": 2000, "burst": 1, "period": "1ms"}"#,
+                "rate/period/burst",
+            ),
+            (
+                r#"{"rate": 1, "burst": 1, "limits": [{"rate": 0, "burst": 1}]}"#,
+                "limits",
+            ),
+        ];
+        for (json, field) in cases {
+            let err = serde_json::from_str::<AllowanceConfig>(json).expect_err(json);
+            assert!(
+                err.to_string().contains(&format!("`{field}`:")),
+                "{json}: {err}"
+            );
+        }
     }
 }
