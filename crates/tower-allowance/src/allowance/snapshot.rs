@@ -113,3 +113,79 @@ impl serde::Serialize for AbandonedCounts {
         map.end()
     }
 }
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use crate::{
+        error::AbandonReason, AcquireOptions, Allowance, AllowanceConfig, RetryBudgetConfig,
+    };
+
+    /// What a dashboard or a status endpoint gets: the snapshot and the store's state as
+    /// JSON, every field named.
+    #[tokio::test(start_paused = true)]
+    async fn snapshot_and_store_state_serialize() {
+        let allowance = Allowance::builder(
+            AllowanceConfig::per_second(1, 1)
+                .expect("valid")
+                .with_retry_budget(RetryBudgetConfig::fixed(3))
+                .with_max_cooldown(Duration::from_secs(60))
+                .expect("valid"),
+        )
+        .name("odds")
+        .build();
+        allowance.acquire().await.expect("the burst");
+        let late = tokio::time::Instant::now() + Duration::from_millis(10);
+        let refused = allowance
+            .acquire_with(AcquireOptions::new().deadline(late))
+            .await;
+        assert!(refused.is_err());
+        allowance
+            .defer(Duration::from_secs(30))
+            .await
+            .expect("defers");
+
+        let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
+        assert_eq!(snapshot["name"], "odds");
+        assert_eq!(snapshot["admitted"], 1);
+        assert_eq!(snapshot["waited"], 0);
+        assert_eq!(snapshot["deferred"], 1);
+        assert_eq!(snapshot["retries_spent"], 0);
+        // Only the reasons that happened, by their stable names.
+        assert_eq!(snapshot["abandoned"], json!({ "deadline": 1 }));
+        assert_eq!(snapshot["waiting"], 0);
+        assert_eq!(snapshot["cooling_for"], json!({ "secs": 30, "nanos": 0 }));
+        assert_eq!(snapshot["closed"], json!(null));
+        assert_eq!(snapshot["rate_limit"], json!(null));
+
+        let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
+            .expect("serializes");
+        assert_eq!(state["blocked_for"], json!({ "secs": 30, "nanos": 0 }));
+        assert_eq!(state["closed"], json!(null));
+        assert_eq!(state["retries_remaining"], 3);
+        for field in ["probes", "epoch", "generation", "rate_milli"] {
+            assert!(state[field].is_u64(), "{field}: {state}");
+        }
+
+        // Closed: a server asked for longer than max_cooldown.
+        allowance
+            .defer(Duration::from_secs(120))
+            .await
+            .expect("closes");
+        let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
+        assert_eq!(
+            snapshot["closed"],
+            json!({ "reopens_in": { "secs": 120, "nanos": 0 }, "by": "ServerDelay" })
+        );
+        let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
+            .expect("serializes");
+        assert_eq!(state["closed"], json!({ "secs": 120, "nanos": 0 }));
+        assert_eq!(
+            AbandonReason::CooldownTooLong.as_str(),
+            serde_json::to_value(AbandonReason::CooldownTooLong).expect("serializes")
+        );
+    }
+}
