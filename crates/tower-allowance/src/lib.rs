@@ -39,11 +39,28 @@
 //! # }
 //! ```
 //!
+//! The [`guide`] says in a few pages what the allowance promises (admission, reservations,
+//! cooldown, retry, deadlines, cancellation), what it does when its store or the provider
+//! fails, and which settings to tune.
+//!
 //! # Time
 //!
 //! Every wait uses `tokio::time`, so `#[tokio::test(start_paused = true)]` drives the whole
 //! stack exactly. The only wall-clock read is for an HTTP-date `Retry-After` on a response
 //! without a `Date` header.
+//!
+//! # Feature flags
+//!
+//! | feature | default | what it enables | what it pulls in |
+//! | --- | --- | --- | --- |
+//! | `hyper` | yes | [`Replayable`](body::Replayable) for hyper's `Incoming`, so a proxy can forward a hyper server's request body: sent once, never retried (it cannot be rebuilt) | `hyper` without features (the types only) |
+//! | `axum` | | [`Replayable`](body::Replayable) for axum's `Body` | `axum-core` (not the router) |
+//! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` | `tonic` without default features (no transport, codegen or router) |
+//! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`], [`StoreState`](rule::StoreState) and the rule's state | `serde`, `humantime-serde` |
+//! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
+//! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock) |
+//!
+//! The Redis store is a separate crate, `tower-allowance-redis`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -62,6 +79,7 @@ pub mod cooldown;
 pub mod cost;
 pub mod error;
 pub mod grpc;
+pub mod guide;
 pub mod headers;
 pub mod keyed;
 pub mod quota;
