@@ -14,6 +14,11 @@
 //! with `Retry-After: 7`, and the callers who cannot wait that long get a 503 with
 //! `Retry-After: 7` (or 6, as the cooldown runs down) from the proxy.
 //!
+//! `GET /metrics` serves the allowance's metrics in the Prometheus text format: the
+//! `metrics` feature of tower-allowance records them through the `metrics` facade, and the
+//! recorder of `metrics-exporter-prometheus`, installed before the allowance is built,
+//! renders them. The demo ends by scraping it.
+//!
 //! ```text
 //! cargo run --example axum_proxy
 //! ```
@@ -38,6 +43,7 @@ use hyper_util::{
     client::legacy::{connect::HttpConnector, Client},
     rt::TokioExecutor,
 };
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
     retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline, Outcome,
@@ -147,6 +153,64 @@ pub(crate) fn come_back_after(allowance: &Allowance) -> Duration {
         .unwrap_or_else(|| allowance.config().interval())
 }
 
+// === metrics ===
+
+/// Installs the process's `metrics` recorder: Prometheus text, with the time admissions
+/// waited as a histogram (buckets from 10 ms to 30 s) rather than a summary.
+///
+/// Install it before building the allowance: the allowance registers its metrics when it is
+/// built, with whichever recorder is installed then.
+pub(crate) fn install_prometheus() -> Result<PrometheusHandle, BoxError> {
+    let waits = Matcher::Full("tower_allowance_wait_seconds".to_owned());
+    let buckets = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(waits, &buckets)?
+        .install_recorder()?)
+}
+
+/// `GET /metrics`: the allowance's counters and histograms, and its gauges refreshed from
+/// the store at each scrape.
+pub(crate) fn metrics_route(prometheus: PrometheusHandle, allowance: Allowance) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || async move {
+            // The gauges (cooldown left, retry budget, waiting callers) are set by a read of
+            // the shared state; counters and histograms are recorded as things happen.
+            if let Err(e) = allowance.store_state().await {
+                eprintln!("metrics: the allowance's store did not answer: {e}");
+            }
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                prometheus.render(),
+            )
+        }),
+    )
+}
+
+/// Histograms are drained into their buckets at each scrape; between scrapes, this keeps
+/// what they hold bounded (the exporter leaves it to the application).
+pub(crate) fn spawn_upkeep(prometheus: PrometheusHandle) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            prometheus.run_upkeep();
+        }
+    })
+}
+
+/// `GET http://{addr}/metrics`, as Prometheus would scrape it.
+pub(crate) async fn scrape(addr: std::net::SocketAddr) -> Result<String, BoxError> {
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let res = client
+        .get(format!("http://{addr}/metrics").parse()?)
+        .await?;
+    let body = res.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8(body.to_vec())?)
+}
+
+// === inbound ===
+
 /// Sends `n` inbound requests at once to the proxy at `addr`: each one's status and
 /// `Retry-After`, in order.
 pub(crate) async fn inbound(
@@ -183,22 +247,29 @@ pub(crate) fn throttling_upstream() -> UpstreamConfig {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
+    // First the recorder, then the allowance, whose metrics carry its name.
+    let prometheus = install_prometheus()?;
+    let upkeep = spawn_upkeep(prometheus.clone());
     // The key is shared with another app, so the upstream allows less than this proxy's
     // allowance expects: it will throttle during the run.
     let upstream = Upstream::start(throttling_upstream()).await?;
-    let allowance = Allowance::new(AllowanceConfig::per_second(4, 4)?);
+    let allowance = Allowance::builder(AllowanceConfig::per_second(4, 4)?)
+        .name("odds")
+        .build();
     let router = app(
         upstream.url(),
         DEFAULT_KEY.to_owned(),
         allowance.clone(),
         Duration::from_secs(2),
-    )?;
+    )?
+    .merge(metrics_route(prometheus, allowance.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router).await });
     println!(
-        "proxy on http://{addr} (allowance: 4 req/s, callers wait up to 2 s), upstream {}\n\
-         (burst 2, 1 req/s, 429 with Retry-After: 7 beyond that)\n",
+        "proxy on http://{addr} (allowance: 4 req/s, callers wait up to 2 s)\n\
+         metrics on http://{addr}/metrics\n\
+         upstream {} (burst 2, 1 req/s, 429 with Retry-After: 7 beyond that)\n",
         upstream.url()
     );
 
@@ -219,6 +290,14 @@ async fn main() -> Result<(), BoxError> {
         log.iter().filter(|r| r.status == 429).count(),
         snapshot.cooling_for.unwrap_or_default()
     );
+    println!("\nGET /metrics (the allowance's samples that are not zero):");
+    for line in scrape(addr).await?.lines() {
+        let sample = line.starts_with("tower_allowance_") && !line.contains("_bucket{");
+        if sample && !line.ends_with(" 0") {
+            println!("  {line}");
+        }
+    }
+    upkeep.abort();
     server.abort();
     upstream.shutdown().await;
     Ok(())
