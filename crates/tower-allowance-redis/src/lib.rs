@@ -32,15 +32,15 @@
 //! | feature | what it adds |
 //! | --- | --- |
 //! | `tls` | `rediss://` URLs through rustls (ring provider), a private CA and a client certificate in [`RedisStoreOptions`] |
-//! | `cluster` | Redis Cluster: [`RedisStore::connect_cluster`], [`RedisStore::from_cluster_connection`] |
-//! | `test-util` | [`test_util`]: private `redis-server`s (plain, TLS, a 3-node cluster) and a test clock |
+//! | `cluster` | Redis Cluster: `RedisStore::connect_cluster`, `RedisStore::from_cluster_connection` |
+//! | `test-util` | `test_util`: private `redis-server`s (plain, TLS, a 3-node cluster) and a test clock |
 //!
 //! # TLS
 //!
 //! With the `tls` feature, a `rediss://` URL connects over TLS 1.2 or 1.3 through rustls,
 //! verifying the server's certificate against the operating system's roots (managed Redis
-//! services), or against a CA of your own with [`RedisStoreOptions::tls_ca_cert`] (a Redis
-//! you run, with `tls-port`). [`RedisStoreOptions::tls_client_cert`] presents a client
+//! services), or against a CA of your own with `RedisStoreOptions::tls_ca_cert` (a Redis
+//! you run, with `tls-port`). `RedisStoreOptions::tls_client_cert` presents a client
 //! certificate to a server that requires one (`tls-auth-clients yes`). The event subscription
 //! and the test clock's blocking connection use the same TLS settings.
 //!
@@ -68,7 +68,7 @@
 //!
 //! # Redis Cluster
 //!
-//! With the `cluster` feature, [`RedisStore::connect_cluster`] takes the seed nodes' URLs.
+//! With the `cluster` feature, `RedisStore::connect_cluster` takes the seed nodes' URLs.
 //! Every key of an allowance is in its name's hash slot (`ta:{name}:s`), so each script call
 //! runs with `EVALSHA` on the primary owning that slot, in one round trip, and the cluster
 //! connection follows `MOVED`/`ASK` and failovers by itself. Events use plain `PUBLISH`, which
@@ -96,7 +96,7 @@
 //! another allowance over both: a hundred allowances (one per API key, say) are still two
 //! connections at the server. An application that already has a connection passes it in:
 //! [`RedisStore::from_connection`] takes a [`redis::aio::ConnectionManager`],
-//! [`RedisStore::from_cluster_connection`] a cluster connection, each with the
+//! `RedisStore::from_cluster_connection` a cluster connection, each with the
 //! [`redis::Client`] to subscribe with (`None`: this process does not hear other processes'
 //! cooldowns while it holds reserved slots; the next admission still sees them).
 //! These two take `redis` types, so this crate's `redis` version is part of its API.

@@ -153,7 +153,7 @@ impl RedisStore {
     /// script.
     ///
     /// `url` is `redis://[user][:password@]host[:port][/db]`, or `rediss://...` for TLS
-    /// (feature `tls`; see [`RedisStoreOptions::tls_ca_cert`] for a private CA). The
+    /// (feature `tls`; see `RedisStoreOptions::tls_ca_cert` for a private CA). The
     /// connection is a multiplexed [`ConnectionManager`] that reconnects by itself; this
     /// store never needs to be rebuilt after an outage. A second connection carries the
     /// event subscription.

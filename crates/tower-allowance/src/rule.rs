@@ -767,6 +767,7 @@ pub enum EventKind {
 /// Why an allowance is closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum ClosedBy {
     /// A quota probe found the provider's quota spent.
@@ -857,8 +858,13 @@ pub enum ProbeOutcome {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct StoreState {
     /// Time until the cooldown ends; zero when not cooling down.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub blocked_for: Duration,
     /// `Some(Some(d))`: closed for `d`; `Some(None)`: closed until cleared; `None`: open.
+    ///
+    /// In JSON (feature `serde`): `null` when open, `{ "for": "2s" }` when closed for a
+    /// while, `{ "for": null }` when closed until cleared.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "closed_json"))]
     pub closed: Option<Option<Duration>>,
     /// Retries that could be spent now; `None` for an unlimited budget.
     pub retries_remaining: Option<u64>,
@@ -870,6 +876,24 @@ pub struct StoreState {
     pub generation: u64,
     /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
     pub rate_milli: u64,
+}
+
+/// [`StoreState::closed`] without the ambiguity of a nested `Option` (which serde would
+/// write as `null` both when open and when closed until cleared).
+#[cfg(feature = "serde")]
+fn closed_json<S: serde::Serializer>(
+    closed: &Option<Option<Duration>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    match closed {
+        None => serializer.serialize_none(),
+        Some(d) => {
+            let mut map = serializer.serialize_map(Some(1))?;
+            map.serialize_entry("for", &d.map(|d| humantime_serde::Serde::from(d)))?;
+            map.end()
+        }
+    }
 }
 
 /// One operation on an allowance's state.

@@ -26,6 +26,7 @@ pub struct Snapshot {
     /// Callers waiting right now (for a reserved slot, or for the store).
     pub waiting: usize,
     /// Time left in the cooldown, as last learned here; `None` when not cooling down.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub cooling_for: Option<Duration>,
     /// The closed (exhausted) state, as last learned here.
     pub closed: Option<ClosedState>,
@@ -39,6 +40,7 @@ pub struct Snapshot {
 #[non_exhaustive]
 pub struct ClosedState {
     /// Time until it reopens by itself; `None`: until cleared.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub reopens_in: Option<Duration>,
     /// Why.
     pub by: ClosedBy,
@@ -157,13 +159,13 @@ mod tests {
         // Only the reasons that happened, by their stable names.
         assert_eq!(snapshot["abandoned"], json!({ "deadline": 1 }));
         assert_eq!(snapshot["waiting"], 0);
-        assert_eq!(snapshot["cooling_for"], json!({ "secs": 30, "nanos": 0 }));
+        assert_eq!(snapshot["cooling_for"], json!("30s"));
         assert_eq!(snapshot["closed"], json!(null));
         assert_eq!(snapshot["rate_limit"], json!(null));
 
         let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
             .expect("serializes");
-        assert_eq!(state["blocked_for"], json!({ "secs": 30, "nanos": 0 }));
+        assert_eq!(state["blocked_for"], json!("30s"));
         assert_eq!(state["closed"], json!(null));
         assert_eq!(state["retries_remaining"], 3);
         for field in ["probes", "epoch", "generation", "rate_milli"] {
@@ -178,11 +180,18 @@ mod tests {
         let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
         assert_eq!(
             snapshot["closed"],
-            json!({ "reopens_in": { "secs": 120, "nanos": 0 }, "by": "ServerDelay" })
+            json!({ "reopens_in": "2m", "by": "server_delay" })
         );
         let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
             .expect("serializes");
-        assert_eq!(state["closed"], json!({ "secs": 120, "nanos": 0 }));
+        assert_eq!(state["closed"], json!({ "for": "2m" }));
+        // Closed until cleared is not "open".
+        let until_cleared = crate::rule::StoreState {
+            closed: Some(None),
+            ..Default::default()
+        };
+        let state = serde_json::to_value(until_cleared).expect("serializes");
+        assert_eq!(state["closed"], json!({ "for": null }));
         assert_eq!(
             AbandonReason::CooldownTooLong.as_str(),
             serde_json::to_value(AbandonReason::CooldownTooLong).expect("serializes")

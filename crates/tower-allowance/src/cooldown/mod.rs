@@ -1,16 +1,20 @@
-//! Shared cooldown: a throttling response's `Retry-After` pauses everyone.
+//! Shared cooldown: a throttling response's wait pauses everyone.
 //!
-//! The layer observes every response. On a throttling response (429 and 503 by default,
-//! see [`Classify`](crate::classify::Classify)) with a valid `Retry-After`, it raises the
+//! The layer observes every response, reading it once: its classification (429 and 503 are
+//! throttling by default, see [`Classify`](crate::classify::Classify)) and its rate-limit
+//! headers, in the allowance's [dialect](crate::signals) (`Retry-After` and
+//! `retry-after-ms` by default). On a throttling response with a valid wait, it raises the
 //! allowance's "blocked until" deadline, with max semantics: a later, shorter delay never
 //! moves it earlier, and responses to requests already in flight extend it rather than
-//! reset it. When the cooldown ends, admission still meters the restart: the queue is not
-//! released in one burst.
+//! reset it. A success saying `remaining: 0` until a reset does the same. When the cooldown
+//! ends, admission still meters the restart: the queue is not released in one burst.
 //!
-//! The response is passed through untouched and its body stays readable. `X-RateLimit-*`
+//! The response is passed through untouched and its body stays readable. Rate-limit
 //! headers are recorded in the allowance's [`Snapshot`](crate::Snapshot) as observations.
-//! A `Retry-After` too long to represent fails the call with
-//! [`UnrepresentableDelay`](crate::error::UnrepresentableDelay) rather than wait less.
+//! A wait longer than the allowance's `max_cooldown`, or too long to represent, closes the
+//! allowance instead (every waiting and new call fails with
+//! [`Exhausted`](crate::error::Exhausted), visibly) rather than wait less or park everyone
+//! for years; [`Allowance::clear`](crate::Allowance::clear) reopens it.
 //!
 //! ```
 //! use std::{convert::Infallible, time::Duration};

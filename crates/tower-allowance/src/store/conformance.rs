@@ -1,7 +1,7 @@
 //! The conformance suite every [`Store`] must pass (feature `conformance`).
 //!
 //! It replays the same operations, and the same requests through the real layers, against a
-//! store, and checks every answer and every instant exactly. [`MemoryStore`] passes it by
+//! store, and checks every answer and every instant exactly. [`MemoryStore`](super::MemoryStore) passes it by
 //! construction; the Redis store runs it in CI; a third-party store runs it in its own tests:
 //!
 //! ```
