@@ -27,13 +27,16 @@ use clap::{Args, Parser, Subcommand};
 use tower_allowance::BoxError;
 
 use crate::{
+    adaptive,
+    dialect::ServerDialect,
     fake::FakeConfig,
     live::{self, Share, StoreChoice, Target},
-    multi,
+    multi, rate_chart,
     report::RunReport,
-    scenario::{self, Mode, OnStoreOutage, Scenario},
+    scenario::{self, Adaptive, Mode, OnStoreOutage, Scenario},
     sweep, timeline,
-    upstream::{RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
+    tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER},
+    upstream::{RateChange, RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
 };
 
 /// Lanes beyond which the ASCII timeline is left out (it would not fit a screen).
@@ -95,6 +98,11 @@ pub enum Command {
     /// jobs and upstream buckets (virtual time), plus shared on Redis across 4 processes
     /// (real time) with --redis. Prints a Markdown table.
     Sweep(SweepArgs),
+    /// The adaptive rate's figures: an upstream at 20/s that nobody states, found from 2/s
+    /// and from 200/s, followed when it drops to 10/s, adopted from an IETF policy (virtual
+    /// time); with --redis, four processes on one controller against four with one each
+    /// (real time). Prints a Markdown table with each run's command.
+    Adaptive(AdaptiveArgs),
     /// One process of a `--processes N` run (started by the tool itself).
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -125,6 +133,25 @@ pub struct SweepArgs {
     /// A smaller grid (workers 8 and 64, 100 jobs), for a quick look.
     #[arg(long)]
     pub quick: bool,
+}
+
+/// Arguments of `adaptive`.
+#[derive(Clone, Debug, Args)]
+pub struct AdaptiveArgs {
+    /// Also run four processes on one controller in Redis at this URL, and four with a
+    /// controller each, in real time (about 15 s each).
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    /// Draw the adaptive rate against the upstream's for the 2/s, 200/s and rate-change runs
+    /// to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub svg: Option<PathBuf>,
+    /// Write the Markdown table here too.
+    #[arg(long, value_name = "FILE.md")]
+    pub markdown: Option<PathBuf>,
+    /// Print the rows as JSON instead.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Arguments of the hidden `worker` subcommand: one process's share of a run.
@@ -214,6 +241,31 @@ pub struct Workload {
     /// --processes until Redis answers).
     #[arg(long, value_name = "wait|wait:DURATION|fail-fast|local-fallback")]
     pub on_store_outage: Option<OnStoreOutage>,
+    /// Read this provider's rate-limit headers (the allowance's dialect); `run` also makes its
+    /// upstream speak it. Default: the standard set (Retry-After, retry-after-ms, the IETF
+    /// fields, X-RateLimit-*), against an upstream speaking odds.
+    #[arg(long, value_enum, value_name = "DIALECT")]
+    pub dialect: Option<ServerDialect>,
+    /// Let the allowance's rate adapt (shared and split modes): it starts at --initial-rate,
+    /// doubles every second until the first 429, then is cut by 15% on a 429 (30% when
+    /// throttling persists) and grows by 1% a second, within --rate-floor..=--rate-ceiling.
+    /// In `run`, --rate is then the upstream's alone.
+    #[arg(long)]
+    pub adaptive: bool,
+    /// The adaptive rate's start, requests per second (default: --rate).
+    #[arg(long, value_name = "R", requires = "adaptive")]
+    pub initial_rate: Option<f64>,
+    /// The adaptive rate never goes below this (default: 0.5/s, or --initial-rate if lower).
+    #[arg(long, value_name = "R", requires = "adaptive")]
+    pub rate_floor: Option<f64>,
+    /// The adaptive rate never goes above this (default: 1000/s, or --initial-rate if
+    /// higher), nor above a rate the server advertises.
+    #[arg(long, value_name = "R", requires = "adaptive")]
+    pub rate_ceiling: Option<f64>,
+    /// Adopt the rate the server advertises (an IETF RateLimit-Policy: --dialect ietf, or the
+    /// standard set) as the adaptive rate, not only cap at it.
+    #[arg(long, requires = "adaptive")]
+    pub adopt: bool,
 }
 
 impl Workload {
@@ -251,6 +303,26 @@ pub struct RunArgs {
     /// quota_exhausted). `--json` reports `usage_probes`, counted by the upstream.
     #[arg(long, value_name = "N")]
     pub quota: Option<u64>,
+    /// Change the upstream's rate AT into the run to RATE requests per second, e.g. 30s:10
+    /// (repeatable). Virtual and real time. `--json` then says when the achieved rate
+    /// settled within 15% of each new rate.
+    #[arg(long = "upstream-rate-change", value_name = "AT:RATE")]
+    pub upstream_rate_changes: Vec<RateChange>,
+    /// Draw the adaptive rate over time against the upstream's to this SVG file (needs
+    /// --adaptive, virtual time).
+    #[arg(long, value_name = "FILE.svg", requires = "adaptive")]
+    pub rate_chart: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The scenario: the workload against the built-in upstream, with its rate changes.
+    pub fn scenario(&self) -> Scenario {
+        let mut s = self.workload.scenario(self.retry_after);
+        s.upstream
+            .rate_changes
+            .clone_from(&self.upstream_rate_changes);
+        s
+    }
 }
 
 /// Arguments of `serve`.
@@ -274,6 +346,56 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
+    /// Whose rate-limit headers the answers carry, on successes and 429s alike.
+    #[arg(long, value_enum, default_value_t = ServerDialect::Odds, value_name = "DIALECT")]
+    pub dialect: ServerDialect,
+    /// Change the rate AT after the start to RATE requests per second, e.g. 30s:10
+    /// (repeatable).
+    #[arg(long = "rate-change", value_name = "AT:RATE")]
+    pub rate_changes: Vec<RateChange>,
+    /// Also limit tokens per key, e.g. 40000/min, 600/s or 90000 (per minute): each request
+    /// declares its cost in x-token-cost and is admitted only when both its request and its
+    /// token bucket hold enough (an LLM API's requests and tokens per minute). Serves any
+    /// path; keys in Authorization: Bearer KEY or X-API-Key.
+    #[arg(
+        long,
+        value_name = "N[/PERIOD]",
+        value_parser = parse_token_rate,
+        conflicts_with_all = ["quota", "rate_changes", "dialect", "retry_after"]
+    )]
+    pub token_rate: Option<TokenRate>,
+    /// The token bucket's capacity (default: one period's worth, --token-rate's N).
+    #[arg(long, value_name = "N", requires = "token_rate")]
+    pub token_burst: Option<u64>,
+}
+
+/// Tokens per period, from `--token-rate N[/PERIOD]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenRate {
+    /// Tokens per period.
+    pub tokens: u64,
+    /// The period.
+    pub period: Duration,
+}
+
+/// Parses `N` (per minute), `N/s`, `N/min` (or `N/m`), `N/h`, `N/d`, or `N/DURATION`
+/// (`N/90s`, `N/1500ms`).
+fn parse_token_rate(s: &str) -> Result<TokenRate, String> {
+    let bad =
+        || format!("invalid token rate {s:?}: use N[/PERIOD], e.g. 40000/min, 600/s or 90000");
+    let (n, period) = s.split_once('/').unwrap_or((s, "min"));
+    let tokens: u64 = n.trim().parse().map_err(|_| bad())?;
+    let period = match period.trim() {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3_600),
+        "d" | "day" => Duration::from_secs(86_400),
+        other => parse_duration(other).map_err(|_| bad())?,
+    };
+    if tokens == 0 || period.is_zero() {
+        return Err(bad());
+    }
+    Ok(TokenRate { tokens, period })
 }
 
 /// Arguments of `http`.
@@ -340,7 +462,8 @@ impl Workload {
                 burst: self.burst,
                 rate_per_sec: self.rate,
                 retry_after_secs,
-                always_reject: false,
+                dialect: self.dialect.unwrap_or_default(),
+                ..FakeConfig::seed()
             },
             burst: self.burst,
             rate_per_sec: self.rate,
@@ -351,6 +474,8 @@ impl Workload {
                 .on_store_outage
                 .unwrap_or_default()
                 .for_processes(self.processes),
+            adaptive: self.adaptive(),
+            dialect: self.dialect,
         }
     }
 
@@ -361,7 +486,35 @@ impl Workload {
                 "--on-store-outage needs --redis: an allowance in memory has no outages".into(),
             );
         }
+        if self.adaptive && self.mode == Mode::Naive {
+            return Err(
+                "--adaptive needs shared or split mode: naive workers share no allowance".into(),
+            );
+        }
+        if let Some(adaptive) = self.adaptive() {
+            adaptive
+                .rate()
+                .map_err(|e| format!("invalid adaptive rate: {e}"))?;
+        }
         Ok(())
+    }
+
+    /// The adaptive rate these arguments ask for, with the defaults filled in.
+    pub fn adaptive(&self) -> Option<Adaptive> {
+        if !self.adaptive {
+            return None;
+        }
+        let initial = self.initial_rate.unwrap_or(f64::from(self.rate));
+        Some(Adaptive {
+            initial,
+            floor: self
+                .rate_floor
+                .unwrap_or_else(|| Adaptive::default_floor(initial)),
+            ceiling: self
+                .rate_ceiling
+                .unwrap_or_else(|| Adaptive::default_ceiling(initial)),
+            adopt: self.adopt,
+        })
     }
 }
 
@@ -375,50 +528,33 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     match cli.command {
         Command::Seed { json } => seed(json, out),
         Command::Run(args) => {
-            args.workload.check()?;
-            let s = args.workload.scenario(args.retry_after);
-            let spread = args.workload.processes > 1 || args.workload.redis.is_some();
-            if spread && !args.real {
-                return Err("--processes and --redis need real time: add --real".into());
-            }
-            if args.quota.is_some() && !args.real {
-                return Err(
-                    "--quota needs real time (the usage endpoint is HTTP): add --real".into(),
-                );
-            }
-            let report = if spread {
-                let rt = real_runtime()?;
-                let progress = Progress::maybe(&rt, &s, on_a_terminal());
-                let spawn = multi::Spawn {
-                    ca_cert: None,
-                    progress: progress.as_ref().map(|p| p.done.clone()),
-                    usage_url: None,
-                };
-                let report = rt.block_on(run_real_spread(&s, &args, &spawn));
-                drop(progress);
-                report?
-            } else if args.real {
-                let rt = real_runtime()?;
-                let progress = Progress::maybe(&rt, &s, on_a_terminal());
-                let counter = progress.as_ref().map(|p| p.done.clone());
-                let report =
-                    rt.block_on(live::run_real_on(upstream_config(&s, &args), &s, counter));
-                drop(progress);
-                report?
-            } else {
-                RunReport::from_virtual(&s, &scenario::run_virtual(&s)?)
-            };
+            let s = args.scenario();
+            let report = run_report(&args, on_a_terminal())?;
             let what = if args.real {
                 "real time, over HTTP on loopback"
             } else {
                 "virtual time, in-process upstream"
             };
+            let changes: String = s
+                .upstream
+                .rate_changes
+                .iter()
+                .map(|c| format!(", {}/s from {} ms", c.rate_per_sec, c.at.as_millis()))
+                .collect();
             let upstream = format!(
-                "upstream: burst {} at {}/s, 429s with {}",
+                "upstream: burst {} at {}/s{changes}, speaking {}, 429s with {}",
                 s.burst,
                 s.rate_per_sec,
+                s.upstream.dialect,
                 describe_retry_after(args.retry_after)
             );
+            if let Some(path) = &args.rate_chart {
+                let title = match &s.adaptive {
+                    Some(a) => format!("from {}/s", a.initial),
+                    None => report.scenario.clone(),
+                };
+                std::fs::write(path, rate_chart::svg(&[(&title, &report)]))?;
+            }
             print_report(&report, &args.workload, what, &upstream, out)
         }
         Command::Http(args) => {
@@ -463,6 +599,38 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             )
         }
         Command::Serve(args) => serve(args, out),
+        Command::Adaptive(args) => {
+            let mut experiments = adaptive::virtual_experiments();
+            if let Some(url) = &args.redis {
+                experiments.extend(adaptive::redis_experiments(url));
+            }
+            let progress = SweepProgress::maybe(experiments.len(), on_a_terminal());
+            let mut rows = Vec::with_capacity(experiments.len());
+            for e in &experiments {
+                progress.starting(e.name);
+                rows.push(adaptive::AdaptiveRow::of(e)?);
+            }
+            drop(progress);
+            let table = adaptive::markdown(&rows);
+            if let Some(path) = &args.markdown {
+                std::fs::write(path, &table)?;
+            }
+            if let Some(path) = &args.svg {
+                let charted: Vec<(&str, &RunReport)> = rows
+                    .iter()
+                    .zip(&experiments)
+                    .filter(|(_, e)| e.charted)
+                    .map(|(row, _)| (row.name.as_str(), &row.report))
+                    .collect();
+                std::fs::write(path, rate_chart::svg(&charted))?;
+            }
+            if args.json {
+                writeln!(out, "{}", serde_json::to_string(&rows)?)?;
+            } else {
+                write!(out, "{table}")?;
+            }
+            Ok(())
+        }
         Command::Sweep(args) => {
             let grid = if args.quick {
                 sweep::Grid {
@@ -548,6 +716,48 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             writeln!(out, "{line}")?;
             Ok(())
         }
+    }
+}
+
+/// Makes the run `args` describe and returns its report (what `run` prints), showing
+/// progress on stderr for real-time runs when `terminal`.
+///
+/// # Errors
+///
+/// Invalid or contradictory settings, or the run failing (as [`execute`]).
+pub fn run_report(args: &RunArgs, terminal: bool) -> Result<RunReport, BoxError> {
+    args.workload.check()?;
+    let s = args.scenario();
+    let spread = args.workload.processes > 1 || args.workload.redis.is_some();
+    if spread && !args.real {
+        return Err("--processes and --redis need real time: add --real".into());
+    }
+    if args.rate_chart.is_some() && args.real {
+        return Err("--rate-chart needs virtual time (drop --real)".into());
+    }
+    if args.quota.is_some() && !args.real {
+        return Err("--quota needs real time (the usage endpoint is HTTP): add --real".into());
+    }
+    if spread {
+        let rt = real_runtime()?;
+        let progress = Progress::maybe(&rt, &s, terminal);
+        let spawn = multi::Spawn {
+            ca_cert: None,
+            progress: progress.as_ref().map(|p| p.done.clone()),
+            usage_url: None,
+        };
+        let report = rt.block_on(run_real_spread(&s, args, &spawn));
+        drop(progress);
+        report
+    } else if args.real {
+        let rt = real_runtime()?;
+        let progress = Progress::maybe(&rt, &s, terminal);
+        let counter = progress.as_ref().map(|p| p.done.clone());
+        let report = rt.block_on(live::run_real_on(upstream_config(&s, args), &s, counter));
+        drop(progress);
+        report
+    } else {
+        Ok(RunReport::from_virtual(&s, &scenario::run_virtual(&s)?))
     }
 }
 
@@ -700,6 +910,36 @@ fn print_report(
         "attempts and 429s counted by the {}",
         report.counted_by
     )?;
+    if let (Some(rate), Some(over)) = (report.achieved_rate, report.achieved_over_ms) {
+        writeln!(
+            out,
+            "achieved: {rate:.2}/s over the last {:.1} s",
+            over as f64 / 1000.0
+        )?;
+    }
+    if let Some(rate) = report.final_rate {
+        let each: Vec<String> = report
+            .controller_rates
+            .iter()
+            .flatten()
+            .map(|r| format!("{r:.2}"))
+            .collect();
+        writeln!(
+            out,
+            "adaptive rate at the end: {rate:.2}/s (each controller as read: {})",
+            each.join(", ")
+        )?;
+    }
+    for c in report.rate_changes.iter().flatten() {
+        let settled = c.settled_after_ms.map_or("never settled".to_owned(), |ms| {
+            format!("settled within 15% after {ms} ms")
+        });
+        writeln!(
+            out,
+            "upstream {}/s from {} ms: {settled}",
+            c.rate_per_sec, c.at_ms
+        )?;
+    }
     if report.timeline.workers <= MAX_ASCII_LANES {
         writeln!(out, "\n{}", timeline::ascii(&report.timeline, 0, 64))?;
         writeln!(out, "{}", timeline::ASCII_LEGEND)?;
@@ -789,13 +1029,24 @@ pub fn exit_status(result: &Result<(), BoxError>) -> u8 {
 }
 
 fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
+    if let Some(tokens) = args.token_rate {
+        return serve_tokens(&args, tokens, out);
+    }
     let config = UpstreamConfig {
         burst: args.burst,
         rate_per_sec: args.rate,
         retry_after: args.retry_after,
         keys: args.keys.clone(),
         quota: args.quota,
+        dialect: args.dialect,
+        rate_changes: args.rate_changes.clone(),
     };
+    let changes: String = config
+        .schedule()
+        .changes()
+        .iter()
+        .map(|c| format!(", {}/s from {} ms", c.rate_per_sec, c.at.as_millis()))
+        .collect();
     let rt = real_runtime()?;
     rt.block_on(async {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
@@ -805,9 +1056,10 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
         // The URL is what scripts read; if they stop reading after it, keep serving.
         let _ = writeln!(
             out,
-            "serving: burst {} at {}/s per key, 429s with {}, keys {:?}{}; Ctrl-C to stop",
+            "serving: burst {} at {}/s per key{changes}, {} headers, 429s with {}, keys {:?}{}; Ctrl-C to stop",
             args.burst,
             args.rate,
+            args.dialect,
             describe_retry_after(args.retry_after),
             args.keys,
             args.quota
@@ -829,6 +1081,51 @@ fn serve(args: ServeArgs, out: &mut dyn Write) -> Result<(), BoxError> {
             "stopped: saw {} requests, {} of them 429",
             log.len(),
             rejected
+        );
+        Ok(())
+    })
+}
+
+/// `serve --token-rate`: the [`TokenUpstream`], limiting requests (`--rate`, `--burst`, per
+/// second) and tokens at once, per key.
+fn serve_tokens(args: &ServeArgs, tokens: TokenRate, out: &mut dyn Write) -> Result<(), BoxError> {
+    let requests = Rate::per_second(u64::from(args.rate), u64::from(args.burst));
+    let tokens = Rate {
+        rate: tokens.tokens,
+        period: tokens.period,
+        burst: args.token_burst.unwrap_or(tokens.tokens),
+    };
+    let config = TokenUpstreamConfig::new(requests, tokens).with_keys(args.keys.clone());
+    let rt = real_runtime()?;
+    rt.block_on(async {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.port));
+        let upstream = TokenUpstream::start_on(config, addr).await?;
+        writeln!(out, "{}", upstream.url())?;
+        out.flush()?;
+        let _ = writeln!(
+            out,
+            "serving any path: burst {} at {}/s requests and {} tokens per {} ms (burst {}) per key, cost in {TOKENS_HEADER}, keys {:?}; Ctrl-C to stop",
+            args.burst,
+            args.rate,
+            tokens.rate,
+            tokens.period.as_millis(),
+            tokens.burst,
+            args.keys,
+        );
+        let _ = writeln!(
+            out,
+            "try: curl -i -H 'Authorization: Bearer {}' -H '{TOKENS_HEADER}: 100' {}/v1/chat/completions",
+            args.keys.first().map_or(DEFAULT_KEY, String::as_str),
+            upstream.url()
+        );
+        let _ = out.flush();
+        tokio::signal::ctrl_c().await?;
+        let seen = upstream.summary(None);
+        upstream.shutdown().await;
+        let _ = writeln!(
+            out,
+            "stopped: saw {} requests, {} of them 429, {} tokens served",
+            seen.attempts, seen.rejected, seen.tokens
         );
         Ok(())
     })

@@ -7,8 +7,11 @@
 //! - [`scenario`] runs workers (`naive`, `shared`, `split:N`) through the real layers in
 //!   virtual time; [`live`] runs the same workers over real HTTP in real time.
 //! - [`report`] and [`timeline`]: what a run reports (from the *server's* view), as a table,
-//!   JSON, an ASCII timeline or an SVG.
-//! - [`cli`]: the `allowance-sim` command line (`seed`, `run`, `serve`, `http`).
+//!   JSON, an ASCII timeline or an SVG; [`rate_chart`]: an adaptive run's rate over time.
+//! - [`dialect`]: the rate-limit headers each provider sends, spoken by both upstreams.
+//! - [`adaptive`]: the adaptive rate's figures (`allowance-sim adaptive`).
+//! - [`cli`]: the `allowance-sim` command line (`seed`, `run`, `serve`, `http`, `sweep`,
+//!   `adaptive`).
 //!
 //! ```
 //! use allowance_sim::scenario::{seed_table, SeedRow};
@@ -18,11 +21,13 @@
 //! assert_eq!(rows[1].attempts, 8);  // one shared allowance
 //! ```
 
+pub mod adaptive;
 pub mod cli;
 pub mod dialect;
 pub mod fake;
 pub mod live;
 pub mod multi;
+pub mod rate_chart;
 pub mod report;
 pub mod scenario;
 pub mod sweep;

@@ -557,6 +557,11 @@ pub async fn run_http_with(
     if !allowances.all.is_empty() {
         report.admissions = Some(allowances.admissions());
     }
+    if s.adaptive.is_some() && s.mode != Mode::Naive {
+        let rates = crate::scenario::adaptive_rates(&allowances.all).await;
+        let sum = rates.iter().sum();
+        report = report.with_final_rates(rates, sum);
+    }
     report.store_calls = allowances.store_calls();
     Ok(report)
 }
@@ -586,13 +591,17 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// The [`UpstreamConfig`] matching a scenario's [`FakeConfig`]: same bucket and
-/// `Retry-After` seconds; `always_reject` becomes a spent quota (429s without `Retry-After`).
+/// The [`UpstreamConfig`] matching a scenario's [`FakeConfig`]: same bucket, rate changes,
+/// dialect and `Retry-After` seconds; `always_reject` becomes a spent quota (429s without
+/// `Retry-After`).
 pub fn upstream_config(fake: &FakeConfig) -> UpstreamConfig {
     let retry_after = fake
         .retry_after_secs
         .map_or(RetryAfterMode::Absent, RetryAfterMode::Seconds);
-    let config = UpstreamConfig::new(fake.burst, fake.rate_per_sec).with_retry_after(retry_after);
+    let config = UpstreamConfig::new(fake.burst, fake.rate_per_sec)
+        .with_retry_after(retry_after)
+        .with_dialect(fake.dialect)
+        .with_rate_changes(&fake.rate_changes);
     if fake.always_reject {
         config.with_quota(0)
     } else {

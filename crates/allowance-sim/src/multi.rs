@@ -42,7 +42,7 @@ use crate::{
 };
 
 /// One child's findings, as printed by `allowance-sim worker`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ChildReport {
     /// Attempts as the child's client saw them, ms from the child's start.
     pub attempts: Vec<Mark>,
@@ -57,6 +57,10 @@ pub struct ChildReport {
     /// Calls the child's Redis stores made (without the script load at connect), with Redis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_calls: Option<u64>,
+    /// Adaptive runs: each of the child's allowances' rate at its end, requests per second,
+    /// in the order of their names (the same in every child).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_rates: Option<Vec<f64>>,
 }
 
 /// What a child must know but must not show on its command line: the request headers and
@@ -130,6 +134,7 @@ impl ChildReport {
             first_error: report.first_error.clone(),
             admissions: report.admissions,
             store_calls: report.store_calls,
+            controller_rates: report.controller_rates.clone(),
         }
     }
 }
@@ -211,6 +216,23 @@ fn child_args(
     }
     if let Some(url) = &spawn.usage_url {
         args.extend(["--usage-url".to_owned(), url.clone()]);
+    }
+    if let Some(dialect) = s.dialect {
+        args.extend(["--dialect".to_owned(), dialect.to_string()]);
+    }
+    if let Some(a) = &s.adaptive {
+        args.extend([
+            "--adaptive".to_owned(),
+            "--initial-rate".to_owned(),
+            a.initial.to_string(),
+            "--rate-floor".to_owned(),
+            a.floor.to_string(),
+            "--rate-ceiling".to_owned(),
+            a.ceiling.to_string(),
+        ]);
+        if a.adopt {
+            args.push("--adopt".to_owned());
+        }
     }
     let mut secrets = ChildSecrets {
         redis_url: None,
@@ -302,6 +324,7 @@ pub async fn run_processes_with(
     let mut ends = Vec::new();
     let mut first_error = None;
     let (mut admissions, mut store_calls) = (None::<u64>, None::<u64>);
+    let mut controller_rates: Vec<Vec<f64>> = Vec::new();
     for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
@@ -327,6 +350,7 @@ pub async fn run_processes_with(
         };
         admissions = add(admissions, part.admissions);
         store_calls = add(store_calls, part.store_calls);
+        controller_rates.extend(part.controller_rates);
         let shift = u64::try_from(started.as_millis()).unwrap_or(0);
         attempts.extend(part.attempts.into_iter().map(|mut m| {
             m.at_ms += shift;
@@ -350,7 +374,37 @@ pub async fn run_processes_with(
     report.first_error = first_error;
     report.admissions = admissions;
     report.store_calls = store_calls;
+    if !controller_rates.is_empty() {
+        let group = group_rate(
+            &controller_rates,
+            matches!(store, StoreChoice::Redis { .. }),
+        );
+        report = report.with_final_rates(controller_rates.concat(), group);
+    }
     Ok(report)
+}
+
+/// The rate a group of processes' adaptive controllers allows, from each process's rates (one
+/// per allowance, in the same order everywhere): on a shared store, allowance `i` is one
+/// controller every process reads (their mean, read at slightly different ends); in memory,
+/// every process's allowances are controllers of their own (the sum of all).
+///
+/// ```
+/// use allowance_sim::multi::group_rate;
+///
+/// let read = [vec![19.0, 5.0], vec![21.0, 5.0]];
+/// assert_eq!(group_rate(&read, true), 25.0);
+/// assert_eq!(group_rate(&read, false), 50.0);
+/// ```
+pub fn group_rate(per_process: &[Vec<f64>], shared_store: bool) -> f64 {
+    if !shared_store {
+        return per_process.iter().flatten().sum();
+    }
+    let n = per_process.len().max(1) as f64;
+    let allowances = per_process.iter().map(Vec::len).max().unwrap_or(0);
+    (0..allowances)
+        .map(|i| per_process.iter().filter_map(|r| r.get(i)).sum::<f64>() / n)
+        .sum()
 }
 
 /// A child's stderr: each `progress N` line (N jobs ended so far) adds what is new to

@@ -18,7 +18,10 @@ use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
 use http::Response;
 use tower_allowance::{error::StoreUnavailable, store::StoreError, BoxError, Outcome};
 
-use crate::scenario::{Mode, Report, Scenario};
+use crate::{
+    scenario::{Mode, Report, Scenario},
+    upstream::RateSchedule,
+};
 
 /// One attempt, as seen by the server (virtual runs, runs against [`crate::upstream`]) or by
 /// the client (runs against any other endpoint).
@@ -335,9 +338,141 @@ pub struct RunReport {
     /// Successful attempts per second after the initial burst (successes beyond `burst`
     /// over the time from the first success to the last); 0 when there were too few.
     pub achieved_rate_per_sec: f64,
+    /// Adaptive runs and runs whose upstream changes its rate: successes per second over the
+    /// end of the run, `achieved_over_ms` long (see [`achieved_rate`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub achieved_rate: Option<f64>,
+    /// The window `achieved_rate` is measured over: the last 30 s of the run, or its last
+    /// half when it lasted less than a minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub achieved_over_ms: Option<u64>,
+    /// Adaptive runs: the rate the group's controllers allowed at the end, requests per
+    /// second: the one shared controller's rate, or the sum over independent ones (split
+    /// allowances, processes each with its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_rate: Option<f64>,
+    /// Adaptive runs: each allowance's rate at the end, as each process read it (on Redis,
+    /// one shared controller read by every process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub controller_rates: Option<Vec<f64>>,
+    /// Runs whose upstream changes its rate: each change, and how long after it the
+    /// achieved rate settled within 15% of the new rate for good, over 10 s stretches (see
+    /// [`settled_after_ms`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_changes: Option<Vec<ChangeSettled>>,
     /// The run drawn as lanes (not serialised).
     #[serde(skip)]
     pub timeline: Timeline,
+    /// Adaptive runs: the rate the allowances allowed over time, and the upstream's (not
+    /// serialised; drawn by [`crate::rate_chart::svg`]).
+    #[serde(skip)]
+    pub rates: RateTrace,
+}
+
+/// The rates of a run over time: what the adaptive allowances allowed, against the upstream.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RateTrace {
+    /// (ms from the start, requests per second) the allowances allowed, summed over them.
+    pub adaptive: Vec<(u64, f64)>,
+    /// The upstream's true rate over time, when known.
+    pub upstream: Option<RateSchedule>,
+}
+
+/// One change of the upstream's rate, and when the run followed it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChangeSettled {
+    /// When the upstream changed its rate, ms from the start.
+    pub at_ms: u64,
+    /// The new rate, requests per second.
+    pub rate_per_sec: u32,
+    /// How long after the change the achieved rate settled within [`SETTLE_BAND`] of the new
+    /// rate for good; `None` if it never did.
+    pub settled_after_ms: Option<u64>,
+}
+
+/// How far from a target an achieved rate may be and count as settled (15%).
+pub const SETTLE_BAND: f64 = 0.15;
+
+/// The stretch the achieved rate is counted over when judging whether it settled (10 s):
+/// long enough that one probe of an adaptive rate (a 429, its one-second shared cooldown and
+/// the cut after it: about a second of lost throughput) leaves a steady rate within the
+/// band. Over 5 s stretches every probe, every 15 to 20 s for as long as the run lasts,
+/// would count as a departure.
+pub const SETTLE_WINDOW_MS: u64 = 10_000;
+
+/// How often a stretch starts when judging whether the rate settled (every 100 ms).
+pub const SETTLE_STEP_MS: u64 = 100;
+
+/// Successes per second over the end of a run: over the last 30 s before the last success,
+/// or the last half of the run (from 0 to the last success) when that is shorter. Returns the
+/// rate (two decimals) and the window in ms; `None` without successes.
+///
+/// ```
+/// use allowance_sim::report::achieved_rate;
+///
+/// // One success every 50 ms for a minute: 20/s over the last 30 s.
+/// let times: Vec<u64> = (1..=1200).map(|i| i * 50).collect();
+/// assert_eq!(achieved_rate(&times), Some((20.0, 30_000)));
+/// // Ten seconds: over the last 5 s.
+/// assert_eq!(achieved_rate(&times[..200]), Some((20.0, 5_000)));
+/// assert_eq!(achieved_rate(&[]), None);
+/// ```
+pub fn achieved_rate(success_ms: &[u64]) -> Option<(f64, u64)> {
+    let end = *success_ms.iter().max()?;
+    let window = (end / 2).min(30_000);
+    if window == 0 {
+        return None;
+    }
+    let n = success_ms.iter().filter(|t| **t > end - window).count();
+    let rate = n as f64 * 1000.0 / window as f64;
+    Some(((rate * 100.0).round() / 100.0, window))
+}
+
+/// When the achieved rate settled within [`SETTLE_BAND`] of `rate` for good, in ms after
+/// `from_ms`: the earliest time `T` (on a [`SETTLE_STEP_MS`] grid from `from_ms`) such that
+/// every [`SETTLE_WINDOW_MS`] stretch `(t, t + 10 s]` starting at or after `T` and ending by
+/// `until_ms` holds that rate of successes, within the band. `None` if it never settled, or
+/// if `from_ms..until_ms` is shorter than one stretch.
+///
+/// A stretch averages: one that starts with up to 1.5 s without successes and goes on at
+/// the target rate is within the band, so `T` may come up to 1.5 s before the rate is back.
+///
+/// ```
+/// use allowance_sim::report::settled_after_ms;
+///
+/// // 20/s until 30 s, nothing for 3 s, then 10/s: the stretches from 31.5 s on hold 8.5/s
+/// // or more.
+/// let mut times: Vec<u64> = (1..=600).map(|i| i * 50).collect();
+/// times.extend((1..=570).map(|i| 33_000 + i * 100));
+/// assert_eq!(settled_after_ms(&times, 10.0, 30_000, 90_000), Some(1_500));
+/// assert_eq!(settled_after_ms(&times, 20.0, 30_000, 90_000), None);
+/// ```
+pub fn settled_after_ms(success_ms: &[u64], rate: f64, from_ms: u64, until_ms: u64) -> Option<u64> {
+    let (lo, hi) = (rate * (1.0 - SETTLE_BAND), rate * (1.0 + SETTLE_BAND));
+    let mut sorted = success_ms.to_vec();
+    sorted.sort_unstable();
+    // Successes in (t, t + window], per second.
+    let in_band = |t: u64| {
+        let n = sorted.partition_point(|x| *x <= t + SETTLE_WINDOW_MS)
+            - sorted.partition_point(|x| *x <= t);
+        let r = n as f64 * 1000.0 / SETTLE_WINDOW_MS as f64;
+        (lo..=hi).contains(&r)
+    };
+    let last = until_ms.checked_sub(SETTLE_WINDOW_MS)?;
+    if last < from_ms {
+        return None;
+    }
+    let mut settled = None;
+    let mut t = from_ms;
+    while t <= last {
+        match (in_band(t), settled) {
+            (true, None) => settled = Some(t),
+            (false, _) => settled = None,
+            _ => {}
+        }
+        t += SETTLE_STEP_MS;
+    }
+    settled.map(|t| t - from_ms)
 }
 
 impl RunReport {
@@ -404,8 +539,64 @@ impl RunReport {
             min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
             last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),
             achieved_rate_per_sec,
+            achieved_rate: None,
+            achieved_over_ms: None,
+            final_rate: None,
+            controller_rates: None,
+            rate_changes: None,
             timeline,
+            rates: RateTrace::default(),
         }
+        .with_rate_figures(s, &ok)
+    }
+
+    /// Fills in the figures of adaptive runs and of runs whose upstream changes its rate:
+    /// the achieved rate at the end, and when the run followed each change.
+    fn with_rate_figures(mut self, s: &Scenario, ok: &[u64]) -> Self {
+        let adaptive = s.adaptive.is_some() && s.mode != Mode::Naive;
+        let schedule = s.upstream.schedule();
+        if !adaptive && schedule.changes().is_empty() {
+            return self;
+        }
+        if let Some((rate, window)) = achieved_rate(ok) {
+            self.achieved_rate = Some(rate);
+            self.achieved_over_ms = Some(window);
+        }
+        if !schedule.changes().is_empty() {
+            let end = ok.iter().max().copied().unwrap_or(0);
+            let changes = schedule.changes();
+            let settled = changes
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let at_ms = u64::try_from(c.at.as_millis()).unwrap_or(u64::MAX);
+                    let until = changes.get(i + 1).map_or(end, |next| {
+                        u64::try_from(next.at.as_millis()).unwrap_or(u64::MAX)
+                    });
+                    ChangeSettled {
+                        at_ms,
+                        rate_per_sec: c.rate_per_sec,
+                        settled_after_ms: settled_after_ms(
+                            ok,
+                            f64::from(c.rate_per_sec),
+                            at_ms,
+                            until.min(end),
+                        ),
+                    }
+                })
+                .collect();
+            self.rate_changes = Some(settled);
+        }
+        self.rates.upstream = Some(schedule);
+        self
+    }
+
+    /// Records the adaptive controllers' rates at the end: `rates` as each process read its
+    /// allowances, and `final_rate`, the sum over distinct controllers.
+    pub fn with_final_rates(mut self, rates: Vec<f64>, final_rate: f64) -> Self {
+        self.final_rate = Some((final_rate * 1000.0).round() / 1000.0);
+        self.controller_rates = Some(rates);
+        self
     }
 
     /// A report from a virtual-time [`Report`] of `s`.
@@ -422,13 +613,19 @@ impl RunReport {
             })
             .collect();
         let timeline = Timeline::new(s.mode, s.workers, attempts, r.ends.clone());
-        Self::new(
+        let mut report = Self::new(
             s,
             "virtual",
             "server",
             timeline,
             Duration::from_millis(r.makespan_ms),
-        )
+        );
+        if !r.final_rates.is_empty() {
+            let sum = r.final_rates.iter().sum();
+            report = report.with_final_rates(r.final_rates.clone(), sum);
+            report.rates.adaptive = r.rate_samples.clone();
+        }
+        report
     }
 
     /// One line of figures for a table.

@@ -4,19 +4,27 @@
 //! with the library's `RetryPolicy` for the naive mode) against a [`FakeUpstream`], on a
 //! paused Tokio clock, so the figures are exact and repeatable.
 
-use std::{collections::BTreeMap, fmt, num::NonZeroU32, str::FromStr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    num::NonZeroU32,
+    str::FromStr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use http::Request;
 use tokio::time::Instant;
 use tower::{retry::Retry, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     admission::AdmissionLayer, error::AbandonReason, retry::RetryConfig, retry::RetryPolicy,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline, OutagePolicy, Outcome,
-    RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
+    AdaptiveRate, Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline,
+    OutagePolicy, Outcome, RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
 };
 
 use crate::{
-    fake::{FakeConfig, FakeUpstream, Seen, WORKER_HEADER},
+    dialect::ServerDialect,
+    fake::{FakeConfig, FakeUpstream, Seen, VIRTUAL_MAX_DATE_SKEW, WORKER_HEADER},
     report::JobEnd,
 };
 
@@ -185,6 +193,67 @@ impl FromStr for OnStoreOutage {
     }
 }
 
+/// An adaptive rate for a run's allowances (`--adaptive`): see
+/// [`AdaptiveRate`](tower_allowance::AdaptiveRate) for what the controller does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adaptive {
+    /// The starting rate, requests per second.
+    pub initial: f64,
+    /// The rate never goes below this.
+    pub floor: f64,
+    /// The rate never goes above this.
+    pub ceiling: f64,
+    /// Adopt a rate the server advertises (an IETF `RateLimit-Policy`), not only cap at it.
+    pub adopt: bool,
+}
+
+impl Adaptive {
+    /// The floor when none is given: [`DEFAULT_FLOOR`], or the starting rate if lower.
+    pub fn default_floor(initial: f64) -> f64 {
+        DEFAULT_FLOOR.min(initial)
+    }
+
+    /// The ceiling when none is given: [`DEFAULT_CEILING`], or the starting rate if higher.
+    pub fn default_ceiling(initial: f64) -> f64 {
+        DEFAULT_CEILING.max(initial)
+    }
+
+    /// Starting at `initial`, with the default floor and ceiling, not adopting.
+    ///
+    /// ```
+    /// use allowance_sim::scenario::Adaptive;
+    ///
+    /// let a = Adaptive::starting_at(2.0);
+    /// assert_eq!((a.floor, a.ceiling, a.adopt), (0.5, 1000.0, false));
+    /// assert_eq!(Adaptive::starting_at(0.2).floor, 0.2);
+    /// assert!(a.rate().is_ok());
+    /// ```
+    pub fn starting_at(initial: f64) -> Self {
+        Self {
+            initial,
+            floor: Self::default_floor(initial),
+            ceiling: Self::default_ceiling(initial),
+            adopt: false,
+        }
+    }
+
+    /// The library's configuration for it.
+    ///
+    /// # Errors
+    ///
+    /// Rates the library rejects: not finite, outside 0.001..=10,000 per second, or not
+    /// ordered `floor <= initial <= ceiling`.
+    pub fn rate(&self) -> Result<AdaptiveRate, ConfigError> {
+        Ok(AdaptiveRate::new(self.initial, self.floor, self.ceiling)?.adopt_advertised(self.adopt))
+    }
+}
+
+/// The adaptive floor when none is given (0.5 requests per second, or the starting rate).
+pub const DEFAULT_FLOOR: f64 = 0.5;
+
+/// The adaptive ceiling when none is given (1,000 requests per second, or the starting rate).
+pub const DEFAULT_CEILING: f64 = 1_000.0;
+
 /// One scenario.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -208,6 +277,12 @@ pub struct Scenario {
     pub deadline: Option<Duration>,
     /// What an admission does when the allowance's store does not answer (Redis runs).
     pub on_store_outage: OnStoreOutage,
+    /// An adaptive rate for the allowances (shared and split modes): `rate_per_sec` is then
+    /// not used, `burst` is kept.
+    pub adaptive: Option<Adaptive>,
+    /// Which provider's headers the allowances read; `None`: the library's standard set
+    /// (`Retry-After`, `retry-after-ms`, IETF, odds).
+    pub dialect: Option<ServerDialect>,
 }
 
 impl Scenario {
@@ -239,12 +314,14 @@ impl Scenario {
             retry_budget: None,
             deadline: None,
             on_store_outage: OnStoreOutage::default(),
+            adaptive: None,
+            dialect: None,
         }
     }
 }
 
 /// What a run produced, from the server's log and the callers' outcomes.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Report {
     /// Attempts the server saw.
     pub attempts: usize,
@@ -264,6 +341,11 @@ pub struct Report {
     pub timeline: Vec<Seen>,
     /// How and when each job ended, by worker.
     pub ends: Vec<JobEnd>,
+    /// Adaptive runs: the rate the allowances allowed (summed over them), sampled every
+    /// [`RATE_SAMPLE_EVERY`], as (ms from the start, requests per second).
+    pub rate_samples: Vec<(u64, f64)>,
+    /// Adaptive runs: each allowance's adaptive rate at the end, requests per second.
+    pub final_rates: Vec<f64>,
 }
 
 impl Report {
@@ -288,10 +370,52 @@ pub fn allowance_config(s: &Scenario) -> Result<AllowanceConfig, BoxError> {
     let budget = s
         .retry_budget
         .map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
-    Ok(AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
+    let mut config = AllowanceConfig::per_second(s.rate_per_sec, s.burst)?
         .with_retry_budget(budget)
         .with_max_waiters(s.workers.max(1))
-        .with_outage_policy(s.on_store_outage.outage_policy()))
+        .with_outage_policy(s.on_store_outage.outage_policy());
+    if let Some(adaptive) = &s.adaptive {
+        config = config.with_adaptive_rate(adaptive.rate()?);
+    }
+    if let Some(dialect) = s.dialect {
+        config = config.with_dialect(dialect.client_dialect());
+    }
+    Ok(config)
+}
+
+/// How often an adaptive run samples its allowances' rate (100 ms).
+pub const RATE_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// The adaptive rates of `allowances` now, requests per second (0 for one whose store does
+/// not answer).
+pub async fn adaptive_rates(allowances: &[Allowance]) -> Vec<f64> {
+    let mut rates = Vec::with_capacity(allowances.len());
+    for a in allowances {
+        let milli = a.store_state().await.map_or(0, |st| st.rate_milli);
+        rates.push(milli as f64 / 1000.0);
+    }
+    rates
+}
+
+/// Samples the summed adaptive rate of `allowances` every [`RATE_SAMPLE_EVERY`] into
+/// `samples` (ms since `start`, requests per second) until aborted.
+pub fn sample_rates(
+    allowances: Vec<Allowance>,
+    start: Instant,
+    samples: Arc<Mutex<Vec<(u64, f64)>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(RATE_SAMPLE_EVERY);
+        loop {
+            tick.tick().await;
+            let at = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let rate: f64 = adaptive_rates(&allowances).await.iter().sum();
+            samples
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((at, rate));
+        }
+    })
 }
 
 /// The allowance naive workers share when the group has a retry budget: the budget (one pool
@@ -315,8 +439,12 @@ pub fn naive_budget_config(s: &Scenario) -> Result<Option<AllowanceConfig>, BoxE
     ))
 }
 
+/// An allowance for a virtual run: the scenario's, trusting the fake upstream's `Date`
+/// however far virtual time has run ahead of the wall clock.
 fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
-    Ok(Allowance::new(allowance_config(s)?))
+    Ok(Allowance::new(
+        allowance_config(s)?.with_max_date_skew(VIRTUAL_MAX_DATE_SKEW),
+    ))
 }
 
 /// A naive worker's own allowance: the policy's bookkeeping at the scenario's rate, with an
@@ -326,10 +454,16 @@ fn allowance_for(s: &Scenario) -> Result<Allowance, BoxError> {
 ///
 /// A configuration the library rejects.
 pub fn naive_own_allowance(s: &Scenario) -> Result<Allowance, BoxError> {
-    allowance_for(&Scenario {
+    Ok(Allowance::new(allowance_config(&naive_own(s))?))
+}
+
+/// The scenario of a naive worker's own allowance: no budget, no adaptive rate.
+fn naive_own(s: &Scenario) -> Scenario {
+    Scenario {
         retry_budget: None,
+        adaptive: None,
         ..s.clone()
-    })
+    }
 }
 
 type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;
@@ -357,6 +491,9 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
             .map(|_| allowance_for(s))
             .collect::<Result<_, _>>()?,
     };
+    let adaptive = s.adaptive.is_some() && s.mode != Mode::Naive;
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = adaptive.then(|| sample_rates(allowances.clone(), start, samples.clone()));
 
     for worker in 0..s.workers {
         let upstream = upstream.clone();
@@ -378,7 +515,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                 None => {
                     let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
                     Svc::new(Retry::new(
-                        RetryPolicy::new(naive_own_allowance(s)?, retry.clone()),
+                        RetryPolicy::new(allowance_for(&naive_own(s))?, retry.clone()),
                         upstream,
                     ))
                 }
@@ -418,6 +555,8 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
         makespan_ms: 0,
         timeline: Vec::new(),
         ends: Vec::new(),
+        rate_samples: Vec::new(),
+        final_rates: Vec::new(),
     };
     let mut finished = start;
     for task in tasks {
@@ -437,6 +576,12 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                 _ => report.failed += 1,
             }
         }
+    }
+    if let Some(sampler) = sampler {
+        sampler.abort();
+        report.final_rates = adaptive_rates(&allowances).await;
+        report.rate_samples =
+            std::mem::take(&mut *samples.lock().unwrap_or_else(PoisonError::into_inner));
     }
     report.timeline = upstream.log();
     report.attempts = report.timeline.len();

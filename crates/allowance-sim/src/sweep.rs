@@ -134,7 +134,7 @@ fn scenario(mode: Mode, workers: usize, jobs: usize, (burst, rate): (u32, u32)) 
             burst,
             rate_per_sec: rate,
             retry_after_secs: Some(1),
-            always_reject: false,
+            ..FakeConfig::seed()
         },
         burst,
         rate_per_sec: rate,
@@ -142,6 +142,7 @@ fn scenario(mode: Mode, workers: usize, jobs: usize, (burst, rate): (u32, u32)) 
         retry_budget: None,
         deadline: None,
         on_store_outage: OnStoreOutage::default(),
+        ..Scenario::seed(mode)
     }
 }
 

@@ -276,7 +276,16 @@ impl TokenUpstream {
     ///
     /// Binding the listener failed.
     pub async fn start(config: TokenUpstreamConfig) -> std::io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        Self::start_on(config, SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts serving on `addr` (`allowance-sim serve --token-rate`).
+    ///
+    /// # Errors
+    ///
+    /// Binding the listener failed.
+    pub async fn start_on(config: TokenUpstreamConfig, addr: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let now = Instant::now();
         let accounts = config

@@ -44,6 +44,7 @@ use std::{
     convert::Infallible,
     fmt,
     net::SocketAddr,
+    str::FromStr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
@@ -55,7 +56,10 @@ use hyper::{body::Incoming, server::conn::http1, service::service_fn};
 use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
 
-use crate::fake::WORKER_HEADER;
+use crate::{
+    dialect::{Answer, LimitState, ServerDialect},
+    fake::WORKER_HEADER,
+};
 
 /// The header carrying the API key.
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -92,6 +96,140 @@ pub enum RetryAfterMode {
     Absent,
 }
 
+/// A change of the upstream's rate during a run: from `at` (since the upstream started) on,
+/// its buckets refill `rate_per_sec`. The burst stays; the tokens a bucket holds stay (a
+/// level of 1.5 tokens is still 1.5 tokens at the new rate).
+///
+/// Parsed from `AT:RATE`, e.g. `30s:10` or `1500ms:4`:
+///
+/// ```
+/// use std::time::Duration;
+/// use allowance_sim::upstream::RateChange;
+///
+/// let change: RateChange = "30s:10".parse()?;
+/// assert_eq!(change, RateChange { at: Duration::from_secs(30), rate_per_sec: 10 });
+/// assert_eq!(change.to_string(), "30000ms:10");
+/// assert!("30s".parse::<RateChange>().is_err());
+/// assert!("30s:0".parse::<RateChange>().is_err());
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RateChange {
+    /// When, since the upstream started.
+    pub at: Duration,
+    /// The new rate, requests per second (at least 1).
+    pub rate_per_sec: u32,
+}
+
+impl FromStr for RateChange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid rate change {s:?}: use AT:RATE, e.g. 30s:10 or 1500ms:4");
+        let (at, rate) = s.split_once(':').ok_or_else(bad)?;
+        let at = match at.trim().strip_suffix("ms") {
+            Some(ms) => ms
+                .trim()
+                .parse()
+                .map(Duration::from_millis)
+                .map_err(|_| bad())?,
+            None => {
+                let secs: f64 = at
+                    .trim()
+                    .strip_suffix('s')
+                    .unwrap_or(at.trim())
+                    .parse()
+                    .map_err(|_| bad())?;
+                Duration::try_from_secs_f64(secs).map_err(|_| bad())?
+            }
+        };
+        let rate_per_sec: u32 = rate.trim().parse().map_err(|_| bad())?;
+        if rate_per_sec == 0 {
+            return Err(bad());
+        }
+        Ok(Self { at, rate_per_sec })
+    }
+}
+
+impl fmt::Display for RateChange {
+    /// `AT:RATE` with the time in whole milliseconds, as [`FromStr`] reads it back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms:{}", self.at.as_millis(), self.rate_per_sec)
+    }
+}
+
+/// An upstream's rate over time: a starting rate and [`RateChange`]s, in time order.
+///
+/// ```
+/// use std::time::Duration;
+/// use allowance_sim::upstream::{RateChange, RateSchedule};
+///
+/// let s = RateSchedule::new(20, &["30s:10".parse()?, "10s:40".parse()?]);
+/// assert_eq!(s.rate_at(Duration::from_secs(5)), 20);
+/// assert_eq!(s.rate_at(Duration::from_secs(10)), 40);
+/// assert_eq!(s.rate_at(Duration::from_secs(90)), 10);
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateSchedule {
+    initial: u32,
+    changes: Vec<RateChange>,
+}
+
+impl RateSchedule {
+    /// `initial` requests per second (0 is treated as 1), then `changes` (sorted here).
+    pub fn new(initial: u32, changes: &[RateChange]) -> Self {
+        let mut changes = changes.to_vec();
+        changes.sort();
+        Self {
+            initial: initial.max(1),
+            changes,
+        }
+    }
+
+    /// The rate in force `elapsed` after the start (a change applies from its instant on).
+    pub fn rate_at(&self, elapsed: Duration) -> u32 {
+        self.changes
+            .iter()
+            .take_while(|c| c.at <= elapsed)
+            .last()
+            .map_or(self.initial, |c| c.rate_per_sec.max(1))
+    }
+
+    /// The starting rate.
+    pub fn initial(&self) -> u32 {
+        self.initial
+    }
+
+    /// The changes, in time order.
+    pub fn changes(&self) -> &[RateChange] {
+        &self.changes
+    }
+
+    /// The changes after `from` and at or before `to`, in time order.
+    pub fn changes_between(
+        &self,
+        from: Duration,
+        to: Duration,
+    ) -> impl Iterator<Item = &RateChange> + '_ {
+        self.changes
+            .iter()
+            .filter(move |c| c.at > from && c.at <= to)
+    }
+}
+
+/// Microseconds between tokens at `rate_per_sec` (0 is treated as 1).
+pub(crate) fn interval_us(rate_per_sec: u32) -> u64 {
+    1_000_000 / u64::from(rate_per_sec.max(1))
+}
+
+/// A level kept in microseconds of refill time at `from_us` per token, as the same number
+/// of tokens at `to_us` per token (rounded down: never more tokens than there were).
+pub(crate) fn rescale_level(level_us: i64, from_us: u64, to_us: u64) -> i64 {
+    let scaled = i128::from(level_us) * i128::from(to_us) / i128::from(from_us.max(1));
+    i64::try_from(scaled).unwrap_or(if scaled < 0 { i64::MIN } else { i64::MAX })
+}
+
 /// How the upstream throttles.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UpstreamConfig {
@@ -105,6 +243,10 @@ pub struct UpstreamConfig {
     pub keys: Vec<String>,
     /// Monthly credits per key (one per 200 snapshot); `None` is unlimited.
     pub quota: Option<u64>,
+    /// Whose rate-limit headers the answers carry (default: the odds API's).
+    pub dialect: ServerDialect,
+    /// Changes of the rate during the run, from the upstream's start.
+    pub rate_changes: Vec<RateChange>,
 }
 
 impl Default for UpstreamConfig {
@@ -125,7 +267,26 @@ impl UpstreamConfig {
             retry_after: RetryAfterMode::Seconds(1),
             keys: vec![DEFAULT_KEY.to_owned()],
             quota: None,
+            dialect: ServerDialect::default(),
+            rate_changes: Vec::new(),
         }
+    }
+
+    /// Speaks `dialect`: see [`ServerDialect::headers`] for what each answer carries.
+    pub fn with_dialect(mut self, dialect: ServerDialect) -> Self {
+        self.dialect = dialect;
+        self
+    }
+
+    /// Changes the rate during the run (each change from its time since the start on).
+    pub fn with_rate_changes(mut self, changes: &[RateChange]) -> Self {
+        self.rate_changes = changes.to_vec();
+        self
+    }
+
+    /// The rate over time: [`UpstreamConfig::rate_per_sec`], then the changes.
+    pub fn schedule(&self) -> RateSchedule {
+        RateSchedule::new(self.rate_per_sec, &self.rate_changes)
     }
 
     /// Sets the `Retry-After` mode.
@@ -149,11 +310,6 @@ impl UpstreamConfig {
         self.quota = Some(credits);
         self
     }
-
-    /// Microseconds between tokens.
-    fn interval_us(&self) -> u64 {
-        1_000_000 / u64::from(self.rate_per_sec.max(1))
-    }
 }
 
 /// One attempt the upstream saw.
@@ -174,42 +330,89 @@ pub struct SeenRequest {
 /// A per-key token bucket in integer microseconds of refill time.
 ///
 /// The level may dip below zero by at most the tolerance: an early admission is paid back
-/// out of the next refill, so the sustained rate never exceeds `rate_per_sec`.
+/// out of the next refill, so the sustained rate never exceeds the rate in force. When the
+/// rate changes ([`RateSchedule`]), the level keeps its tokens at the new interval.
 #[derive(Debug)]
 struct Bucket {
     level_us: i64,
     last: Instant,
+    /// Microseconds per token at the rate in force since `last`.
+    interval_us: u64,
+}
+
+/// What a bucket says after a request: whether it was admitted, the whole tokens left, the
+/// time until the next whole token (zero while some are left), and the rate in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Taken {
+    ok: bool,
+    remaining: u64,
+    next_token: Duration,
+    rate_per_sec: u32,
 }
 
 impl Bucket {
     fn full(config: &UpstreamConfig, now: Instant) -> Self {
+        let interval_us = interval_us(config.rate_per_sec);
         Self {
-            level_us: capacity_us(config),
+            level_us: capacity_us(config.burst, interval_us),
             last: now,
+            interval_us,
         }
     }
 
-    /// Refills up to `now`, then takes a token if one is (almost) there. Returns whether it
-    /// did, and the whole tokens left.
-    fn take(&mut self, config: &UpstreamConfig, now: Instant) -> (bool, u64) {
-        let interval = i64::try_from(config.interval_us()).unwrap_or(i64::MAX);
-        let capacity = capacity_us(config);
-        let elapsed =
-            i64::try_from(now.saturating_duration_since(self.last).as_micros()).unwrap_or(i64::MAX);
-        self.level_us = self.level_us.saturating_add(elapsed).min(capacity);
+    /// Refills by `elapsed` at the current interval, up to the burst.
+    fn refill(&mut self, burst: u32, elapsed: Duration) {
+        let elapsed = i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX);
+        self.level_us = self
+            .level_us
+            .saturating_add(elapsed)
+            .min(capacity_us(burst, self.interval_us));
+    }
+
+    /// Refills up to `now` (through any rate change since the last request; `start` is when
+    /// the schedule began), then takes a token if one is (almost) there.
+    fn take(
+        &mut self,
+        config: &UpstreamConfig,
+        schedule: &RateSchedule,
+        start: Instant,
+        now: Instant,
+    ) -> Taken {
+        let from = self.last.saturating_duration_since(start);
+        let to = now.saturating_duration_since(start);
+        let mut at = from;
+        for change in schedule.changes_between(from, to) {
+            self.refill(config.burst, change.at - at);
+            let interval = interval_us(change.rate_per_sec);
+            self.level_us = rescale_level(self.level_us, self.interval_us, interval);
+            self.interval_us = interval;
+            at = change.at;
+        }
+        self.refill(config.burst, to - at);
         self.last = now;
+        let interval = i64::try_from(self.interval_us).unwrap_or(i64::MAX);
         let tolerance = interval / i64::try_from(TOLERANCE_DIVISOR).unwrap_or(1);
-        let ok = capacity > 0 && self.level_us.saturating_add(tolerance) >= interval;
+        let ok = config.burst > 0 && self.level_us.saturating_add(tolerance) >= interval;
         if ok {
             self.level_us -= interval;
         }
         let remaining = u64::try_from(self.level_us.max(0) / interval).unwrap_or(0);
-        (ok, remaining)
+        let short_us = if remaining == 0 {
+            u64::try_from(interval - self.level_us.max(0)).unwrap_or(0)
+        } else {
+            0
+        };
+        Taken {
+            ok,
+            remaining,
+            next_token: Duration::from_micros(short_us),
+            rate_per_sec: schedule.rate_at(to),
+        }
     }
 }
 
-fn capacity_us(config: &UpstreamConfig) -> i64 {
-    i64::from(config.burst).saturating_mul(i64::try_from(config.interval_us()).unwrap_or(i64::MAX))
+fn capacity_us(burst: u32, interval_us: u64) -> i64 {
+    i64::from(burst).saturating_mul(i64::try_from(interval_us).unwrap_or(i64::MAX))
 }
 
 #[derive(Debug)]
@@ -227,6 +430,7 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     config: UpstreamConfig,
+    schedule: RateSchedule,
     start: Instant,
     state: Mutex<State>,
 }
@@ -288,6 +492,7 @@ impl Upstream {
             })
             .collect();
         let shared = Arc::new(Shared {
+            schedule: config.schedule(),
             config,
             start: now,
             state: Mutex::new(State {
@@ -421,7 +626,6 @@ fn route(path: &str) -> Option<Route> {
 
 fn handle(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let now = Instant::now();
-    let config = &shared.config;
     let key = req
         .headers()
         .get(API_KEY_HEADER)
@@ -435,7 +639,7 @@ fn handle(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
 
     let mut state = shared.lock();
-    let response = respond(config, &mut state, req.method(), &path, key.as_deref(), now);
+    let response = respond(shared, &mut state, req.method(), &path, key.as_deref(), now);
     let at_ms =
         u64::try_from(now.saturating_duration_since(shared.start).as_millis()).unwrap_or(u64::MAX);
     state.log.push(SeenRequest {
@@ -449,13 +653,14 @@ fn handle(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 fn respond(
-    config: &UpstreamConfig,
+    shared: &Shared,
     state: &mut State,
     method: &Method,
     path: &str,
     key: Option<&str>,
     now: Instant,
 ) -> Response<Full<Bytes>> {
+    let config = &shared.config;
     let Some(route) = route(path) else {
         return detail(StatusCode::NOT_FOUND, "Not Found");
     };
@@ -483,13 +688,17 @@ fn respond(
         return res;
     }
 
-    let (ok, remaining) = account.bucket.take(config, now);
-    let mut res = if !ok {
+    let taken = account
+        .bucket
+        .take(config, &shared.schedule, shared.start, now);
+    // One wall-clock read per answer, for every absolute time it carries.
+    let wall = wall_clock();
+    let mut res = if !taken.ok {
         let mut res = detail(
             StatusCode::TOO_MANY_REQUESTS,
             "Rate limit exceeded: slow down",
         );
-        retry_after(&mut res, config.retry_after);
+        retry_after(&mut res, config.retry_after, wall);
         res
     } else {
         match route {
@@ -511,18 +720,39 @@ fn respond(
                     "api_credits_used": account.credits_used,
                     "api_credits_limit": config.quota,
                     "exceeded": exhausted,
-                    "period_end_utc": period_end_utc(wall_clock()),
+                    "period_end_utc": period_end_utc(wall),
                 });
                 json(StatusCode::OK, body.to_string())
             }
         }
     };
-    let headers = res.headers_mut();
-    headers.insert("x-ratelimit-limit", config.burst.into());
-    headers.insert("x-ratelimit-remaining", remaining.into());
-    headers.insert("x-ratelimit-bucket", HeaderValue::from_static("odds"));
+    let limits = LimitState {
+        limit: advertised_limit(config.dialect, config.burst, taken.rate_per_sec),
+        window: Duration::from_secs(1),
+        remaining: taken.remaining,
+        next_token: taken.next_token,
+        now: wall,
+    };
+    let answer = if taken.ok {
+        Answer::Success
+    } else {
+        // `Retry-After` itself was written above, in the configured mode.
+        Answer::Throttled { retry_after: None }
+    };
+    let dialect_headers = config.dialect.headers(&limits, answer);
+    res.headers_mut().extend(dialect_headers);
     quota_headers(&mut res, config, account.credits_used);
     res
+}
+
+/// The limit an upstream with `burst` at `rate_per_sec` states, per one-second window: the
+/// odds API's shape says its bucket's capacity (as it always has); the others state the
+/// sustained rate, so that `limit / window` is the rate a client may adopt.
+pub fn advertised_limit(dialect: ServerDialect, burst: u32, rate_per_sec: u32) -> u64 {
+    match dialect {
+        ServerDialect::Odds => u64::from(burst),
+        _ => u64::from(rate_per_sec.max(1)),
+    }
 }
 
 fn quota_headers(res: &mut Response<Full<Bytes>>, config: &UpstreamConfig, used: u64) {
@@ -533,15 +763,14 @@ fn quota_headers(res: &mut Response<Full<Bytes>>, config: &UpstreamConfig, used:
     }
 }
 
-fn retry_after(res: &mut Response<Full<Bytes>>, mode: RetryAfterMode) {
+fn retry_after(res: &mut Response<Full<Bytes>>, mode: RetryAfterMode, now: SystemTime) {
     match mode {
         RetryAfterMode::Seconds(secs) => {
             res.headers_mut().insert(header::RETRY_AFTER, secs.into());
         }
         RetryAfterMode::HttpDate(ahead) => {
-            // The one wall-clock read: an HTTP-date needs one. `Date` comes from the same
-            // reading, so a client computes exactly `ahead` seconds.
-            let now = wall_clock();
+            // `Date` comes from the same wall-clock reading, so a client computes exactly
+            // `ahead` seconds.
             let at = now + Duration::from_secs(ahead);
             for (name, t) in [(header::DATE, now), (header::RETRY_AFTER, at)] {
                 if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(t)) {
@@ -553,10 +782,10 @@ fn retry_after(res: &mut Response<Full<Bytes>>, mode: RetryAfterMode) {
     }
 }
 
-/// The upstream's only wall-clock read, for HTTP-dates and the quota period: everything
-/// else (the buckets, the log) runs on `tokio::time`.
+/// The upstream's only wall-clock read, for HTTP-dates, the dialects' absolute resets and the
+/// quota period: everything else (the buckets, the log) runs on `tokio::time`.
 #[allow(clippy::disallowed_methods)]
-fn wall_clock() -> SystemTime {
+pub(crate) fn wall_clock() -> SystemTime {
     SystemTime::now()
 }
 
@@ -664,23 +893,60 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn bucket_refills_in_integer_steps_with_a_small_tolerance() {
         let config = UpstreamConfig::new(2, 2);
+        let schedule = config.schedule();
         let t0 = Instant::now();
+        let take = |b: &mut Bucket, t: Instant| {
+            let taken = b.take(&config, &schedule, t0, t);
+            (taken.ok, taken.remaining)
+        };
         let mut b = Bucket::full(&config, t0);
-        assert_eq!(b.take(&config, t0), (true, 1));
-        assert_eq!(b.take(&config, t0), (true, 0));
-        assert_eq!(b.take(&config, t0), (false, 0));
+        assert_eq!(take(&mut b, t0), (true, 1));
+        assert_eq!(take(&mut b, t0), (true, 0));
+        assert_eq!(take(&mut b, t0), (false, 0));
         // 449 ms is more than a tenth of a token short: refused.
-        assert!(!b.take(&config, t0 + Duration::from_millis(449)).0);
+        assert!(!take(&mut b, t0 + Duration::from_millis(449)).0);
         // 450 ms: within a tenth of a token, admitted, and paid back out of the next refill.
         let mut b = Bucket::full(&config, t0);
-        b.take(&config, t0);
-        b.take(&config, t0);
-        assert!(b.take(&config, t0 + Duration::from_millis(450)).0);
-        assert!(!b.take(&config, t0 + Duration::from_millis(899)).0);
-        assert!(b.take(&config, t0 + Duration::from_millis(950)).0);
+        take(&mut b, t0);
+        take(&mut b, t0);
+        assert!(take(&mut b, t0 + Duration::from_millis(450)).0);
+        assert!(!take(&mut b, t0 + Duration::from_millis(899)).0);
+        assert!(take(&mut b, t0 + Duration::from_millis(950)).0);
         // A long pause refills only up to the burst.
         let mut b = Bucket::full(&config, t0);
         let later = t0 + Duration::from_secs(60);
-        assert_eq!(b.take(&config, later), (true, 1));
+        assert_eq!(take(&mut b, later), (true, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_change_keeps_the_tokens_and_refills_at_the_new_rate() {
+        // 2/s (500 ms a token), then 4/s (250 ms) from 250 ms on.
+        let config =
+            UpstreamConfig::new(2, 2).with_rate_changes(&["250ms:4".parse().expect("valid")]);
+        let schedule = config.schedule();
+        let t0 = Instant::now();
+        let mut b = Bucket::full(&config, t0);
+        b.take(&config, &schedule, t0, t0);
+        let spent = b.take(&config, &schedule, t0, t0);
+        assert_eq!(
+            (spent.remaining, spent.next_token),
+            (0, Duration::from_millis(500))
+        );
+        // At 250 ms half a token has come in (125 ms at 4/s), then 100 more ms plus a tenth
+        // of a token's tolerance (25 ms) make one: admitted at 350 ms, not at 349.
+        let mut early = Bucket::full(&config, t0);
+        early.take(&config, &schedule, t0, t0);
+        early.take(&config, &schedule, t0, t0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert!(!early.take(&config, &schedule, t0, at(349)).ok);
+        let taken = b.take(&config, &schedule, t0, at(350));
+        assert!(taken.ok);
+        assert_eq!(taken.rate_per_sec, 4);
+        // Without the change, 350 ms is far short of a token.
+        let plain = UpstreamConfig::new(2, 2);
+        let mut c = Bucket::full(&plain, t0);
+        c.take(&plain, &plain.schedule(), t0, t0);
+        c.take(&plain, &plain.schedule(), t0, t0);
+        assert!(!c.take(&plain, &plain.schedule(), t0, at(350)).ok);
     }
 }
