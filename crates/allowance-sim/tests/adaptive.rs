@@ -1,0 +1,295 @@
+//! Issue 12's acceptance for the adaptive rate, through the command line: an upstream at
+//! 20/s (burst 4, `Retry-After: 1`) that nobody states, eight workers, 1200 jobs.
+//!
+//! - virtual time: from 2/s and from 200/s the achieved rate over the last 30 s is 0.85–1.0
+//!   of 20/s with at most 5% 429s, and the final rate is 17–24/s; after the upstream drops
+//!   to 10/s at 30 s, the achieved rate settles within 15% of it in under 10 s; an IETF
+//!   upstream's policy, adopted, sets the rate at the first response (0 429s);
+//! - real time, a private `redis-server`: four processes on one controller in Redis find one
+//!   rate with at most 5% 429s, while four processes with a controller each throttle more.
+
+use std::{path::Path, process::Command};
+
+use allowance_sim::{
+    cli::{execute, Cli},
+    report::RunReport,
+    scenario::{run_virtual, Adaptive, Mode, Scenario},
+    upstream::RateChange,
+};
+use clap::Parser;
+use serde_json::Value;
+use tower_allowance_redis::test_util::TestRedis;
+
+const UPSTREAM: &[&str] = &[
+    "run",
+    "--virtual",
+    "--mode",
+    "shared",
+    "--adaptive",
+    "--rate",
+    "20",
+    "--burst",
+    "4",
+    "--workers",
+    "8",
+    "--jobs",
+    "1200",
+    "--retry-after",
+    "1",
+    "--json",
+];
+
+fn run_json(extra: &[&str]) -> Value {
+    let argv = std::iter::once("allowance-sim")
+        .chain(UPSTREAM.iter().copied())
+        .chain(extra.iter().copied());
+    let cli = Cli::try_parse_from(argv).expect("valid arguments");
+    let mut out = Vec::new();
+    execute(cli, &mut out).expect("runs");
+    serde_json::from_slice(&out).expect("one JSON object")
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
+}
+
+/// The same run as `run_json(&["--initial-rate", initial, ...])`, through the library, for
+/// the rate over time.
+fn scenario(initial: f64) -> Scenario {
+    let mut s = Scenario {
+        workers: 8,
+        jobs: 1200,
+        burst: 4,
+        rate_per_sec: 20,
+        adaptive: Some(Adaptive::starting_at(initial)),
+        ..Scenario::seed(Mode::Shared)
+    };
+    s.upstream.burst = 4;
+    s.upstream.rate_per_sec = 20;
+    s
+}
+
+#[test]
+fn from_2_and_from_200_per_second_it_finds_an_unstated_20() {
+    for initial in ["2", "200"] {
+        let v = run_json(&["--initial-rate", initial]);
+        let (attempts, rejected) = (num(&v, "attempts"), num(&v, "rejected"));
+        let (achieved, last) = (num(&v, "achieved_rate"), num(&v, "final_rate"));
+        eprintln!(
+            "from {initial}/s: {attempts} attempts, {rejected} 429s, achieved {achieved}/s over the last {} ms, final rate {last}/s",
+            v["achieved_over_ms"]
+        );
+        assert_eq!(v["completed"], 1200, "{v}");
+        assert_eq!(
+            v["achieved_over_ms"], 30_000,
+            "a run over a minute: the last 30 s"
+        );
+        assert!(rejected <= 0.05 * attempts, "429s {rejected} of {attempts}");
+        assert!(
+            (0.85 * 20.0..=20.0).contains(&achieved),
+            "achieved {achieved}/s"
+        );
+        assert!((17.0..=24.0).contains(&last), "final rate {last}/s");
+        assert_eq!(v["controller_rates"].as_array().map(Vec::len), Some(1));
+    }
+}
+
+#[test]
+fn after_the_upstream_drops_to_10_the_rate_follows_within_10_s() {
+    let v = run_json(&["--initial-rate", "2", "--upstream-rate-change", "30s:10"]);
+    let change = &v["rate_changes"][0];
+    assert_eq!(
+        (change["at_ms"].as_u64(), change["rate_per_sec"].as_u64()),
+        (Some(30_000), Some(10))
+    );
+    let settled = change["settled_after_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("never settled: {v}"));
+    eprintln!(
+        "upstream 20/s -> 10/s at 30 s: settled within 15% after {settled} ms; {} 429s of {} attempts; final rate {}/s",
+        v["rejected"], v["attempts"], v["final_rate"]
+    );
+    assert!(settled <= 10_000, "settled after {settled} ms");
+    assert!(num(&v, "rejected") <= 0.05 * num(&v, "attempts"), "{v}");
+    let last = num(&v, "final_rate");
+    assert!((8.5..=11.5).contains(&last), "final rate {last}/s");
+
+    // The controller itself: from 10 s after the change on, its rate stays within 15% of
+    // the new one, while before the change it was near 20/s.
+    let mut s = scenario(2.0);
+    s.upstream.rate_changes = vec!["30s:10".parse::<RateChange>().expect("valid")];
+    let report = RunReport::from_virtual(&s, &run_virtual(&s).expect("runs"));
+    let rate_at = |ms: u64| {
+        report
+            .rates
+            .adaptive
+            .iter()
+            .rev()
+            .find(|(t, _)| *t <= ms)
+            .map(|(_, r)| *r)
+            .expect("sampled")
+    };
+    assert!(
+        (17.0..=24.0).contains(&rate_at(29_900)),
+        "{}",
+        rate_at(29_900)
+    );
+    let after: Vec<f64> = report
+        .rates
+        .adaptive
+        .iter()
+        .filter(|(t, _)| *t >= 40_000)
+        .map(|(_, r)| *r)
+        .collect();
+    assert!(after.len() > 100, "sampled until the end");
+    assert!(
+        after.iter().all(|r| (8.5..=11.5).contains(r)),
+        "{:?}",
+        after
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), r| (lo.min(*r), hi.max(*r)))
+    );
+}
+
+#[test]
+fn an_adopted_ietf_policy_sets_the_rate_at_the_first_response() {
+    for initial in ["2", "200"] {
+        let v = run_json(&["--initial-rate", initial, "--dialect", "ietf", "--adopt"]);
+        eprintln!(
+            "ietf, adopting, from {initial}/s: {} attempts, {} 429s, final {}/s, achieved {}/s",
+            v["attempts"], v["rejected"], v["final_rate"], v["achieved_rate"]
+        );
+        assert_eq!(
+            (v["rejected"].as_u64(), v["completed"].as_u64()),
+            (Some(0), Some(1200)),
+            "{v}"
+        );
+        assert_eq!(num(&v, "final_rate"), 20.0);
+        assert_eq!(num(&v, "achieved_rate"), 20.0);
+    }
+    // The rate is the policy's from the first response on (the first sample after t = 0);
+    // not adopting, it still starts at 2/s (capped at the policy, never raised to it).
+    for (adopt, at_100_ms) in [(true, 20.0), (false, 2.0)] {
+        let mut s = scenario(2.0);
+        s.upstream.dialect = "ietf".parse().expect("a dialect");
+        s.dialect = Some(s.upstream.dialect);
+        s.adaptive = s.adaptive.map(|a| Adaptive { adopt, ..a });
+        let report = RunReport::from_virtual(&s, &run_virtual(&s).expect("runs"));
+        let first = report.rates.adaptive.iter().find(|(t, _)| *t >= 100);
+        assert_eq!(first.map(|(_, r)| *r), Some(at_100_ms), "adopt: {adopt}");
+        assert!(
+            report.rates.adaptive.iter().all(|(_, r)| *r <= 20.0),
+            "never above the advertised 20/s"
+        );
+    }
+}
+
+/// The real-time run: `--processes 4` with and without a Redis allowance, as a child.
+fn real_run(bin: &Path, redis: Option<&str>) -> Value {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "run",
+        "--real",
+        "--mode",
+        "shared",
+        "--adaptive",
+        "--initial-rate",
+        "10",
+        "--rate",
+        "20",
+        "--burst",
+        "4",
+        "--workers",
+        "8",
+        "--jobs",
+        "200",
+        "--retry-after",
+        "1",
+        "--processes",
+        "4",
+        "--json",
+    ]);
+    if let Some(url) = redis {
+        cmd.args(["--redis", url]);
+    }
+    let out = cmd.output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_on_redis_find_one_rate_and_split_controllers_throttle_more() {
+    let Some(redis) = TestRedis::start().await else {
+        eprintln!("skipped: no redis-server (CI=true makes this a failure)");
+        return;
+    };
+    let bin = Path::new(env!("CARGO_BIN_EXE_allowance-sim"));
+    let url = redis.url().to_owned();
+    let shared = tokio::task::spawn_blocking({
+        let bin = bin.to_owned();
+        move || real_run(&bin, Some(&url))
+    })
+    .await
+    .expect("joined");
+    let split = tokio::task::spawn_blocking({
+        let bin = bin.to_owned();
+        move || real_run(&bin, None)
+    })
+    .await
+    .expect("joined");
+
+    let rates = |v: &Value| -> Vec<f64> {
+        v["controller_rates"]
+            .as_array()
+            .expect("controller rates")
+            .iter()
+            .filter_map(Value::as_f64)
+            .collect()
+    };
+    eprintln!("| controllers | attempts | 429s | completed | achieved | final rate | each process's controller at the end | makespan |");
+    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
+    for (name, v) in [
+        ("one in Redis", &shared),
+        ("one per process, in memory", &split),
+    ] {
+        eprintln!(
+            "| {name} | {} | {} | {} | {}/s | {}/s | {:?} | {} ms |",
+            v["attempts"],
+            v["rejected"],
+            v["completed"],
+            v["achieved_rate"],
+            v["final_rate"],
+            rates(v),
+            v["makespan_ms"]
+        );
+    }
+    assert_eq!(shared["completed"], 200, "{shared}");
+    assert_eq!(split["completed"], 200, "{split}");
+    let (attempts, rejected) = (num(&shared, "attempts"), num(&shared, "rejected"));
+    assert!(
+        rejected <= 0.05 * attempts,
+        "Redis: {rejected} 429s of {attempts}"
+    );
+    // One rate: four readings of one controller, taken as each process ended.
+    let one = rates(&shared);
+    assert_eq!(one.len(), 4);
+    let mean = one.iter().sum::<f64>() / 4.0;
+    assert!(
+        one.iter().all(|r| (r - mean).abs() <= 0.05 * mean),
+        "one rate in Redis: {one:?}"
+    );
+    assert!(
+        (10.0..=24.0).contains(&num(&shared, "final_rate")),
+        "{shared}"
+    );
+    // Four controllers, each seeing only its own process's 429s: more of them.
+    assert!(
+        num(&split, "rejected") > rejected,
+        "split {} vs Redis {rejected}",
+        split["rejected"]
+    );
+}
