@@ -193,7 +193,7 @@ impl AdaptiveRow {
 /// The table in Markdown, the commands under it.
 pub fn markdown(rows: &[AdaptiveRow]) -> String {
     let mut s = String::from(
-        "| run | clock | attempts | 429s | completed | achieved | final rate | controllers at the end | settled after the change |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n",
+        "| run | clock | attempts | 429s | completed | makespan | achieved | final rate | controllers at the end | settled after the change |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |\n",
     );
     for row in rows {
         let r = &row.report;
@@ -227,12 +227,13 @@ pub fn markdown(rows: &[AdaptiveRow]) -> String {
             .join(", ");
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} ({share:.1}%) | {} | {achieved} | {final_rate} | {controllers} | {} |",
+            "| {} | {} | {} | {} ({share:.1}%) | {} | {:.1} s | {achieved} | {final_rate} | {controllers} | {} |",
             row.name,
             row.clock,
             r.attempts,
             r.rejected,
             r.completed,
+            r.makespan_ms as f64 / 1000.0,
             if settled.is_empty() { "–" } else { &settled },
         );
     }
