@@ -153,8 +153,9 @@ impl FakeUpstream {
     /// Takes a token if one is there (after refilling through any rate change since the
     /// last attempt).
     fn take(&self, worker: Option<u32>) -> Taken {
-        let now = Instant::now();
         let mut s = self.lock();
+        // Never before the last attempt (clones may be called from several threads).
+        let now = Instant::now().max(s.last);
         let burst = u64::from(self.config.burst);
         let from = s.last.saturating_duration_since(s.start);
         let to = now.saturating_duration_since(s.start);

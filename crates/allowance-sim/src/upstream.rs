@@ -378,6 +378,9 @@ impl Bucket {
         start: Instant,
         now: Instant,
     ) -> Taken {
+        // Requests read the clock before taking the lock: one may arrive here "before" the
+        // last one. It counts as at the same instant.
+        let now = now.max(self.last);
         let from = self.last.saturating_duration_since(start);
         let to = now.saturating_duration_since(start);
         let mut at = from;
@@ -916,6 +919,25 @@ mod tests {
         let mut b = Bucket::full(&config, t0);
         let later = t0 + Duration::from_secs(60);
         assert_eq!(take(&mut b, later), (true, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_read_the_clock_earlier_counts_as_the_last_instant() {
+        // Handlers read the clock before the lock: a request may reach the bucket with an
+        // instant before the last one's (on a multi-threaded runtime).
+        let config =
+            UpstreamConfig::new(1, 10).with_rate_changes(&["60ms:20".parse().expect("valid")]);
+        let schedule = config.schedule();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut b = Bucket::full(&config, t0);
+        assert!(b.take(&config, &schedule, t0, at(100)).ok);
+        let late = b.take(&config, &schedule, t0, at(50));
+        assert!(!late.ok);
+        assert_eq!(
+            (late.rate_per_sec, late.next_token),
+            (20, Duration::from_millis(50))
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -293,3 +293,48 @@ async fn four_processes_on_redis_find_one_rate_and_split_controllers_throttle_mo
         split["rejected"]
     );
 }
+
+/// `allowance-sim adaptive` (virtual rows only): one row per documented run, each with the
+/// `run` command that reproduces it, and the chart of the three charted runs.
+#[test]
+fn the_adaptive_command_prints_the_table_and_draws_the_chart() {
+    let dir = std::env::temp_dir().join(format!("allowance-sim-adaptive-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let svg = dir.join("adaptive.svg");
+    let cli = Cli::try_parse_from([
+        "allowance-sim",
+        "adaptive",
+        "--json",
+        "--svg",
+        svg.to_str().expect("utf-8 path"),
+    ])
+    .expect("valid arguments");
+    let mut out = Vec::new();
+    execute(cli, &mut out).expect("runs");
+    let rows: Value = serde_json::from_slice(&out).expect("JSON rows");
+    let rows = rows.as_array().expect("an array");
+    assert_eq!(rows.len(), 5);
+    for row in rows {
+        let command = row["command"].as_str().expect("a command");
+        // The command reproduces the row: run it and compare.
+        let args: Vec<&str> = command.split(' ').skip(2).collect();
+        let mut argv = vec!["allowance-sim", "run"];
+        argv.extend(args);
+        argv.push("--json");
+        let cli = Cli::try_parse_from(argv).expect("the command parses");
+        let mut again = Vec::new();
+        execute(cli, &mut again).expect("runs");
+        let again: Value = serde_json::from_slice(&again).expect("JSON");
+        assert_eq!(row["report"]["attempts"], again["attempts"], "{command}");
+        assert_eq!(
+            row["report"]["final_rate"], again["final_rate"],
+            "{command}"
+        );
+    }
+    let drawn = std::fs::read_to_string(&svg).expect("written");
+    std::fs::remove_dir_all(&dir).expect("cleaned up");
+    assert!(drawn.starts_with("<svg"));
+    // Three panels, each with an adaptive and an achieved line and one time axis title.
+    assert_eq!(drawn.matches("<polyline").count(), 6);
+    assert_eq!(drawn.matches("seconds since the start").count(), 3);
+}
