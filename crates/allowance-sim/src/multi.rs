@@ -545,6 +545,39 @@ mod tests {
         assert_eq!(covered, (0..10).collect::<Vec<_>>());
     }
 
+    #[test]
+    fn children_get_the_dialect_and_the_adaptive_rate() {
+        use clap::Parser;
+
+        use crate::{
+            cli::{Cli, Command},
+            scenario::Adaptive,
+        };
+        let s = Scenario {
+            adaptive: Some(Adaptive {
+                adopt: true,
+                ..Adaptive::starting_at(2.5)
+            }),
+            dialect: Some("ietf".parse().expect("a dialect")),
+            ..Scenario::seed(Mode::Shared)
+        };
+        let (args, _, _) = child_args(
+            &s,
+            "http://x/{job}",
+            &[],
+            &StoreChoice::Memory,
+            &Spawn::default(),
+            (0, 2),
+        );
+        let cli = Cli::try_parse_from(std::iter::once("allowance-sim".to_owned()).chain(args))
+            .expect("the child's arguments parse");
+        let Command::Worker(worker) = cli.command else {
+            panic!("not a worker");
+        };
+        assert_eq!(worker.workload.adaptive(), s.adaptive);
+        assert_eq!(worker.workload.dialect, s.dialect);
+    }
+
     #[tokio::test]
     async fn progress_lines_add_up_and_the_rest_is_kept() {
         let done = Arc::new(AtomicUsize::new(5)); // another child's jobs
