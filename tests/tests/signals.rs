@@ -317,3 +317,43 @@ async fn an_adaptive_rate_finds_an_unknown_limit() {
         assert!((17.0..=24.0).contains(&rate), "final rate {rate}");
     }
 }
+
+/// "One cut per round" counts from when a request was *sent*, not from when it was queued:
+/// a request that waited in the admission queue across a cut and was then throttled is
+/// news (the cut rate is still too high), so it cuts again.
+#[tokio::test(start_paused = true)]
+async fn a_request_queued_before_a_cut_but_sent_after_it_cuts_again() {
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(10, 1)
+            .expect("valid")
+            .with_adaptive_rate(AdaptiveRate::new(10.0, 0.5, 100.0).expect("valid")),
+    );
+    let svc = ServiceBuilder::new()
+        .layer(AllowanceLayer::new(
+            allowance.clone(),
+            RetryConfig::default().with_max_attempts(1).expect("valid"),
+        ))
+        .service_fn(|_r: Request<String>| async {
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            Ok::<_, Infallible>(res)
+        });
+    // The slow start begins at the first admission; let a second pass so that its start is
+    // not the store's time zero.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rate = |a: &Allowance| {
+        let a = a.clone();
+        async move { a.store_state().await.expect("state").rate_milli }
+    };
+    // A is admitted at once; B queues behind it (burst 1 at 10/s: its slot is 100 ms later).
+    let a = tokio::spawn(svc.clone().oneshot(Request::new(String::new())));
+    tokio::task::yield_now().await;
+    let b = tokio::spawn(svc.clone().oneshot(Request::new(String::new())));
+    let (a, b) = (a.await.expect("a"), b.await.expect("b"));
+    assert_eq!(a.expect("429").status(), 429);
+    assert_eq!(b.expect("429").status(), 429);
+    // A's 429 cut 10/s to 8.5/s; B, sent 100 ms after that cut, cut again, fast: x0.7 of
+    // 8.5/s plus the 100 ms of additive increase (1% of 8.5/s per second) = 5.955/s. Had B
+    // counted as sent when it queued, before the cut, the rate would have stayed near 8.5/s.
+    assert_eq!(rate(&allowance).await, 5_955);
+}

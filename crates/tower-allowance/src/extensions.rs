@@ -1,8 +1,25 @@
 //! Request and response extensions the layers read and write.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use tokio::time::Instant;
+
+/// When an attempt was actually sent (admitted and handed to the inner service), for an
+/// adaptive rate's "one cut per round": the cooldown layer, above the admission layer,
+/// cannot see the end of the queue wait. Set once by the admission layer; only requests to
+/// an adaptive allowance carry it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SentAt(pub(crate) Arc<OnceLock<Instant>>);
+
+impl SentAt {
+    /// Records the send instant (the first one wins).
+    pub(crate) fn mark(&self, now: Instant) {
+        let _ = self.0.set(now);
+    }
+}
 
 /// A per-request deadline, read from the request's extensions.
 ///

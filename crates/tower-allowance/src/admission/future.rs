@@ -7,7 +7,7 @@ use std::{
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::{acquire::OwnedAdmit, error::AcquireError, BoxError};
+use crate::{acquire::OwnedAdmit, error::AcquireError, extensions::SentAt, BoxError};
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
@@ -49,6 +49,8 @@ pin_project! {
         acquire: OwnedAdmit,
         service: Option<S>,
         request: Option<Req>,
+        // For an adaptive allowance: tells the cooldown layer when the request was sent.
+        sent: Option<SentAt>,
     }
 }
 
@@ -65,13 +67,19 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         }
     }
 
-    pub(crate) fn waiting(acquire: OwnedAdmit, service: S, request: Req) -> Self {
+    pub(crate) fn waiting(
+        acquire: OwnedAdmit,
+        service: S,
+        request: Req,
+        sent: Option<SentAt>,
+    ) -> Self {
         Self {
             state: State::Waiting {
                 waiting: Box::pin(Waiting {
                     acquire,
                     service: Some(service),
                     request: Some(request),
+                    sent,
                 }),
             },
         }
@@ -107,6 +115,9 @@ where
                         panic!("admission future polled after completion");
                     };
                     // `service` was polled ready before the call that created this future.
+                    if let Some(sent) = waiting.sent.take() {
+                        sent.mark(tokio::time::Instant::now());
+                    }
                     let future = service.call(request);
                     this.state.set(State::Called { future });
                 }

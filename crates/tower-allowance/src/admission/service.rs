@@ -7,7 +7,7 @@ use tower_service::Service;
 use super::ResponseFuture;
 use crate::{
     acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
-    extensions::{Attempt, Cost},
+    extensions::{Attempt, Cost, SentAt},
     retry::ticket::{RetryTicket, Ticket},
     Allowance, BoxError, Deadline,
 };
@@ -47,6 +47,15 @@ impl<S> Admission<S> {
     }
 }
 
+/// Tells the cooldown layer above when the attempt was sent (an adaptive allowance's
+/// requests carry a [`SentAt`]).
+#[inline]
+pub(crate) fn mark_sent<B>(req: &Request<B>, now: Instant) {
+    if let Some(sent) = req.extensions().get::<SentAt>() {
+        sent.mark(now);
+    }
+}
+
 /// The admission a request asks for, from its extensions.
 pub(crate) fn options_for<B>(req: &Request<B>) -> AcquireOptions {
     let ext = req.extensions();
@@ -76,7 +85,10 @@ where
         // A retry the retry policy already admitted (or gave up on) while it waited.
         if let Some(ticket) = req.extensions().get::<RetryTicket>() {
             match ticket.take() {
-                Ticket::Admitted => return ResponseFuture::called(self.inner.call(req)),
+                Ticket::Admitted => {
+                    mark_sent(&req, Instant::now());
+                    return ResponseFuture::called(self.inner.call(req));
+                }
                 Ticket::Failed(e) => return ResponseFuture::failed(e),
                 Ticket::Pending => {}
             }
@@ -84,16 +96,21 @@ where
         let options = options_for(&req);
         let shared = &self.allowance.shared;
         let mut progress = Progress::default();
-        match acquire::begin(shared, &options, &mut progress, Instant::now()) {
+        let now = Instant::now();
+        match acquire::begin(shared, &options, &mut progress, now) {
             // Admitted now: the ready inner service sends it immediately.
-            Begin::Ready(Ok(())) => ResponseFuture::called(self.inner.call(req)),
+            Begin::Ready(Ok(())) => {
+                mark_sent(&req, now);
+                ResponseFuture::called(self.inner.call(req))
+            }
             Begin::Ready(Err(e)) => ResponseFuture::failed(e),
             step => {
                 // Keep the service that was polled ready for this request; leave a clone.
                 let clone = self.inner.clone();
                 let ready = std::mem::replace(&mut self.inner, clone);
                 let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
-                ResponseFuture::waiting(admit, ready, req)
+                let sent = req.extensions().get::<SentAt>().cloned();
+                ResponseFuture::waiting(admit, ready, req, sent)
             }
         }
     }

@@ -13,6 +13,7 @@ use super::service::CooldownShared;
 use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
+    extensions::SentAt,
     headers::{self, RateLimitObservation},
     rule::{self, Op, Reply},
     shared::Applying,
@@ -28,8 +29,9 @@ pin_project! {
         inner: F,
         shared: Arc<CooldownShared<C>>,
         final_attempt: Option<AbandonReason>,
-        // When the request was sent: only read for an adaptive rate (one cut per round).
-        sent: Option<Instant>,
+        // When the request was sent (set by the admission layer below): only for an adaptive
+        // rate (one cut per round).
+        sent: Option<SentAt>,
         // The attempt's span (disabled, and free, without a subscriber that wants it).
         span: tracing::Span,
         // A shared store's cooldown raise in flight, and the response waiting for it; boxed
@@ -44,13 +46,8 @@ impl<F, RB, C> ResponseFuture<F, RB, C> {
         shared: Arc<CooldownShared<C>>,
         final_attempt: Option<AbandonReason>,
         span: tracing::Span,
+        sent: Option<SentAt>,
     ) -> Self {
-        let sent = shared
-            .allowance
-            .config()
-            .params()
-            .adaptive()
-            .map(|_| Instant::now());
         Self {
             inner,
             shared,
@@ -208,8 +205,10 @@ where
         let op = match (classified.class, classified.delay) {
             (Classification::Success, _) => {
                 allowance.on_success();
+                // `remaining: 0` until a reset: a cooldown until then. Not a throttling
+                // signal for an adaptive rate: the allowance was used up, not exceeded (at a
+                // rate exactly at the limit, or at an adopted policy's, it is every window).
                 match read.spent_until {
-                    // `remaining: 0` until a reset: a cooldown until then.
                     Some(ServerDelay::After(d)) if !d.is_zero() => Op::Defer {
                         delay_us: rule::micros_ceil(d),
                     },
@@ -233,10 +232,10 @@ where
                     None | Some(ServerDelay::DoNotRetry) if adaptive => Some(0),
                     None | Some(ServerDelay::DoNotRetry) => return Poll::Ready(Ok(response)),
                 };
-                let age_us = this.sent.map_or(0, |sent| {
-                    rule::micros_floor(Instant::now().saturating_duration_since(sent))
-                });
-                Op::Throttle { delay_us, age_us }
+                Op::Throttle {
+                    delay_us,
+                    age_us: age_us(this.sent.as_ref()),
+                }
             }
             _ => return Poll::Ready(Ok(response)),
         };
@@ -262,13 +261,18 @@ where
     }
 }
 
+/// How long ago the attempt was sent, in whole microseconds (0 when unknown).
+fn age_us(sent: Option<&SentAt>) -> u64 {
+    sent.and_then(|s| s.0.get().copied()).map_or(0, |sent| {
+        rule::micros_floor(Instant::now().saturating_duration_since(sent))
+    })
+}
+
 /// What readers assume of a response without a [`Classified`] extension.
 pub(crate) fn plainly_successful(status: http::StatusCode) -> bool {
     status.is_success() || status.is_redirection() || status.is_informational()
 }
 
-/// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
-/// it would be worse than a cooldown the other processes do not hear of.
 /// The longer of two waits a response asks for; "do not retry" wins over any wait.
 fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay> {
     use ServerDelay::{After, DoNotRetry, TooLong};
@@ -300,6 +304,8 @@ pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
     }
 }
 
+/// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
+/// it would be worse than a cooldown the other processes do not hear of.
 fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
     match result {
         Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),

@@ -1,3 +1,4 @@
+use crate::extensions::SentAt;
 use std::{
     sync::Arc,
     task::{Context, Poll},
@@ -98,10 +99,17 @@ where
             allowance = %self.shared.allowance.name(),
             attempt = req.extensions().get::<Attempt>().map_or(1, Attempt::number),
         );
+        // An adaptive rate needs to know when the attempt left the admission queue.
+        let mut req = req;
+        let sent = self.shared.allowance.config().params().adaptive().map(|_| {
+            let sent = SentAt::default();
+            req.extensions_mut().insert(sent.clone());
+            sent
+        });
         let future = {
             let _entered = span.enter();
             self.inner.call(req)
         };
-        ResponseFuture::new(future, self.shared.clone(), final_attempt, span)
+        ResponseFuture::new(future, self.shared.clone(), final_attempt, span, sent)
     }
 }
