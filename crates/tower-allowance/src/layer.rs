@@ -78,16 +78,18 @@ impl AllowanceLayer {
 
 impl<C: Classify> AllowanceLayer<C> {
     fn build(allowance: Allowance, retry: RetryConfig, classifier: C) -> Self {
+        let cooldown = Arc::new(CooldownShared {
+            allowance: allowance.clone(),
+            classifier: classifier.clone(),
+        });
         Self {
             policy: Arc::new(PolicyShared {
-                allowance: allowance.clone(),
-                config: retry,
-                classifier: classifier.clone(),
-            }),
-            cooldown: Arc::new(CooldownShared {
                 allowance,
+                config: retry,
                 classifier,
+                cooldown: Some(cooldown.clone()),
             }),
+            cooldown,
         }
     }
 }
@@ -223,8 +225,10 @@ where
             None => None,
             Some(spare) => Some(Retrying {
                 policy: RetryPolicy::from_shared(self.policy.clone()),
-                // For the retries; polled ready before each.
-                service: self.inner.clone(),
+                // For the retries: the innermost service only; the stack around it is rebuilt
+                // from the policy's handles if a retry comes.
+                inner: Some(self.inner.get_ref().get_ref().clone()),
+                service: None,
                 head: head_of(&req),
                 spare,
                 next: None,
@@ -270,7 +274,10 @@ impl<B: Replayable> Spare<B> {
 /// What a request that may be retried keeps for its retries.
 struct Retrying<S, C, B> {
     policy: RetryPolicy<C>,
-    service: Cooldown<Admission<S>, C>,
+    /// The innermost service, until a retry needs the stack around it.
+    inner: Option<S>,
+    /// The stack for the retries; polled ready before each.
+    service: Option<Cooldown<Admission<S>, C>>,
     /// The request's head; the policy marks its extensions for each retry.
     head: Parts,
     spare: Spare<B>,
@@ -357,11 +364,24 @@ where
                         .retry
                         .as_mut()
                         .expect("only a request that may be retried waits for a retry");
-                    ready!(retry.service.poll_ready(cx))?;
+                    let service = retry.service.get_or_insert_with(|| {
+                        let shared = retry.policy.shared();
+                        let inner = retry
+                            .inner
+                            .take()
+                            .expect("the inner service is kept until the first retry");
+                        let cooldown = shared
+                            .cooldown
+                            .clone()
+                            .expect("an AllowanceLayer's policy has the cooldown's handle");
+                        Cooldown::from_shared(
+                            Admission::new(inner, shared.allowance.clone()),
+                            cooldown,
+                        )
+                    });
+                    ready!(service.poll_ready(cx))?;
                     let body = retry.next.take().expect("a retry is planned with its body");
-                    let future = retry
-                        .service
-                        .call(Request::from_parts(retry.head.clone(), body));
+                    let future = service.call(Request::from_parts(retry.head.clone(), body));
                     this.state.set(State::Called { future });
                 }
             }

@@ -1114,6 +1114,33 @@ pub fn schedule(
     Some((at, new_tat))
 }
 
+/// [`schedule`] for one limit: the same arithmetic without the arrays, for the in-memory
+/// store's lock-free first attempt (a property test holds the two equal).
+#[inline]
+pub fn schedule_one(
+    tat: u64,
+    limit: &LimitParams,
+    now: u64,
+    t0: u64,
+    cost: u32,
+) -> Option<(u64, u64)> {
+    let inc = limit.units(cost).checked_mul(limit.interval_us)?;
+    if inc > limit.tolerance_us {
+        return None;
+    }
+    let mut at = t0.max(
+        tat.max(t0)
+            .saturating_add(inc)
+            .saturating_sub(limit.tolerance_us),
+    );
+    if at > now {
+        at = at
+            .div_ceil(SLOT_GRANULARITY_US)
+            .saturating_mul(SLOT_GRANULARITY_US);
+    }
+    Some((at, tat.max(at).saturating_add(inc)))
+}
+
 /// Decides one admission at `now`: deposits, closed, budget, then the schedule.
 ///
 /// The order is part of the rule. Nothing changes unless the answer is `Admitted` or

@@ -17,6 +17,7 @@ use super::{
     ticket::{RetryTicket, Ticket},
     RetryConfig,
 };
+use crate::cooldown::service::CooldownShared;
 use crate::{
     acquire::{AcquireOptions, OwnedAdmit},
     body::{Replay, Replayable},
@@ -73,6 +74,9 @@ pub(crate) struct PolicyShared<C> {
     pub(crate) allowance: Allowance,
     pub(crate) config: RetryConfig,
     pub(crate) classifier: C,
+    /// In an `AllowanceLayer`: the cooldown layer's shared part, to rebuild the inner stack
+    /// for a retry (only then), so a request pays for one handle, not three.
+    pub(crate) cooldown: Option<Arc<CooldownShared<C>>>,
 }
 
 /// What the policy decided for one response.
@@ -105,6 +109,7 @@ impl<C: Classify> RetryPolicy<C> {
             allowance,
             config,
             classifier,
+            cooldown: None,
         }))
     }
 }
@@ -116,6 +121,10 @@ impl<C> RetryPolicy<C> {
             attempts: 0,
             rng: None,
         }
+    }
+
+    pub(crate) fn shared(&self) -> &PolicyShared<C> {
+        &self.shared
     }
 
     pub(crate) fn config(&self) -> &RetryConfig {

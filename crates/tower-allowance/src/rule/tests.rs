@@ -794,3 +794,30 @@ fn a_recreated_state_is_another_generation() {
     );
     assert_eq!(new.tat, before.tat);
 }
+
+proptest! {
+    /// The one-limit schedule is the general one on a single limit.
+    #[test]
+    fn schedule_one_is_schedule_on_one_limit(
+        tat in 0u64..10_000_000,
+        now in 0u64..10_000_000,
+        extra in 0u64..3_000_000,
+        per_sec in 1u32..1_000,
+        burst in 1u32..20,
+        cost in 1u32..30,
+        counting_cost in any::<bool>(),
+    ) {
+        let mut limit = Limit::per_second(per_sec, burst).expect("valid");
+        if counting_cost {
+            limit = limit.counting_cost();
+        }
+        let config = AllowanceConfig::per_second(per_sec, burst)
+            .expect("valid")
+            .with_limit(limit)
+            .expect("two limits");
+        let l = config.params().limits()[1];
+        let t0 = now + extra;
+        let general = schedule(&[tat], &[l], now, t0, cost).map(|(at, t)| (at, t[0]));
+        prop_assert_eq!(schedule_one(tat, &l, now, t0, cost), general);
+    }
+}

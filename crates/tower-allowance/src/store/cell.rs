@@ -150,9 +150,9 @@ impl Cell {
                 return Some(closed);
             }
             let blocked_until = published.blocked_until.load(Ordering::Acquire);
-            let Some((at, new_tat)) = rule::schedule(
-                &[tat],
-                params.limits(),
+            let Some((at, new_tat)) = rule::schedule_one(
+                tat,
+                &params.limits()[0],
                 now,
                 now.max(blocked_until),
                 req.cost,
@@ -179,7 +179,7 @@ impl Cell {
                 .0
                 .compare_exchange_weak(
                     word,
-                    pack(new_tat[0], epoch_bits),
+                    pack(new_tat, epoch_bits),
                     Ordering::AcqRel,
                     Ordering::Acquire,
                 )
@@ -191,7 +191,7 @@ impl Cell {
                 return Some(Admission::Admitted);
             }
             let mut reserved = [0; MAX_LIMITS];
-            reserved[0] = new_tat[0];
+            reserved[0] = new_tat;
             return Some(Admission::Reserved {
                 wait: Duration::from_micros(wait),
                 reservation: Reservation {
