@@ -890,7 +890,7 @@ fn closed_json<S: serde::Serializer>(
         None => serializer.serialize_none(),
         Some(d) => {
             let mut map = serializer.serialize_map(Some(1))?;
-            map.serialize_entry("for", &d.map(|d| humantime_serde::Serde::from(d)))?;
+            map.serialize_entry("for", &d.map(humantime_serde::Serde::from))?;
             map.end()
         }
     }
