@@ -9,6 +9,8 @@
 //! - [`report`] and [`timeline`]: what a run reports (from the *server's* view), as a table,
 //!   JSON, an ASCII timeline or an SVG.
 //! - [`cli`]: the `allowance-sim` command line (`seed`, `run`, `serve`, `http`).
+//! - [`scale`] and [`cancel`]: one allowance across many processes, measured (a cooldown's
+//!   reach, fairness between processes, cancelled waiters and the slots they cost).
 //!
 //! ```
 //! use allowance_sim::scenario::{seed_table, SeedRow};
@@ -18,12 +20,14 @@
 //! assert_eq!(rows[1].attempts, 8);  // one shared allowance
 //! ```
 
+pub mod cancel;
 pub mod cli;
 pub mod dialect;
 pub mod fake;
 pub mod live;
 pub mod multi;
 pub mod report;
+pub mod scale;
 pub mod scenario;
 pub mod sweep;
 pub mod timeline;

@@ -16,6 +16,7 @@ use tower_allowance::{
 };
 
 use crate::{
+    cancel::CancelFraction,
     fake::{FakeConfig, FakeUpstream, Seen, WORKER_HEADER},
     report::JobEnd,
 };
@@ -206,6 +207,8 @@ pub struct Scenario {
     pub retry_budget: Option<u64>,
     /// A per-request deadline from the moment the job starts.
     pub deadline: Option<Duration>,
+    /// Cancel this share of the jobs while they wait (real-time runs; see [`crate::cancel`]).
+    pub cancel: Option<CancelFraction>,
     /// What an admission does when the allowance's store does not answer (Redis runs).
     pub on_store_outage: OnStoreOutage,
 }
@@ -238,6 +241,7 @@ impl Scenario {
             max_attempts: 10,
             retry_budget: None,
             deadline: None,
+            cancel: None,
             on_store_outage: OnStoreOutage::default(),
         }
     }
