@@ -7,7 +7,7 @@
 //!   10 ms of the response: the upstream's own log shows no request inside the cooldown later
 //!   than that. Four processes with an allowance each show requests inside it: the check sees
 //!   what it is for.
-//! - Unequal processes (1 worker and 31, `--workers-per-process 1,31`): jobs are served in
+//! - Unequal processes (31 workers and 1, `--workers-per-process 31,1`): jobs are served in
 //!   the order they arrived, within one interval (arrival on the clients' clocks put on one
 //!   clock, service order from the upstream's log), and the 1-worker process waits about as
 //!   long as the other.
@@ -18,7 +18,7 @@ use std::{path::Path, process::Output, time::Duration};
 
 use allowance_sim::{
     live::StoreChoice,
-    multi::run_processes,
+    multi::{run_name, run_processes},
     scale::{cooldown_reach, PROPAGATION_BOUND_MS},
     scenario::{Mode, Scenario},
     upstream::{ThrottleAt, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
@@ -108,6 +108,61 @@ async fn a_cooldown_reaches_the_waiters_of_every_process_within_10_ms() {
     assert_eq!(report["rejected"], 1, "{report}");
 }
 
+/// The same at 200/s, through the library: holders' slots 5 ms apart, so a cooldown that
+/// took more than 10 ms to reach a process would let its next holder through. The upstream
+/// is twice as large as the allowance, so that only the forced 429 raises a cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_200_per_second_no_holder_goes_later_than_10_ms_into_the_cooldown() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let Some(redis) = TestRedis::start_private().await else {
+        return;
+    };
+    let upstream = Upstream::start(UpstreamConfig::new(16, 400))
+        .await
+        .expect("upstream");
+    upstream.throttle_at(ThrottleAt {
+        after: Duration::from_millis(1500),
+        retry_after_secs: 1,
+    });
+    let s = Scenario {
+        workers: 32,
+        jobs: 600,
+        burst: 4,
+        rate_per_sec: 200,
+        ..Scenario::seed(Mode::Shared)
+    };
+    let store = StoreChoice::Redis {
+        url: redis.url().to_owned(),
+        name: run_name(),
+    };
+    let headers = [format!("{API_KEY_HEADER}: {DEFAULT_KEY}")];
+    let template = upstream.snapshot_url("e{job}");
+    let report = run_processes(exe(), &s, &template, &headers, &store, 4)
+        .await
+        .expect("runs");
+    let (log, throttled) = (upstream.log(), upstream.throttled());
+    upstream.shutdown().await;
+    let reach = cooldown_reach(&log, throttled.expect("the 429 was sent"));
+    let rejected = log.iter().filter(|r| r.status == 429).count();
+    eprintln!(
+        "200/s, 4 processes: 429 at {} ms; other requests inside the cooldown at {:?} ms after it; the last before it {:?} ms before, the first after it {:?} ms after; {} completed, {rejected} 429s",
+        reach.sent_at_ms,
+        reach.inside_after_ms,
+        reach.last_before_ms,
+        reach.first_after_ms,
+        report.completed
+    );
+    assert_eq!(reach.late(PROPAGATION_BOUND_MS), 0, "{reach:?}");
+    // Holders were due right after the 429 (one every 5 ms), and resumed after it.
+    assert!(reach.last_before_ms.is_some_and(|ms| ms <= 10), "{reach:?}");
+    assert!(
+        reach.first_after_ms.is_some_and(|ms| ms <= 1020),
+        "{reach:?}"
+    );
+    assert_eq!(rejected, 1, "only the forced 429");
+    assert_eq!(report.completed, 600);
+}
+
 /// The check sees what it is for: four processes with an allowance each (an upstream four
 /// times as large, so that they do not overrun it), the same forced 429: the three processes
 /// that did not get it go on sending inside the cooldown.
@@ -160,15 +215,17 @@ async fn unequal_processes_are_served_in_arrival_order_and_none_starves() {
         "2",
         "--workers",
         "32",
+        // The 31 first: the lone worker arrives when the queue is full, and each of its jobs
+        // must wait its turn (started first, it would take the burst before anyone came).
         "--workers-per-process",
-        "1,31",
+        "31,1",
         "--jobs",
         &jobs.to_string(),
     ])
     .await;
     let f = &report["fairness"];
     eprintln!(
-        "1 + 31 workers, {jobs} jobs: {} attempts, {} 429s, makespan {} ms (minimum {}); fairness {f}",
+        "31 + 1 workers, {jobs} jobs: {} attempts, {} 429s, makespan {} ms (minimum {}); fairness {f}",
         report["attempts"], report["rejected"], report["makespan_ms"], report["min_makespan_ms"]
     );
     assert_eq!(report["completed"], jobs, "{report}");
@@ -189,9 +246,9 @@ async fn unequal_processes_are_served_in_arrival_order_and_none_starves() {
         .iter()
         .map(|p| p["mean_wait_ms"].as_f64().expect("a mean"))
         .collect();
-    let (lone, many) = (waits[0], waits[1]);
+    let (many, lone) = (waits[0], waits[1]);
     assert!(
-        f["processes"][0]["jobs"].as_u64() >= Some(3),
+        f["processes"][1]["jobs"].as_u64() >= Some(4),
         "too few jobs of the lone worker to compare: {f}"
     );
     assert!(
