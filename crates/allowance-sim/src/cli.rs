@@ -28,15 +28,17 @@ use tower_allowance::BoxError;
 
 use crate::{
     adaptive,
+    cancel::CancelFraction,
     dialect::ServerDialect,
     fake::FakeConfig,
     live::{self, Share, StoreChoice, Target},
     multi, rate_chart,
     report::RunReport,
+    scale,
     scenario::{self, Adaptive, Mode, OnStoreOutage, Scenario},
     sweep, timeline,
     tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER},
-    upstream::{RateChange, RetryAfterMode, Upstream, UpstreamConfig, DEFAULT_KEY},
+    upstream::{RateChange, RetryAfterMode, ThrottleAt, Upstream, UpstreamConfig, DEFAULT_KEY},
 };
 
 /// Lanes beyond which the ASCII timeline is left out (it would not fit a screen).
@@ -220,6 +222,11 @@ pub struct Workload {
     /// Give up on a job that cannot finish within this long of its start (e.g. 1500ms, 2s).
     #[arg(long, value_parser = parse_duration)]
     pub deadline: Option<Duration>,
+    /// Cancel this share of the jobs (0 to 1, picked by job number) at a random moment while
+    /// they wait for admission, as callers that give up would (needs --real). Reported as
+    /// `cancelled`, with the reserved slots they released (`releases`).
+    #[arg(long, value_name = "F")]
+    pub cancel_fraction: Option<CancelFraction>,
     /// Print one JSON object with the run's figures instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -297,6 +304,15 @@ pub struct RunArgs {
     /// Real time: an HTTP upstream on loopback, real sockets, real waits.
     #[arg(long)]
     pub real: bool,
+    /// Make the upstream answer 429 with `Retry-After: SECS` once, to the first request MS ms
+    /// after it starts, whatever its bucket says (needs --processes or --redis). `--json`
+    /// reports `cooldown`: every other request that arrived inside those SECS, ms after the 429.
+    #[arg(long, value_name = "MS:SECS")]
+    pub throttle_at: Option<ThrottleAt>,
+    /// The workers of each process instead of an even split, e.g. 1,31 (as many as
+    /// --processes, summing to --workers). `--json` reports `fairness` across processes.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',')]
+    pub workers_per_process: Option<Vec<usize>>,
     /// The upstream's monthly credits for the key (needs --real): once spent, every snapshot
     /// is a 429 without Retry-After. In shared and split modes the allowances then probe
     /// GET /v1/usage, once for the group, and close on its verdict (jobs end abandoned,
@@ -470,6 +486,7 @@ impl Workload {
             max_attempts: self.max_attempts,
             retry_budget: self.retry_budget,
             deadline: self.deadline,
+            cancel: self.cancel_fraction,
             on_store_outage: self
                 .on_store_outage
                 .unwrap_or_default()
@@ -575,6 +592,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                     ca_cert: args.ca_cert.clone(),
                     progress: counter,
                     usage_url: None,
+                    workers_per_process: None,
                 };
                 rt.block_on(multi::run_processes_with(
                     &std::env::current_exe()?,
@@ -738,6 +756,7 @@ pub fn run_report(args: &RunArgs, terminal: bool) -> Result<RunReport, BoxError>
     if args.quota.is_some() && !args.real {
         return Err("--quota needs real time (the usage endpoint is HTTP): add --real".into());
     }
+    args.check_scale(spread)?;
     if spread {
         let rt = real_runtime()?;
         let progress = Progress::maybe(&rt, &s, terminal);
@@ -745,6 +764,7 @@ pub fn run_report(args: &RunArgs, terminal: bool) -> Result<RunReport, BoxError>
             ca_cert: None,
             progress: progress.as_ref().map(|p| p.done.clone()),
             usage_url: None,
+            workers_per_process: args.workers_per_process.clone(),
         };
         let report = rt.block_on(run_real_spread(&s, args, &spawn));
         drop(progress);
@@ -788,7 +808,10 @@ async fn run_real_spread(
             "{}: {DEFAULT_KEY}",
             crate::upstream::API_KEY_HEADER
         )];
-        multi::run_processes_with(
+        if let Some(throttle) = args.throttle_at {
+            upstream.throttle_at(throttle);
+        }
+        let mut report = multi::run_processes_with(
             &std::env::current_exe()?,
             s,
             &upstream.snapshot_url("e{job}"),
@@ -797,7 +820,14 @@ async fn run_real_spread(
             args.workload.processes as usize,
             spawn,
         )
-        .await
+        .await?;
+        let split = multi::split_workers(
+            s.workers,
+            args.workload.processes as usize,
+            spawn.workers_per_process.as_deref(),
+        );
+        scale::add_upstream_figures(&mut report, &upstream, &split);
+        Ok(report)
     })
     .await
 }
@@ -895,6 +925,7 @@ fn print_report(
             .collect();
         writeln!(out, "abandoned by reason: {}", reasons.join(", "))?;
     }
+    scale::print_figures(report, out)?;
     if report.failed > 0 {
         let causes: Vec<String> = report
             .failed_by_cause
@@ -1219,6 +1250,41 @@ impl Drop for SweepProgress {
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Progress").finish_non_exhaustive()
+    }
+}
+
+// === issue 15: measuring one allowance across processes ===
+
+impl RunArgs {
+    /// Refuses `--throttle-at`, `--workers-per-process` and `--cancel-fraction` where they
+    /// would be ignored, and a split that does not match `--processes` and `--workers`.
+    fn check_scale(&self, spread: bool) -> Result<(), BoxError> {
+        if self.workload.cancel_fraction.is_some() && !self.real {
+            return Err("--cancel-fraction needs real time: add --real".into());
+        }
+        if self.throttle_at.is_some() && !spread {
+            return Err(
+                "--throttle-at measures a cooldown across processes: add --processes N (and --redis URL to share one allowance)"
+                    .into(),
+            );
+        }
+        if let Some(split) = &self.workers_per_process {
+            let (processes, workers) = (
+                self.workload.processes as usize,
+                self.workload.workers as usize,
+            );
+            if split.len() != processes
+                || split.iter().sum::<usize>() != workers
+                || split.contains(&0)
+            {
+                return Err(format!(
+                    "--workers-per-process {} must list {processes} numbers (--processes), each at least 1, summing to {workers} (--workers)",
+                    split.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+                )
+                .into());
+            }
+        }
+        Ok(())
     }
 }
 

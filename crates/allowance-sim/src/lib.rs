@@ -12,6 +12,8 @@
 //! - [`adaptive`]: the adaptive rate's figures (`allowance-sim adaptive`).
 //! - [`cli`]: the `allowance-sim` command line (`seed`, `run`, `serve`, `http`, `sweep`,
 //!   `adaptive`).
+//! - [`scale`] and [`cancel`]: one allowance across many processes, measured (a cooldown's
+//!   reach, fairness between processes, cancelled waiters and the slots they cost).
 //!
 //! ```
 //! use allowance_sim::scenario::{seed_table, SeedRow};
@@ -22,6 +24,7 @@
 //! ```
 
 pub mod adaptive;
+pub mod cancel;
 pub mod cli;
 pub mod dialect;
 pub mod fake;
@@ -29,6 +32,7 @@ pub mod live;
 pub mod multi;
 pub mod rate_chart;
 pub mod report;
+pub mod scale;
 pub mod scenario;
 pub mod sweep;
 pub mod timeline;

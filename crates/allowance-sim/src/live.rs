@@ -48,11 +48,13 @@ use tower_allowance::{
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     retry::RetryPolicy,
+    store::MemoryStore,
     Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline,
 };
 use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 
 use crate::{
+    cancel::{self, AttemptWatch, CancelPlan, CountReleases, ReleaseCounts},
     fake::{FakeConfig, WORKER_HEADER},
     report::{Failure, JobEnd, Mark, RunReport, Timeline},
     scenario::{Mode, OnStoreOutage, Scenario},
@@ -243,6 +245,8 @@ fn observed(client: HttpsClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -
         async move {
             let worker = req.extensions().get::<Worker>().map_or(0, |w| w.0);
             let at_ms = ms_since(start);
+            let watch = req.extensions().get::<AttemptWatch>().cloned();
+            let _sending = watch.map(|w| Sending::new(w, at_ms));
             let record = |status: u16, headers: Option<&HeaderMap>| {
                 let retry_after_ms = headers
                     .and_then(|h| headers::retry_after(h).ok().flatten())
@@ -271,6 +275,22 @@ fn observed(client: HttpsClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -
             }
         }
     }))
+}
+
+/// Marks a job's attempt as on its way for as long as it is (see [`crate::cancel`]).
+struct Sending(AttemptWatch);
+
+impl Sending {
+    fn new(watch: AttemptWatch, at_ms: u64) -> Self {
+        watch.sending(at_ms);
+        Self(watch)
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.answered();
+    }
 }
 
 /// Where a run's allowances live.
@@ -317,6 +337,8 @@ struct Allowances {
     all: Vec<Allowance>,
     /// Each Redis store with its call count right after connecting.
     stores: Vec<(RedisStore, u64)>,
+    /// Releases of reserved slots, over every allowance.
+    releases: Arc<ReleaseCounts>,
 }
 
 impl Allowances {
@@ -328,6 +350,7 @@ impl Allowances {
         let mut this = Self {
             all: Vec::new(),
             stores: Vec::new(),
+            releases: Arc::default(),
         };
         // Each allowance with the suffix of its name: the first of a run has the run's name
         // (in Redis, shared by every process), the others `-1`, `-2`..., a naive pool `-budget`.
@@ -371,9 +394,13 @@ impl Allowances {
             if let (Some(probe), false) = (&probe, s.mode == Mode::Naive) {
                 builder = builder.quota_probe(probe.clone(), QuotaTrigger::after_consecutive(1)?);
             }
-            if let Some(store) = redis {
-                builder = builder.store(store);
-            }
+            builder = match redis {
+                Some(store) => builder.store(CountReleases::new(store, this.releases.clone())),
+                None => builder.store(CountReleases::new(
+                    MemoryStore::new(),
+                    this.releases.clone(),
+                )),
+            };
             this.all.push(builder.build());
         }
         Ok(this)
@@ -487,7 +514,14 @@ pub async fn run_http_with(
     let allowances = Allowances::new(s, store, probe).await?;
     let marks = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
+    let started_unix_us = crate::multi::wall_clock_us();
     let inner = observed(client, marks.clone(), start);
+    // A waiting job is cancelled within about the time a job waits: every worker's turn.
+    let cancel = s.cancel.map(|fraction| {
+        let rate = f64::from(s.rate_per_sec.max(1));
+        let turn = Duration::from_secs_f64(share.total_workers as f64 / rate);
+        CancelPlan::new(fraction, turn)
+    });
 
     let mut tasks = Vec::with_capacity(s.workers);
     for local in 0..s.workers {
@@ -528,12 +562,21 @@ pub async fn run_http_with(
                 if let Some(d) = deadline {
                     req.extensions_mut().insert(Deadline::after(d));
                 }
-                let result = service.clone().oneshot(req).await;
-                let end = JobEnd::of(worker_id, started_ms, ms_since(start), &result);
-                if first_error.is_none() {
-                    first_error = failure_text(&end, &result);
-                }
-                ends.push(end);
+                let watch = AttemptWatch::default();
+                req.extensions_mut().insert(watch.clone());
+                let cancel_after = cancel.and_then(|plan| plan.for_job(job));
+                let call = service.clone().oneshot(req);
+                let end = match cancel::unless_cancelled(call, cancel_after, &watch).await {
+                    Some(result) => {
+                        let end = JobEnd::of(worker_id, started_ms, ms_since(start), &result);
+                        if first_error.is_none() {
+                            first_error = failure_text(&end, &result);
+                        }
+                        end
+                    }
+                    None => JobEnd::cancelled(worker_id, started_ms, ms_since(start)),
+                };
+                ends.push(end.timed(job, watch.first_sent_ms()));
                 if let Some(p) = &progress {
                     p.fetch_add(1, Ordering::Relaxed);
                 }
@@ -563,6 +606,8 @@ pub async fn run_http_with(
         report = report.with_final_rates(rates, sum);
     }
     report.store_calls = allowances.store_calls();
+    report.scale.releases = Some(allowances.releases.get());
+    report.scale.started_unix_us = started_unix_us;
     Ok(report)
 }
 

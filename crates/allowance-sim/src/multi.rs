@@ -14,9 +14,16 @@
 //! `/proc/PID/environ` is readable by the same user and often ends up in crash reports.
 //!
 //! The children report their jobs and attempts as JSON on stdout; the parent merges them
-//! (times shifted by when each child was started) and, for `run --real`, counts attempts
-//! and 429s from its upstream's own log. Asked for progress (`worker --progress`), a child
-//! also prints `progress N` lines on stderr as its jobs end, which the parent adds up.
+//! and, for `run --real`, counts attempts and 429s from its upstream's own log. A child's
+//! times are shifted onto the parent's clock by when the child's clock started, read on the
+//! wall clock both processes share (they run on one machine): exact to the millisecond, so
+//! jobs of different processes can be put in order of arrival ([`crate::scale`]).
+//!
+//! Asked for progress (`worker --progress`), a child also prints `progress N` lines on stderr
+//! as its jobs end, which the parent adds up.
+//!
+//! The workers are split as evenly as possible over the processes, or as
+//! [`Spawn::workers_per_process`] says (`run --workers-per-process 1,31`).
 
 use std::{
     io::Write as _,
@@ -37,7 +44,8 @@ use tower_allowance::{error::AbandonReason, BoxError, Outcome};
 
 use crate::{
     live::{self, Share, StoreChoice, Target},
-    report::{Failure, JobEnd, Mark, RunReport, Timeline},
+    report::{Failure, JobEnd, Mark, RunReport, Timeline, CANCELLED},
+    scale::Releases,
     scenario::{Mode, Scenario},
 };
 
@@ -61,6 +69,12 @@ pub struct ChildReport {
     /// in the order of their names (the same in every child).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_rates: Option<Vec<f64>>,
+    /// Releases of reserved slots its allowances made, and how many the store took back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub releases: Option<Releases>,
+    /// When the child's clock (its times' zero) started, µs since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_unix_us: Option<u64>,
 }
 
 /// What a child must know but must not show on its command line: the request headers and
@@ -112,6 +126,12 @@ pub struct ChildEnd {
     /// Why it failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// The job's number, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<usize>,
+    /// When its first attempt was sent, ms, when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_attempt_ms: Option<u64>,
 }
 
 impl ChildReport {
@@ -129,14 +149,48 @@ impl ChildReport {
                     at_ms: e.at_ms,
                     outcome: e.outcome.to_owned(),
                     failure: e.failure,
+                    job: e.job,
+                    first_attempt_ms: e.first_attempt_ms,
                 })
                 .collect(),
             first_error: report.first_error.clone(),
             admissions: report.admissions,
             store_calls: report.store_calls,
             controller_rates: report.controller_rates.clone(),
+            releases: report.scale.releases,
+            started_unix_us: report.scale.started_unix_us,
         }
     }
+}
+
+/// Now on the wall clock, in µs since the Unix epoch: the one clock a parent and its children
+/// share. Read once per process, where its times start; `None` before 1970.
+#[allow(clippy::disallowed_methods)] // the wall clock, to put several processes on one clock
+pub fn wall_clock_us() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_micros()).ok()
+}
+
+/// The workers of each process: `explicit` when given, else `workers` split as evenly as
+/// possible over `processes` (the first ones get one more).
+///
+/// ```
+/// use allowance_sim::multi::split_workers;
+///
+/// assert_eq!(split_workers(10, 4, None), vec![3, 3, 2, 2]);
+/// assert_eq!(split_workers(32, 2, Some(&[1, 31])), vec![1, 31]);
+/// ```
+pub fn split_workers(workers: usize, processes: usize, explicit: Option<&[usize]>) -> Vec<usize> {
+    if let Some(split) = explicit {
+        return split.to_vec();
+    }
+    let processes = processes.clamp(1, workers.max(1));
+    let (base, extra) = (workers / processes, workers % processes);
+    (0..processes)
+        .map(|index| base + usize::from(index < extra))
+        .collect()
 }
 
 fn outcome_of(s: &str) -> Outcome {
@@ -170,6 +224,8 @@ pub struct Spawn {
     /// The usage endpoint the children's allowances probe when the quota may be spent (see
     /// [`Target::usage_probe`]).
     pub usage_url: Option<String>,
+    /// The workers of each process, when not split evenly; sums to the scenario's workers.
+    pub workers_per_process: Option<Vec<usize>>,
 }
 
 /// The arguments of the `worker` child for process `index` of `processes`, and what goes
@@ -182,10 +238,9 @@ fn child_args(
     spawn: &Spawn,
     (index, processes): (usize, usize),
 ) -> (Vec<String>, usize, ChildSecrets) {
-    let base = s.workers / processes;
-    let extra = s.workers % processes;
-    let workers = base + usize::from(index < extra);
-    let offset = index * base + index.min(extra);
+    let split = split_workers(s.workers, processes, spawn.workers_per_process.as_deref());
+    let workers = split.get(index).copied().unwrap_or(0);
+    let offset: usize = split.iter().take(index).sum();
     let mut args = vec![
         "worker".to_owned(),
         "--secrets-on-stdin".to_owned(),
@@ -213,6 +268,9 @@ fn child_args(
     }
     if let Some(d) = s.deadline {
         args.extend(["--deadline".to_owned(), format!("{}ms", d.as_millis())]);
+    }
+    if let Some(f) = s.cancel {
+        args.extend(["--cancel-fraction".to_owned(), f.to_string()]);
     }
     if let Some(url) = &spawn.usage_url {
         args.extend(["--usage-url".to_owned(), url.clone()]);
@@ -291,8 +349,9 @@ pub async fn run_processes_with(
     processes: usize,
     spawn: &Spawn,
 ) -> Result<RunReport, BoxError> {
-    let processes = processes.clamp(1, s.workers.max(1));
+    let processes = split_workers(s.workers, processes, spawn.workers_per_process.as_deref()).len();
     let start = Instant::now();
+    let start_unix_us = wall_clock_us();
     let mut children = Vec::with_capacity(processes);
     for index in 0..processes {
         let (args, _, secrets) =
@@ -325,6 +384,7 @@ pub async fn run_processes_with(
     let mut first_error = None;
     let (mut admissions, mut store_calls) = (None::<u64>, None::<u64>);
     let mut controller_rates: Vec<Vec<f64>> = Vec::new();
+    let mut releases = None::<Releases>;
     for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
@@ -351,19 +411,31 @@ pub async fn run_processes_with(
         admissions = add(admissions, part.admissions);
         store_calls = add(store_calls, part.store_calls);
         controller_rates.extend(part.controller_rates);
-        let shift = u64::try_from(started.as_millis()).unwrap_or(0);
+        if let Some(part) = part.releases {
+            releases = Some(releases.unwrap_or_default() + part);
+        }
+        // Onto this process's clock: by the child's own start on the shared wall clock, else
+        // (an older child) by when it was spawned.
+        let shift = match (part.started_unix_us, start_unix_us) {
+            (Some(child), Some(parent)) => (child.saturating_sub(parent) + 500) / 1000,
+            _ => u64::try_from(started.as_millis()).unwrap_or(0),
+        };
         attempts.extend(part.attempts.into_iter().map(|mut m| {
             m.at_ms += shift;
             m
         }));
         ends.extend(part.ends.into_iter().map(|e| {
-            JobEnd::new(
-                e.worker,
-                e.started_ms + shift,
-                e.at_ms + shift,
-                outcome_of(&e.outcome),
-            )
-            .failed_by(e.failure)
+            let (started_ms, at_ms) = (e.started_ms + shift, e.at_ms + shift);
+            let end = if e.outcome == CANCELLED {
+                JobEnd::cancelled(e.worker, started_ms, at_ms)
+            } else {
+                JobEnd::new(e.worker, started_ms, at_ms, outcome_of(&e.outcome))
+                    .failed_by(e.failure)
+            };
+            match e.job {
+                Some(job) => end.timed(job, e.first_attempt_ms.map(|ms| ms + shift)),
+                None => end,
+            }
         }));
     }
     let makespan = start.elapsed();
@@ -381,6 +453,7 @@ pub async fn run_processes_with(
         );
         report = report.with_final_rates(controller_rates.concat(), group);
     }
+    report.scale.releases = releases;
     Ok(report)
 }
 

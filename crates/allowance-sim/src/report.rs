@@ -3,14 +3,17 @@
 //! A [`RunReport`] serialises (with `--json`) to one object with the keys `attempts`,
 //! `rejected`, `completed`, `abandoned`, `abandoned_by_reason`, `failed`, `failed_by_cause`,
 //! `makespan_ms`, `min_makespan_ms`, `last_attempt_ms`, `achieved_rate_per_sec`, the run's
-//! parameters, and where they apply `first_error`, `usage_probes`, `admissions` and
-//! `store_calls`.
+//! parameters, and where they apply `first_error`, `usage_probes`, `admissions`,
+//! `store_calls` and the figures of [`crate::scale::ScaleFigures`]
+//! (`cancelled`, `releases`, `cooldown`, `fairness`).
 //!
 //! A job ends in exactly one of three ways: **completed** (a successful final response),
 //! **abandoned** (the allowance gave up on it by design, with a reason: attempts, budget,
 //! deadline, quota...), or **failed**, with a [`Failure`] cause: the allowance's store could
 //! not decide, the transport failed, or the final response was not a success (a 401, a 404,
 //! a 503 after the last attempt). A final non-2xx response is never counted as completed.
+//! With `--cancel-fraction`, a fourth: **cancelled** (its caller dropped it while it waited;
+//! see [`crate::cancel`]).
 //! Its [`Timeline`] feeds the ASCII and SVG pictures in [`crate::timeline`].
 
 use std::{collections::BTreeMap, fmt, str::FromStr, time::Duration};
@@ -19,6 +22,7 @@ use http::Response;
 use tower_allowance::{error::StoreUnavailable, store::StoreError, BoxError, Outcome};
 
 use crate::{
+    scale::ScaleFigures,
     scenario::{Mode, Report, Scenario},
     upstream::RateSchedule,
 };
@@ -139,11 +143,19 @@ pub struct JobEnd {
     pub started_ms: u64,
     /// When it ended, ms from the start of the run.
     pub at_ms: u64,
-    /// `"completed"`, `"failed"`, or the abandonment reason (`"max_attempts"`, ...).
+    /// `"completed"`, `"failed"`, [`CANCELLED`], or the abandonment reason
+    /// (`"max_attempts"`, ...).
     pub outcome: &'static str,
     /// Why it failed, when `outcome` is `"failed"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<Failure>,
+    /// The job's number (its URL's `{job}`), where the run records it (real time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<usize>,
+    /// When its first attempt was sent (it was admitted), ms from the start of the run,
+    /// where the run records it (real time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_attempt_ms: Option<u64>,
 }
 
 impl JobEnd {
@@ -163,7 +175,29 @@ impl JobEnd {
             at_ms,
             outcome,
             failure,
+            job: None,
+            first_attempt_ms: None,
         }
+    }
+
+    /// A job its caller dropped while it waited for admission (see [`crate::cancel`]).
+    pub fn cancelled(worker: u32, started_ms: u64, at_ms: u64) -> Self {
+        Self {
+            worker,
+            started_ms,
+            at_ms,
+            outcome: CANCELLED,
+            failure: None,
+            job: None,
+            first_attempt_ms: None,
+        }
+    }
+
+    /// The same end, for job `job`, first sent at `first_attempt_ms` (if it was sent).
+    pub fn timed(mut self, job: usize, first_attempt_ms: Option<u64>) -> Self {
+        self.job = Some(job);
+        self.first_attempt_ms = first_attempt_ms;
+        self
     }
 
     /// The job as it ended with `result`.
@@ -186,9 +220,12 @@ impl JobEnd {
 
     /// Whether the job was abandoned.
     pub fn is_abandoned(&self) -> bool {
-        self.outcome != "completed" && self.outcome != "failed"
+        !matches!(self.outcome, "completed" | "failed" | CANCELLED)
     }
 }
+
+/// The outcome of a job cancelled while it waited.
+pub const CANCELLED: &str = "cancelled";
 
 /// A stretch of time during which some lanes were told to wait (a `Retry-After`).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -327,6 +364,9 @@ pub struct RunReport {
     /// process, without the script load at connect), with `--redis`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub store_calls: Option<u64>,
+    /// Cancellations, releases, a forced cooldown's reach, fairness across processes.
+    #[serde(flatten)]
+    pub scale: ScaleFigures,
     /// Until the last job finished, in ms, rounded up (as the minimum is).
     pub makespan_ms: u64,
     /// The theoretical minimum makespan for this many jobs at this allowance:
@@ -486,10 +526,11 @@ impl RunReport {
     ) -> Self {
         let mut abandoned_by_reason = BTreeMap::new();
         let mut failed_by_cause = BTreeMap::new();
-        let (mut completed, mut failed) = (0, 0);
+        let (mut completed, mut failed, mut cancelled) = (0, 0, 0);
         for end in &timeline.ends {
             match end.outcome {
                 "completed" => completed += 1,
+                CANCELLED => cancelled += 1,
                 "failed" => {
                     failed += 1;
                     let cause = end.failure.unwrap_or(Failure::Transport);
@@ -535,6 +576,10 @@ impl RunReport {
             usage_probes: None,
             admissions: None,
             store_calls: None,
+            scale: ScaleFigures {
+                cancelled: (s.cancel.is_some() || cancelled > 0).then_some(cancelled),
+                ..ScaleFigures::default()
+            },
             makespan_ms: ceil_ms(makespan),
             min_makespan_ms: min_makespan_ms(s.jobs, s.burst, s.rate_per_sec),
             last_attempt_ms: timeline.attempts.iter().map(|m| m.at_ms).max().unwrap_or(0),

@@ -23,6 +23,7 @@ use tower_allowance::{
 };
 
 use crate::{
+    cancel::CancelFraction,
     dialect::ServerDialect,
     fake::{FakeConfig, FakeUpstream, Seen, VIRTUAL_MAX_DATE_SKEW, WORKER_HEADER},
     report::JobEnd,
@@ -275,6 +276,8 @@ pub struct Scenario {
     pub retry_budget: Option<u64>,
     /// A per-request deadline from the moment the job starts.
     pub deadline: Option<Duration>,
+    /// Cancel this share of the jobs while they wait (real-time runs; see [`crate::cancel`]).
+    pub cancel: Option<CancelFraction>,
     /// What an admission does when the allowance's store does not answer (Redis runs).
     pub on_store_outage: OnStoreOutage,
     /// An adaptive rate for the allowances (shared and split modes): `rate_per_sec` is then
@@ -313,6 +316,7 @@ impl Scenario {
             max_attempts: 10,
             retry_budget: None,
             deadline: None,
+            cancel: None,
             on_store_outage: OnStoreOutage::default(),
             adaptive: None,
             dialect: None,

@@ -141,6 +141,7 @@ fn scenario(mode: Mode, workers: usize, jobs: usize, (burst, rate): (u32, u32)) 
         max_attempts: 10,
         retry_budget: None,
         deadline: None,
+        cancel: None,
         on_store_outage: OnStoreOutage::default(),
         ..Scenario::seed(mode)
     }

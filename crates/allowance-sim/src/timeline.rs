@@ -357,6 +357,8 @@ mod tests {
             at_ms: 1000,
             outcome: "max_attempts",
             failure: None,
+            job: None,
+            first_attempt_ms: None,
         }];
         let t = Timeline::new(Mode::Naive, 2, attempts, ends);
         let out = ascii(&t, 2000, 21);

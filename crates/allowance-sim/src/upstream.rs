@@ -13,6 +13,8 @@
 //! - `GET /v1/usage`: `{"api_credits_used", "api_credits_limit", "exceeded", "period_end_utc"}`.
 //!   It costs a request (a bucket token, no credit) and can itself be throttled; it still
 //!   answers once the quota is spent, so a client can find out why it is being refused.
+//! - One 429 with `Retry-After` at a chosen moment, whatever the bucket says
+//!   ([`Upstream::throttle_at`], `run --throttle-at MS:SECS`).
 //!
 //! Every attempt is logged ([`Upstream::log`]) with its time, key, path and status, so a run
 //! reports what the *server* saw, not what the clients believe.
@@ -60,6 +62,10 @@ use crate::{
     dialect::{Answer, LimitState, ServerDialect},
     fake::WORKER_HEADER,
 };
+
+mod throttle;
+
+pub use self::throttle::{ThrottleAt, Throttled};
 
 /// The header carrying the API key.
 pub const API_KEY_HEADER: &str = "x-api-key";
@@ -428,6 +434,8 @@ struct KeyState {
 struct State {
     keys: HashMap<String, KeyState>,
     log: Vec<SeenRequest>,
+    /// One 429 at a chosen moment ([`Upstream::throttle_at`]).
+    forced: throttle::Forced,
 }
 
 #[derive(Debug)]
@@ -501,6 +509,7 @@ impl Upstream {
             state: Mutex::new(State {
                 keys,
                 log: Vec::new(),
+                forced: throttle::Forced::default(),
             }),
         });
         let (stop, stopped) = oneshot::channel();
@@ -541,6 +550,20 @@ impl Upstream {
     /// Every attempt seen so far, in order.
     pub fn log(&self) -> Vec<SeenRequest> {
         self.shared.lock().log.clone()
+    }
+
+    /// Asks for a cooldown once: the first snapshot request `throttle.after` the upstream's
+    /// start (or now, if that has passed) is answered 429 with `Retry-After:
+    /// throttle.retry_after_secs`, whatever the bucket says; the requests after it are
+    /// answered by the bucket as usual. [`Upstream::throttled`] then says when it was sent.
+    pub fn throttle_at(&self, throttle: ThrottleAt) {
+        let at = self.shared.start + throttle.after;
+        self.shared.lock().forced.arm(at, throttle.retry_after_secs);
+    }
+
+    /// When the 429 of [`Upstream::throttle_at`] was sent, if it has been.
+    pub fn throttled(&self) -> Option<Throttled> {
+        self.shared.lock().forced.fired(self.shared.start)
     }
 
     /// Credits `key` has spent, if it is a known key.
@@ -691,11 +714,20 @@ fn respond(
         return res;
     }
 
+    // One wall-clock read per answer, for every absolute time it carries.
+    let wall = wall_clock();
+    if let (Route::Snapshot(_), Some(secs)) = (&route, state.forced.check(now)) {
+        // The forced 429: no token taken, whatever the bucket holds.
+        let mut res = detail(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Rate limit exceeded: cool down",
+        );
+        retry_after(&mut res, RetryAfterMode::Seconds(secs), wall);
+        return res;
+    }
     let taken = account
         .bucket
         .take(config, &shared.schedule, shared.start, now);
-    // One wall-clock read per answer, for every absolute time it carries.
-    let wall = wall_clock();
     let mut res = if !taken.ok {
         let mut res = detail(
             StatusCode::TOO_MANY_REQUESTS,

@@ -3,7 +3,12 @@
 //!
 //! For each case, 64 tasks (spread evenly over the allowances) call `Allowance::acquire` in
 //! a loop for a few seconds on an allowance that never runs out of tokens, so every call is
-//! one admission and one script run. Reported, per case:
+//! one admission and one script run. A third case paces one allowance at 1,000/s with bursts
+//! of 1, so that every admission reserves a slot (the path of callers that wait): the rate,
+//! not Redis, sets the admissions per second, and the server's cost per script run on that
+//! path gives its ceiling. (Reserved slots fall on whole milliseconds, `rule::schedule`: a
+//! faster allowance would be held to 1,000 reservations per second by the grid, not Redis.)
+//! Reported, per case:
 //! - admissions per second this client achieved (client and server share the machine);
 //! - the server's own cost per admission, from `INFO commandstats` (`usec_per_call` of
 //!   `evalsha` over the run), and the ceiling it implies for Redis's one command thread:
@@ -51,9 +56,11 @@ async fn script_stats(redis: &TestRedis) -> (u64, u64) {
     total
 }
 
-async fn case(redis: &TestRedis, allowances: usize) -> Result<(), BoxError> {
-    // Never limited by tokens: this measures the store, not the rate.
-    let config = AllowanceConfig::per_second(1_000_000, 1_000_000)?;
+async fn case(
+    redis: &TestRedis,
+    allowances: usize,
+    config: AllowanceConfig,
+) -> Result<(), BoxError> {
     let first = RedisStore::connect(
         redis.url(),
         &unique_name("ceiling"),
@@ -92,11 +99,13 @@ async fn case(redis: &TestRedis, allowances: usize) -> Result<(), BoxError> {
     let after = script_stats(redis).await;
     let (calls, usec) = (after.0 - before.0, after.1 - before.1);
     let per_call = usec as f64 / calls.max(1) as f64;
+    let waited: u64 = handles.iter().map(|a| a.snapshot().waited).sum();
     println!(
-        "{allowances:>3} allowance(s), {TASKS} tasks: {:>7.0} admissions/s achieved; \
+        "{allowances:>3} allowance(s), {TASKS} tasks: {:>7.0} admissions/s achieved ({:.0}% reserved a slot); \
          server {per_call:.1} µs per script run => ceiling {:>7.0}/s; \
          {:.2} script runs per admission",
         admissions as f64 / took,
+        waited as f64 * 100.0 / admissions.max(1) as f64,
         1e6 / per_call,
         calls as f64 / admissions.max(1) as f64,
     );
@@ -108,8 +117,12 @@ async fn main() -> Result<(), BoxError> {
     let Some(redis) = TestRedis::start().await else {
         return Err("no redis".into());
     };
+    // Never limited by tokens: this measures the store, not the rate.
+    let unlimited = AllowanceConfig::per_second(1_000_000, 1_000_000)?;
     for allowances in [1, 100] {
-        case(&redis, allowances).await?;
+        case(&redis, allowances, unlimited.clone()).await?;
     }
+    // Every admission a reservation: the rate, below what Redis sustains, sets the pace.
+    case(&redis, 1, AllowanceConfig::per_second(1_000, 1)?).await?;
     Ok(())
 }
