@@ -82,9 +82,17 @@ impl Events {
                 .clone();
             if let Some(mut sink) = sink {
                 let timeout = self.connect_timeout;
+                let store = Arc::downgrade(store);
                 handle.spawn(async move {
                     // A failure here is a failed connection: the task resubscribes everything.
-                    let _ = tokio::time::timeout(timeout, sink.subscribe(&channel)).await;
+                    let subscribed = tokio::time::timeout(timeout, sink.subscribe(&channel)).await;
+                    if matches!(subscribed, Ok(Ok(()))) {
+                        // Events published before the subscription took effect were missed:
+                        // the store reads the state and its holders catch up.
+                        if let Some(store) = store.upgrade() {
+                            store.deliver(None);
+                        }
+                    }
                 });
             }
         }
@@ -150,17 +158,10 @@ impl Events {
 async fn run(events: Weak<Events>) {
     let mut backoff = Duration::from_millis(50);
     let mut source = 0;
-    let mut first = true;
     loop {
         let Some(hub) = events.upgrade() else {
             return;
         };
-        if !first {
-            for store in hub.listeners() {
-                store.deliver(None);
-            }
-        }
-        first = false;
         let client = hub.sources[source % hub.sources.len()].clone();
         source += 1;
         let timeout = hub.connect_timeout;
@@ -191,6 +192,13 @@ async fn run(events: Weak<Events>) {
             }
         }
         backoff = Duration::from_millis(50);
+        // Subscribed (first time, or again after a dropped connection): whatever was published
+        // before now was missed, so every store reads the state and its holders catch up.
+        if let Some(hub) = events.upgrade() {
+            for store in hub.listeners() {
+                store.deliver(None);
+            }
+        }
         loop {
             // Wake now and then to notice that every store is gone.
             let next = tokio::time::timeout(

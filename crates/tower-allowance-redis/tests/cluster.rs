@@ -44,10 +44,13 @@ async fn one_allowance_lives_in_one_slot_on_its_node() {
         1,
         "the third waited for a token"
     );
-    assert_eq!(
-        store.round_trips(),
-        1 + 3,
-        "preload, then one EVALSHA per admission"
+    // Preload, then one EVALSHA per admission; plus, when the event subscription came up
+    // while the third caller held its slot, one read of the state to catch up with what was
+    // published before it (once per subscription, not per admission).
+    let trips = store.round_trips();
+    assert!(
+        (1 + 3..=1 + 3 + 1).contains(&trips),
+        "{trips} round trips for 3 admissions"
     );
 
     // The state key and the event channel hash to the name's slot; the key lives on the
@@ -116,10 +119,12 @@ async fn allowances_on_every_node_share_one_connection() {
             1
         );
     }
-    assert_eq!(
-        base.round_trips(),
-        1 + 6,
-        "one preload for all; one call per admission"
+    // One preload for all; one call per admission; at most one catch-up read per allowance
+    // whose subscription came up while it had a caller waiting.
+    let trips = base.round_trips();
+    assert!(
+        (1 + 6..=1 + 6 + 3).contains(&trips),
+        "{trips} round trips for 6 admissions on 3 allowances"
     );
 }
 

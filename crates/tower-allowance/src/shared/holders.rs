@@ -242,27 +242,33 @@ impl Holders {
         wake.into_iter().for_each(Waker::wake);
     }
 
-    /// Events may have been missed: every holder still behind `epoch` is moved to at least
-    /// `blocked_until` (the bound a missed cooldown could have set; errs late) and catches up.
+    /// Events may have been missed (a subscription that was not there yet, or dropped): every
+    /// holder still behind `epoch` after catching up with the log missed one, so its slot's
+    /// place in the store's schedule is unknown here: it asks again, and the store schedules
+    /// it after whatever it missed. (Moving them all to the cooldown's end instead would send
+    /// them together; asking again may cost a slot each, never a burst.)
     pub(crate) fn resync(&self, generation: u64, epoch: u64, blocked_until: Instant) {
         let mut wake = Vec::new();
         {
             let mut r = self.lock();
             r.adopt(generation, &mut wake);
             self.generation.store(r.generation, Ordering::Relaxed);
-            for entry in r.entries.values_mut() {
+            r.known.blocked_until = Some(
+                r.known
+                    .blocked_until
+                    .map_or(blocked_until, |b| b.max(blocked_until)),
+            );
+            let Registry { entries, log, .. } = &mut *r;
+            for entry in entries.values_mut() {
                 if entry.lost {
                     continue;
                 }
-                if entry.reservation.epoch < epoch {
-                    entry.reservation.epoch = epoch;
-                    if entry.at < blocked_until {
-                        entry.at = blocked_until;
-                        wake.extend(entry.waker.take());
-                    }
+                catch_up(entry, log, &self.params);
+                if entry.reservation.epoch < epoch && !entry.lost {
+                    entry.lost = true;
+                    wake.extend(entry.waker.take());
                 }
             }
-            r.log.retain(|e| e.epoch() > epoch);
         }
         wake.into_iter().for_each(Waker::wake);
     }

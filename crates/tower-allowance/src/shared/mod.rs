@@ -75,11 +75,15 @@ impl EventSink for Sink {
     }
 
     fn resync(&self) {
-        // Events may have been lost (a dropped subscription): read the state, and move every
-        // holder that has not heard of the latest epoch to at least the cooldown's end.
+        // Events may have been lost (a subscription not yet there, or dropped): read the
+        // state; every holder that has not heard of the latest epoch asks again.
         let Some(shared) = self.0.upgrade() else {
             return;
         };
+        if shared.holders.waiting() == 0 {
+            // Nobody holds a slot an event could have moved: nothing to catch up with.
+            return;
+        }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return;
         };
