@@ -60,25 +60,25 @@ impl AllowanceBuilder {
         let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
         let name = self.name.unwrap_or_else(|| Arc::from("default"));
         let params = *self.config.params();
-        let shared = Arc::new_cyclic(|weak| {
-            // The store delivers other processes' events to the allowance (held weakly:
-            // the store never keeps the allowance alive).
-            let sink: Arc<dyn EventSink> = Arc::new(Sink(weak.clone()));
-            store.watch(Watcher::new(sink));
-            Shared {
-                stats: Stats::new(name.clone()),
-                me: weak.clone(),
-                name,
-                config: self.config,
-                store,
-                holders: Arc::new(Holders::new(params)),
-                pending_deposits: AtomicU64::new(0),
-                jitter_seq: AtomicU64::new(0),
-                advertised: AtomicU64::new(0),
-                warned_date: std::sync::atomic::AtomicBool::new(false),
-                quota: self.quota,
-            }
+        let shared = Arc::new_cyclic(|weak| Shared {
+            stats: Stats::new(name.clone()),
+            me: weak.clone(),
+            name,
+            config: self.config,
+            store,
+            holders: Arc::new(Holders::new(params)),
+            pending_deposits: AtomicU64::new(0),
+            jitter_seq: AtomicU64::new(0),
+            advertised: AtomicU64::new(0),
+            warned_date: std::sync::atomic::AtomicBool::new(false),
+            quota: self.quota,
         });
+        // The store delivers other processes' events to the allowance (held weakly: the
+        // store never keeps the allowance alive). Only once the allowance exists: a store
+        // drops a watcher whose allowance is not alive, and an event (or the subscription's
+        // first catch-up) can arrive from another thread at any moment after `watch`.
+        let sink: Arc<dyn EventSink> = Arc::new(Sink(Arc::downgrade(&shared)));
+        shared.store.watch(Watcher::new(sink));
         Allowance { shared }
     }
 }

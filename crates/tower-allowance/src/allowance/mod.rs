@@ -280,4 +280,50 @@ mod tests {
             assert!(format!("{a:?}").contains("Allowance"));
         });
     }
+
+    /// A store that, like the Redis store, can hear an event (or be told to catch up) on
+    /// another thread the moment it is watched: here it does so at once, inside `watch`.
+    #[derive(Debug, Default)]
+    struct EagerStore {
+        inner: crate::store::MemoryStore,
+        watchers: std::sync::Mutex<Vec<crate::store::Watcher>>,
+        alive_when_watched: std::sync::Mutex<Vec<bool>>,
+    }
+
+    impl crate::store::Store for std::sync::Arc<EagerStore> {
+        fn apply(
+            &self,
+            params: &crate::rule::Params,
+            op: crate::rule::Op,
+        ) -> crate::store::StoreFuture<crate::rule::Reply> {
+            self.inner.apply(params, op)
+        }
+
+        fn watch(&self, watcher: crate::store::Watcher) {
+            // What a store does with every watcher on each delivery: keep it while alive.
+            let alive = watcher.resync();
+            self.alive_when_watched
+                .lock()
+                .expect("not poisoned")
+                .push(alive);
+            if alive {
+                self.watchers.lock().expect("not poisoned").push(watcher);
+            }
+        }
+    }
+
+    /// Regression: the watcher was handed to the store while the allowance was still being
+    /// built (not yet alive), so a store delivering at once dropped it, and that process
+    /// never heard another process's cooldown (a FLUSHALL test sent inside cooldowns).
+    #[test]
+    fn the_store_watches_an_allowance_that_is_alive() {
+        let store = std::sync::Arc::new(EagerStore::default());
+        let allowance = Allowance::builder(AllowanceConfig::per_second(1, 1).expect("valid"))
+            .store(store.clone())
+            .build();
+        assert_eq!(*store.alive_when_watched.lock().expect("not poisoned"), [true]);
+        assert_eq!(store.watchers.lock().expect("not poisoned").len(), 1);
+        drop(allowance);
+        assert!(!store.watchers.lock().expect("not poisoned")[0].is_alive());
+    }
 }
