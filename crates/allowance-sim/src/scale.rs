@@ -99,6 +99,9 @@ pub struct CooldownReach {
     pub last_before_ms: Option<u64>,
     /// The first snapshot request once the cooldown was over, ms after the 429.
     pub first_after_ms: Option<u64>,
+    /// Every other 429 of the run, ms on the upstream's log clock (none when the allowance
+    /// kept the provider's limit everywhere else).
+    pub other_429s_at_ms: Vec<u64>,
 }
 
 impl CooldownReach {
@@ -131,7 +134,14 @@ pub fn cooldown_reach(log: &[SeenRequest], throttled: Throttled) -> CooldownReac
         .map(|(_, r)| r.at_ms - throttled.sent_at_ms)
         .collect();
     let snapshots = || log.iter().filter(|r| r.path != USAGE_PATH);
+    let other_429s_at_ms = log
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| Some(*i) != first && r.status == 429)
+        .map(|(_, r)| r.at_ms)
+        .collect();
     CooldownReach {
+        other_429s_at_ms,
         sent_at_ms: throttled.sent_at_ms,
         retry_after_ms: throttled.retry_after_ms,
         inside_after_ms,

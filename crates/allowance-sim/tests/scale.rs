@@ -90,10 +90,11 @@ async fn a_cooldown_reaches_the_waiters_of_every_process_within_10_ms() {
     .await;
     let inside = inside(&report);
     eprintln!(
-        "429 with Retry-After: 1 at {} ms; one Redis allowance for 4 processes: other requests inside the cooldown at {inside:?} ms after it; {} attempts, {} 429s, makespan {} ms (minimum {})",
+        "429 with Retry-After: 1 at {} ms; one Redis allowance for 4 processes: other requests inside the cooldown at {inside:?} ms after it; {} attempts, {} 429s (others at {} ms), makespan {} ms (minimum {})",
         report["cooldown"]["sent_at_ms"],
         report["attempts"],
         report["rejected"],
+        report["cooldown"]["other_429s_at_ms"],
         report["makespan_ms"],
         report["min_makespan_ms"]
     );

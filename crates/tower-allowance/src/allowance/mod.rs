@@ -321,7 +321,10 @@ mod tests {
         let allowance = Allowance::builder(AllowanceConfig::per_second(1, 1).expect("valid"))
             .store(store.clone())
             .build();
-        assert_eq!(*store.alive_when_watched.lock().expect("not poisoned"), [true]);
+        assert_eq!(
+            *store.alive_when_watched.lock().expect("not poisoned"),
+            [true]
+        );
         assert_eq!(store.watchers.lock().expect("not poisoned").len(), 1);
         drop(allowance);
         assert!(!store.watchers.lock().expect("not poisoned")[0].is_alive());
