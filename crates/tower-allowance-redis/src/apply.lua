@@ -5,10 +5,12 @@ local function arg(i) return tonumber(ARGV[O + i]) end
 
 rebase()
 -- A state created now (first use, or lost and recreated) is stamped with its creation time.
-local created = s.gn == 0
+-- A read creates nothing; only a first admission (a caller that knew no state) finds the
+-- bucket full.
+local created = s.gn == 0 and OP ~= 8
 if created then
   s.gn = math.max(now, 1)
-  if OP == 1 and arg(5) ~= 0 then recreated() end
+  if OP ~= 1 or arg(5) ~= 0 then recreated() end
 end
 local reply
 local ev_at

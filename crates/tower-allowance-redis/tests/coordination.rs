@@ -133,10 +133,12 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
         waited >= 1_950 * MS && waited <= 2_300 * MS,
         "B waited {waited:?}, want ~2 s"
     );
-    assert_eq!(
-        b_store.round_trips() - round_trips,
-        1,
-        "one reservation: no polling, no second call"
+    // One reservation, no polling; plus at most one catch-up read when B's event
+    // subscription came up while it held its slot (it may have missed an event before).
+    let calls = b_store.round_trips() - round_trips;
+    assert!(
+        (1..=2).contains(&calls),
+        "{calls} calls: one reservation, no polling"
     );
     // A shorter Retry-After seen by B does not shorten the deadline A raised later.
     a.defer(1_000 * MS).await.expect("defer");

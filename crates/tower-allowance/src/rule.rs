@@ -311,9 +311,6 @@ pub struct State {
     pub(crate) epoch: u64,
     /// The latest slot ever reserved: reservations are pending while it is ahead of now.
     pub(crate) reserved_until: u64,
-    /// The latest slot set by a `not_before` beyond the schedule (off the bucket's contiguous
-    /// block of reservations): while one is pending, cooldowns translate rigidly.
-    pub(crate) irregular_until: u64,
     /// Closed (exhausted) until this instant; 0 when open, [`FOREVER`] until cleared.
     pub(crate) closed_until: u64,
     /// Why it is closed.
@@ -503,7 +500,8 @@ pub struct ReservationParts {
     pub slot: u64,
     /// Each limit's theoretical arrival time after the reservation.
     pub tat: [u64; MAX_LIMITS],
-    /// The state's generation (see [`State::generation`]).
+    /// The state's generation (see [`State::generation`]); 0 when the store holds no state
+    /// (never used, or lost and not yet recreated: a read creates none).
     pub generation: u64,
     /// The event epoch the reservation has seen.
     pub epoch: u64,
@@ -872,7 +870,8 @@ pub struct StoreState {
     pub probes: u64,
     /// The event epoch.
     pub epoch: u64,
-    /// The state's generation (see [`State::generation`]).
+    /// The state's generation (see [`State::generation`]); 0 when the store holds no state
+    /// (never used, or lost and not yet recreated: a read creates none).
     pub generation: u64,
     /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
     pub rate_milli: u64,
@@ -992,12 +991,15 @@ pub enum Reply {
 /// step ([`rebase`]).
 pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     rebase(state, now, params);
-    if state.generation == 0 {
+    // A read creates nothing (its answer then says generation 0: no state). Only a first
+    // admission by a caller that knew no state finds the bucket full: any other operation
+    // comes from a process that used a state (it has a response to report, a slot to give
+    // back), which the store has lost.
+    if state.generation == 0 && !matches!(op, Op::Read { .. }) {
         state.generation = now.max(1);
-        if let Op::Admit(req) = op {
-            if req.known_generation != 0 {
-                recreated(state, now, params);
-            }
+        let first_use = matches!(op, Op::Admit(req) if req.known_generation == 0);
+        if !first_use {
+            recreated(state, now, params);
         }
     }
     match *op {
@@ -1039,7 +1041,6 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     state.tat.iter_mut().for_each(back);
     back(&mut state.blocked_until);
     back(&mut state.reserved_until);
-    back(&mut state.irregular_until);
     back(&mut state.cut_at);
     back(&mut state.started_at);
     if state.closed_until != FOREVER {
@@ -1054,10 +1055,12 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     state.seen = now;
 }
 
-/// A state created for a caller that knew an earlier one (the store lost it): every limit
-/// starts empty, its next unit one interval away, instead of with the full burst. After a
-/// loss, the provider's bucket was likely in use and the lost reservations' holders are
-/// about to ask again: a full burst now would be sent on top of them.
+/// A state created for a caller that knew an earlier one (the store lost it), or by any
+/// operation but an admission (only a process that used the state reports a response,
+/// releases a slot or reads it to catch up): every limit starts empty, its next unit one
+/// interval away, instead of with the full burst. After a loss, the provider's bucket was
+/// likely in use and the lost reservations' holders are about to ask again: a full burst now
+/// would be sent on top of them.
 pub fn recreated(state: &mut State, now: u64, params: &Params) {
     for (t, limit) in state.tat.iter_mut().zip(params.limits()) {
         *t = now.saturating_add(limit.tolerance_us);
@@ -1187,10 +1190,6 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
         return Admission::Admitted;
     }
     state.reserved_until = state.reserved_until.max(at);
-    if t0 > natural && at == t0 {
-        // Set by its own delay, not by the schedule: off the bucket's contiguous block.
-        state.irregular_until = state.irregular_until.max(at);
-    }
     Admission::Reserved {
         wait: us(wait),
         reservation: Reservation {
@@ -1275,10 +1274,6 @@ pub fn extend_cooldown(
             last = last.max(state.tat[l].saturating_sub(limit.tolerance_us));
         }
         state.reserved_until = state.reserved_until.max(last);
-        if state.irregular_until.saturating_add(PENDING_GRACE_US) > now {
-            let rigid = until.saturating_sub(now.max(state.blocked_until));
-            state.irregular_until = state.irregular_until.saturating_add(rigid);
-        }
     }
     state.blocked_until = until;
     state.epoch += 1;
@@ -1296,37 +1291,25 @@ pub fn extend_cooldown(
 }
 
 /// How far each limit's pending schedule moves when the cooldown is raised to `until` at
-/// `now`: what re-running the pending reservations from `until` would give, or more.
+/// `now`.
 ///
 /// - Nothing pending (no reservation due later than `PENDING_GRACE_US` ago): nothing moves;
 ///   the bucket refills while blocked, and callers arriving later get the recovered burst.
-/// - During a cooldown, with a reservation placed by its own `not_before` pending, or when
-///   the rate adapts, the schedule translates rigidly by the time added:
-///   `until - max(now, previous deadline)`.
-/// - Otherwise the pending reservations form one contiguous block of the bucket's schedule,
-///   starting above `now - grace + tolerance - interval`; re-run from `until`, the block
-///   starts at `until`, with the burst that recovered meanwhile. For a limit counted in
-///   requests that is a shift of `until - (now - grace + tolerance - interval)`; for a limit
-///   counted in cost (whose last unit may be large) it is the rigid translation. Either way
-///   never more than the translation.
+/// - Otherwise the pending schedule translates rigidly by the time added,
+///   `until - max(now, previous deadline)`, on every limit: each holder keeps its place and
+///   its spacing, and the bucket's accounting moves with them (as if time stood still
+///   during the cooldown). Holders do not also get the burst that recovers meanwhile: which
+///   of the pending slots that burst could absorb depends on how many are pending, which the
+///   state does not know, and granting it on a guess sent more than burst + rate x window
+///   (a property test found it: a cooldown raised while the previous one's burst was still
+///   pending).
 pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [u64; MAX_LIMITS] {
     let mut shift = [0; MAX_LIMITS];
-    let pending = |at: u64| at != 0 && at.saturating_add(PENDING_GRACE_US) > now;
-    if !pending(state.reserved_until) {
-        return shift;
-    }
-    let rigid = until.saturating_sub(now.max(state.blocked_until));
-    let translate =
-        state.blocked_until > now || pending(state.irregular_until) || params.adaptive.is_some();
-    for (l, limit) in params.limits().iter().enumerate() {
-        shift[l] = match limit.unit {
-            Unit::Requests if !translate => {
-                let block_start =
-                    now.saturating_sub(PENDING_GRACE_US) + limit.tolerance_us - limit.interval_us;
-                until.saturating_sub(block_start).min(rigid)
-            }
-            _ => rigid,
-        };
+    let pending =
+        state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now;
+    if pending {
+        let rigid = until.saturating_sub(now.max(state.blocked_until));
+        shift[..params.limit_count].fill(rigid);
     }
     shift
 }

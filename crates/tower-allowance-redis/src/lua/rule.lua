@@ -98,7 +98,6 @@ local function rebase()
   for l = 1, MAX_LIMITS do s['t' .. l] = sat_sub(s['t' .. l], step) end
   s.bu = sat_sub(s.bu, step)
   s.ru = sat_sub(s.ru, step)
-  s.ir = sat_sub(s.ir, step)
   if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
   s.lu = sat_sub(s.lu, step)
   s.np = sat_sub(s.np, step)
@@ -205,7 +204,6 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end
   s.ru = math.max(s.ru, at)
-  if t0 > natural and at == t0 then s.ir = math.max(s.ir, at) end
   local reply = {1, wait, at}
   for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
   reply[#reply + 1] = s.gn
@@ -245,24 +243,13 @@ local function close(delay, by)
   return event(2, s.cl, s.cb)
 end
 
-local function pending(at)
-  return at ~= 0 and at + PENDING_GRACE_US > now
-end
-
--- Per limit, how far the pending schedule moves when the cooldown is raised to `until_us`.
+-- rule::cooldown_shift: per limit, how far the pending schedule moves when the cooldown is
+-- raised to `until_us` (rigidly, by the time added, when anything is pending).
 local function cooldown_shift(until_us)
   local shift = {0, 0, 0, 0}
-  if not pending(s.ru) then return shift end
+  if s.ru == 0 or s.ru + PENDING_GRACE_US <= now then return shift end
   local rigid = sat_sub(until_us, math.max(now, s.bu))
-  local translate = s.bu > now or pending(s.ir) or P.ad_on == 1
-  for l = 1, P.n do
-    if P.unit[l] == 0 and not translate then
-      local block_start = sat_sub(now, PENDING_GRACE_US) + P.tol[l] - P.iv[l]
-      shift[l] = math.min(sat_sub(until_us, block_start), rigid)
-    else
-      shift[l] = rigid
-    end
-  end
+  for l = 1, P.n do shift[l] = rigid end
   return shift
 end
 
@@ -286,9 +273,6 @@ local function extend_cooldown(delay)
     local last = until_us
     for l = 1, P.n do last = math.max(last, sat_sub(s['t' .. l], P.tol[l])) end
     s.ru = math.max(s.ru, last)
-    if s.ir + PENDING_GRACE_US > now then
-      s.ir = s.ir + sat_sub(until_us, math.max(now, s.bu))
-    end
   end
   s.bu = until_us
   s.ep = s.ep + 1

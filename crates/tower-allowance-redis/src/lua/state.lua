@@ -50,7 +50,7 @@ local function load(fields)
   end
 end
 
-local BASE = {'bu', 'ep', 'ru', 'ir', 'cl', 'cb', 'sn', 'rb', 'ex', 'gn'}
+local BASE = {'bu', 'ep', 'ru', 'cl', 'cb', 'sn', 'rb', 'ex', 'gn'}
 for l = 1, MAX_LIMITS do BASE[#BASE + 1] = 't' .. l end
 local BUDGET = {'sp', 'hd'}
 for i = 0, BUDGET_SLOTS - 1 do
@@ -83,7 +83,7 @@ local function save()
       ttl_cmd = 'PERSIST'
     end
   else
-    local keep_us = math.max(s.bu - now, s.ru - now, s.ir - now, s.cl - now, 0)
+    local keep_us = math.max(s.bu - now, s.ru - now, s.cl - now, 0)
     for l = 1, P.n do keep_us = math.max(keep_us, s['t' .. l] - now) end
     if loaded.np then keep_us = math.max(keep_us, s.np - now, s.lu - now) end
     if P.kind == 2 then keep_us = math.max(keep_us, P.b1 * BUDGET_SLOTS) end

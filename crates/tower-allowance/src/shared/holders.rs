@@ -247,8 +247,22 @@ impl Holders {
     /// place in the store's schedule is unknown here: it asks again, and the store schedules
     /// it after whatever it missed. (Moving them all to the cooldown's end instead would send
     /// them together; asking again may cost a slot each, never a burst.)
+    ///
+    /// Generation 0 (the store has no state at all: lost, and nobody has recreated it yet):
+    /// every holder asks again, still knowing the lost generation, so that the state their
+    /// first admission recreates starts empty.
     pub(crate) fn resync(&self, generation: u64, epoch: u64, blocked_until: Instant) {
         let mut wake = Vec::new();
+        if generation == 0 {
+            let mut r = self.lock();
+            for entry in r.entries.values_mut().filter(|e| !e.lost) {
+                entry.lost = true;
+                wake.extend(entry.waker.take());
+            }
+            drop(r);
+            wake.into_iter().for_each(Waker::wake);
+            return;
+        }
         {
             let mut r = self.lock();
             r.adopt(generation, &mut wake);

@@ -166,14 +166,14 @@ async fn cooldown_moves_waiting_callers<S: Store>(store: S) {
         }));
     }
     tokio::time::sleep(200 * MS).await;
-    // A server asks everyone to wait 1 s: the pending slots (500 ms to 2 s) move after the
-    // cooldown, in order, metered, with the burst the store can credit (see `rule`).
+    // A server asks everyone to wait 1 s: the pending slots (500 ms to 2 s) move by the
+    // second added, in order and keeping their spacing (see `rule::cooldown_shift`).
     a.defer(Duration::from_secs(1)).await.expect("defer");
     let mut at = vec![];
     for w in waiting {
         at.push(w.await.expect("task").expect("admitted").as_millis());
     }
-    assert_eq!(at, [0, 0, 1200, 1600, 2100, 2600]);
+    assert_eq!(at, [0, 0, 1500, 2000, 2500, 3000]);
 }
 
 async fn cooldown_never_shortens<S: Store>(store: S) {
@@ -307,6 +307,7 @@ async fn absurd_delay_closes_until_cleared<S: Store>(store: S) {
         .with_max_cooldown(Duration::from_secs(60))
         .expect("valid");
     let a = allowance(config, store);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
     let d = a.defer(Duration::from_secs(3_600)).await.expect("defer");
     assert_eq!(d.closed, Some(Some(Duration::from_secs(3_600))));
     assert_eq!(
