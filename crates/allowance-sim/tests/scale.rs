@@ -33,11 +33,13 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// The allowance's interval at 20/s, ms.
 const INTERVAL_MS: u64 = 50;
 
-/// 429s beyond the ones a test forces that a real-time run of several processes may meet.
-/// Measured: about one run in ten of these tests on a 2-core machine running the suite sees
-/// one unexplained 429 (no cooldown involved, never two); its cause is open (see
-/// BENCHMARKS.md, "Known limits"). Coordination itself is asserted by the counts that
-/// matter here (order, reach, slots given back), which a stray 429 does not change.
+/// 429s beyond the ones a test forces that a real-time run of several processes may meet:
+/// delivery jitter, not coordination. A request admitted on schedule that reaches the
+/// upstream late (its process had just opened its connection) while the upstream's bucket
+/// was still full delays that bucket's refill, and the upstream forgives only 5 ms (see
+/// docs/scale-out.md: 4 runs in 98 at 16 and 32 processes; here about one run in ten of
+/// these tests while the whole suite runs on 2 cores, never two). Coordination itself is
+/// asserted by the counts that matter here (order, reach, slots given back).
 const STRAY_429S: u64 = 1;
 
 fn exe() -> &'static Path {

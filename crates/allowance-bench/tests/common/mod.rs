@@ -20,6 +20,8 @@ static GLOBAL: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 pub(crate) const CALLS: usize = 1_000;
 /// Warm-up calls (lazy statics, thread-locals) before counting.
 pub(crate) const WARM_UP: usize = 10;
+/// Rounds of [`CALLS`] counted; the quietest is reported.
+pub(crate) const ROUNDS: usize = 3;
 
 /// `poll_ready`, `call`, one poll of the response future, which must be ready.
 fn call_once<S, B>(service: &mut S, cx: &mut Context<'_>, req: Request<B>)
@@ -37,7 +39,8 @@ where
 }
 
 /// Checks the counter sees an allocation, warms `service` up, then returns the heap
-/// activity of [`CALLS`] fast-path calls on requests built beforehand by `request`.
+/// activity of [`CALLS`] fast-path calls on requests built beforehand by `request`: the
+/// quietest of [`ROUNDS`] rounds.
 pub(crate) fn allocations_over_calls<S, B>(
     service: &mut S,
     request: impl Fn() -> Request<B>,
@@ -58,10 +61,20 @@ where
     for _ in 0..WARM_UP {
         call_once(service, &mut cx, request());
     }
-    let requests: Vec<Request<B>> = (0..CALLS).map(|_| request()).collect();
-    let region = Region::new(GLOBAL);
-    for req in requests {
-        call_once(service, &mut cx, req);
+    // The quietest of three rounds: an allocation made once in the process's life (seen in
+    // about one run in four of the full-stack test: 4 allocations, 900 bytes, in one round)
+    // does not fail the test; one made per call, or every round, does.
+    let mut quietest: Option<Stats> = None;
+    for _ in 0..ROUNDS {
+        let requests: Vec<Request<B>> = (0..CALLS).map(|_| request()).collect();
+        let region = Region::new(GLOBAL);
+        for req in requests {
+            call_once(service, &mut cx, req);
+        }
+        let change = region.change();
+        if quietest.is_none_or(|q| change.allocations < q.allocations) {
+            quietest = Some(change);
+        }
     }
-    region.change()
+    quietest.unwrap_or_else(|| unreachable!("ROUNDS > 0"))
 }
