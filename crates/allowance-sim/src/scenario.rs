@@ -195,7 +195,7 @@ impl FromStr for OnStoreOutage {
 }
 
 /// An adaptive rate for a run's allowances (`--adaptive`): see
-/// [`AdaptiveRate`](tower_allowance::AdaptiveRate) for what the controller does.
+/// [`AdaptiveRate`] for what the controller does.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adaptive {
     /// The starting rate, requests per second.
