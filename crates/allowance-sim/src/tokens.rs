@@ -36,7 +36,6 @@
 
 use std::{
     collections::HashMap,
-    convert::Infallible,
     fmt,
     net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -46,15 +45,13 @@ use std::{
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
-use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown};
+use hyper::body::Incoming;
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
+
+use crate::upstream::{json, serve_http};
 
 /// The request header carrying its token cost (a decimal integer).
 pub const TOKENS_HEADER: &str = "x-token-cost";
-
-/// How long [`TokenUpstream::shutdown`] lets open connections finish.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Units per period, at most `burst` at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,7 +306,12 @@ impl TokenUpstream {
             }),
         });
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(serve(listener, shared.clone(), stopped));
+        let serving = shared.clone();
+        let task = tokio::spawn(serve_http(
+            listener,
+            move |req: &Request<Incoming>| handle(&serving, req),
+            stopped,
+        ));
         Ok(Self {
             addr,
             shared,
@@ -358,44 +360,8 @@ impl Drop for TokenUpstream {
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot::Receiver<()>) {
-    let graceful = GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let shared = shared.clone();
-                    let service = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(handle(&shared, &req)) }
-                    });
-                    let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
-                        let _ = conn.await;
-                    });
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-            },
-            _ = &mut stopped => break,
-        }
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await;
-}
-
-fn answer(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(Bytes::from(body)));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    res
-}
-
 fn error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    answer(
+    json(
         status,
         serde_json::json!({ "error": { "message": message } }).to_string(),
     )
@@ -466,7 +432,7 @@ fn respond(
     let mut res = if fits {
         account.requests.level -= 1.0;
         account.tokens.level -= units;
-        answer(
+        json(
             StatusCode::OK,
             serde_json::json!({ "usage": { "total_tokens": tokens } }).to_string(),
         )

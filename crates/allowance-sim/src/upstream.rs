@@ -513,7 +513,12 @@ impl Upstream {
             }),
         });
         let (stop, stopped) = oneshot::channel();
-        let task = tokio::spawn(serve(listener, shared.clone(), stopped));
+        let serving = shared.clone();
+        let task = tokio::spawn(serve_http(
+            listener,
+            move |req: &Request<Incoming>| handle(&serving, req),
+            stopped,
+        ));
         Ok(Upstream {
             addr,
             shared,
@@ -591,16 +596,24 @@ impl Drop for Upstream {
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot::Receiver<()>) {
+/// Serves HTTP/1.1 on `listener` with `handle` until `stopped` fires, then lets open
+/// connections finish (for up to [`SHUTDOWN_GRACE`]). Both test servers run on it.
+pub(crate) async fn serve_http<H>(
+    listener: TcpListener,
+    handle: H,
+    mut stopped: oneshot::Receiver<()>,
+) where
+    H: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Clone + Send + Sync + 'static,
+{
     let graceful = GracefulShutdown::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _peer)) => {
-                    let shared = shared.clone();
+                    let handle = handle.clone();
                     let service = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(handle(&shared, &req)) }
+                        let res = handle(&req);
+                        async move { Ok::<_, Infallible>(res) }
                     });
                     let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
                     let conn = graceful.watch(conn);
@@ -621,7 +634,8 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: oneshot:
 
 // === request handling ===
 
-fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+/// A JSON response with `status`.
+pub(crate) fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from(body)));
     *res.status_mut() = status;
     res.headers_mut().insert(
