@@ -22,9 +22,7 @@ use tower_allowance_redis::{
 
 #[tokio::test]
 async fn retry_after_seen_by_one_process_holds_the_other() {
-    let Some(redis) = TestRedis::start().await else {
-        return;
-    };
+    let redis = TestRedis::start().await;
     let name = unique_name("retry-after");
     let config = AllowanceConfig::per_second(10, 2).expect("valid");
     let process = |store: RedisStore| {

@@ -98,7 +98,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let redis = match args.first() {
         Some(_) => None,
-        None => Some(TestRedis::start().await.ok_or("no redis-server to start")?),
+        None => Some(TestRedis::start().await),
     };
     let url = match (&redis, args.first()) {
         (Some(redis), _) => redis.url().to_owned(),

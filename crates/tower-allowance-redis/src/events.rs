@@ -10,6 +10,12 @@
 //! On a Redis Cluster a plain `PUBLISH` reaches the subscribers of every node (the cluster
 //! bus forwards it), so the subscription may sit on any node: the first seed URL, then the
 //! next ones in turn after a failure.
+//!
+//! A store's first operation waits until its channel is subscribed (for at most the connect
+//! timeout, see `Inner::until_listening`): a reservation made before could miss an event
+//! published in between, and catching up would cost a read. So a catch-up read happens only
+//! where an event can really have been missed: after a dropped subscription comes back (or
+//! for holders made while the subscription could not be had at all).
 
 use std::{
     collections::HashMap,
@@ -25,13 +31,21 @@ use tower_allowance::rule::{Event, EVENT_WORDS};
 
 use crate::store::Inner;
 
+/// The stores listening on one channel.
+#[derive(Default)]
+struct Route {
+    listeners: Vec<Weak<Inner>>,
+    /// Whether the live subscription has confirmed this channel.
+    subscribed: bool,
+}
+
 /// The subscription shared by the allowances of one connection.
 pub(crate) struct Events {
     /// Where the subscription can be made, tried in turn; none: no events are heard.
     sources: Vec<redis::Client>,
     connect_timeout: Duration,
-    /// The stores listening on each channel.
-    routes: Mutex<HashMap<String, Vec<Weak<Inner>>>>,
+    /// The stores listening on each channel, and whether it is subscribed now.
+    routes: Mutex<HashMap<String, Route>>,
     /// The live subscription's command half, to subscribe channels registered later.
     sink: Mutex<Option<PubSubSink>>,
     started: AtomicBool,
@@ -64,13 +78,17 @@ impl Events {
             return false;
         }
         let channel = store.channel.clone();
-        let new_channel = {
+        let (new_channel, subscribed) = {
             let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
-            let listeners = routes.entry(channel.clone()).or_default();
-            listeners.retain(|w| w.strong_count() > 0);
-            listeners.push(Arc::downgrade(store));
-            listeners.len() == 1
+            let route = routes.entry(channel.clone()).or_default();
+            route.listeners.retain(|w| w.strong_count() > 0);
+            route.listeners.push(Arc::downgrade(store));
+            (route.listeners.len() == 1, route.subscribed)
         };
+        if subscribed {
+            // Another store of this channel brought the subscription up already.
+            store.listening();
+        }
         // Registered before the sink is read: either the sink is there and subscribes the
         // channel here, or the subscription task publishes its sink later and then reads
         // every channel registered (this one included).
@@ -82,15 +100,13 @@ impl Events {
                 .clone();
             if let Some(mut sink) = sink {
                 let timeout = self.connect_timeout;
-                let store = Arc::downgrade(store);
+                let events = Arc::downgrade(self);
                 handle.spawn(async move {
                     // A failure here is a failed connection: the task resubscribes everything.
                     let subscribed = tokio::time::timeout(timeout, sink.subscribe(&channel)).await;
                     if matches!(subscribed, Ok(Ok(()))) {
-                        // Events published before the subscription took effect were missed:
-                        // the store reads the state and its holders catch up.
-                        if let Some(store) = store.upgrade() {
-                            store.deliver(None);
+                        if let Some(events) = events.upgrade() {
+                            events.confirmed(&[channel]);
                         }
                     }
                 });
@@ -102,15 +118,30 @@ impl Events {
         true
     }
 
-    /// Every live store listening on some channel.
-    fn listeners(&self) -> Vec<Arc<Inner>> {
-        self.routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .flatten()
-            .filter_map(Weak::upgrade)
-            .collect()
+    /// The subscription took effect for `channels`: their stores are listening from now on.
+    /// A store that was listening before (a subscription that dropped and came back) may have
+    /// missed events meanwhile, and catches up.
+    fn confirmed(&self, channels: &[String]) {
+        let mut stores: Vec<Arc<Inner>> = Vec::new();
+        {
+            let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+            for channel in channels {
+                let Some(route) = routes.get_mut(channel) else {
+                    continue;
+                };
+                // Confirmed twice (the task and a late registration both subscribed it): the
+                // second confirmation is not news.
+                if std::mem::replace(&mut route.subscribed, true) {
+                    continue;
+                }
+                stores.extend(route.listeners.iter().filter_map(Weak::upgrade));
+            }
+        }
+        for store in stores {
+            if store.listening() {
+                store.deliver(None);
+            }
+        }
     }
 
     fn dispatch(&self, channel: &str, event: Event) {
@@ -119,7 +150,7 @@ impl Events {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(channel)
-            .map(|l| l.iter().filter_map(Weak::upgrade).collect())
+            .map(|r| r.listeners.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default();
         for store in stores {
             store.deliver(Some(event));
@@ -132,13 +163,24 @@ impl Events {
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .retain(|_, listeners| {
-                listeners.retain(|w| w.strong_count() > 0);
-                !listeners.is_empty()
+            .retain(|_, route| {
+                route.listeners.retain(|w| w.strong_count() > 0);
+                !route.listeners.is_empty()
             });
     }
 
     fn set_sink(&self, sink: Option<PubSubSink>) {
+        if sink.is_none() {
+            // The connection is gone: no channel is subscribed until it is back.
+            for route in self
+                .routes
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values_mut()
+            {
+                route.subscribed = false;
+            }
+        }
         *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = sink;
     }
 
@@ -192,12 +234,10 @@ async fn run(events: Weak<Events>) {
             }
         }
         backoff = Duration::from_millis(50);
-        // Subscribed (first time, or again after a dropped connection): whatever was published
-        // before now was missed, so every store reads the state and its holders catch up.
+        // Subscribed: stores waiting for their first operation go ahead; stores that listened
+        // before (the connection dropped) may have missed events, and catch up.
         if let Some(hub) = events.upgrade() {
-            for store in hub.listeners() {
-                store.deliver(None);
-            }
+            hub.confirmed(&channels);
         }
         loop {
             // Wake now and then to notice that every store is gone.

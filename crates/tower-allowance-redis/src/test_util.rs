@@ -3,8 +3,8 @@
 //!
 //! [`TestRedis::start`] spawns `redis-server` (or `$REDIS_SERVER_BIN`) on a free loopback
 //! port with persistence off, and kills it on drop. When that is impossible it falls back to
-//! `$ALLOWANCE_REDIS_URL`; when neither works it returns `None` so the test can say it
-//! skipped, except under `CI=true`, where it panics: CI never skips silently.
+//! `$ALLOWANCE_REDIS_URL` if that Redis answers; when neither works it panics with a message
+//! naming the fix, CI or not: a test that needs Redis never passes without one.
 //! [`TestRedis::start_tls`] serves TLS only, with certificates the test provides;
 //! [`TestCluster::start`] makes a cluster of three primaries with `redis-cli --cluster
 //! create` (or `$REDIS_CLI_BIN`). Neither falls back to a shared server.
@@ -14,7 +14,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let Some(redis) = TestRedis::start().await else { return };
+//! let redis = TestRedis::start().await;
 //! println!("testing against {}", redis.url());
 //! # }
 //! ```
@@ -94,43 +94,53 @@ impl Drop for TempDir {
     }
 }
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
 fn bin() -> String {
     std::env::var("REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".to_owned())
 }
 
 impl TestRedis {
-    /// A private server if one can be spawned, else `$ALLOWANCE_REDIS_URL`.
+    /// A private server if one can be spawned, else the one at `$ALLOWANCE_REDIS_URL` once it
+    /// answers `PING`.
     ///
     /// # Panics
     ///
-    /// Under `CI=true` when neither is available.
-    pub async fn start() -> Option<Self> {
+    /// When neither is there, CI or not, with a message naming the fix (install
+    /// `redis-server`, or point `ALLOWANCE_REDIS_URL` at a running Redis): a test that needs
+    /// Redis never passes without one.
+    pub async fn start() -> Self {
         if let Some(redis) = Self::spawn().await {
-            return Some(redis);
+            return redis;
         }
-        if let Ok(url) = std::env::var("ALLOWANCE_REDIS_URL") {
-            return Some(Self {
-                url,
-                server: None,
-                _dir: None,
-            });
+        match std::env::var("ALLOWANCE_REDIS_URL") {
+            Ok(url) => {
+                if let Err(why) = answers(&url).await {
+                    unavailable(&format!(
+                        "no redis-server could be spawned and ALLOWANCE_REDIS_URL={url} does not answer PING ({why})"
+                    ))
+                }
+                Self {
+                    url,
+                    server: None,
+                    _dir: None,
+                }
+            }
+            Err(_) => {
+                unavailable("no redis-server could be spawned and ALLOWANCE_REDIS_URL is not set")
+            }
         }
-        Self::unavailable("no redis-server could be spawned and ALLOWANCE_REDIS_URL is not set")
     }
 
-    /// A private server only (for tests that kill and restart it).
+    /// A private server only (for tests that kill, freeze or restart it).
     ///
     /// # Panics
     ///
-    /// Under `CI=true` when it cannot be spawned.
-    pub async fn start_private() -> Option<Self> {
+    /// When it cannot be spawned, naming the fix (install `redis-server`).
+    pub async fn start_private() -> Self {
         match Self::spawn().await {
-            Some(redis) => Some(redis),
-            None => Self::unavailable("no private redis-server could be spawned"),
+            Some(redis) => redis,
+            None => unavailable(
+                "this test kills or restarts its Redis, so it needs a private redis-server, and none could be spawned",
+            ),
         }
     }
 
@@ -142,10 +152,10 @@ impl TestRedis {
     ///
     /// # Panics
     ///
-    /// Under `CI=true` when it cannot be spawned (a `redis-server` built without TLS, say).
-    pub async fn start_tls(files: &TlsServerFiles) -> Option<Self> {
+    /// When it cannot be spawned (no `redis-server`, or one built without TLS), naming the fix.
+    pub async fn start_tls(files: &TlsServerFiles) -> Self {
         let Some(dir) = TempDir::new("redis-tls") else {
-            return Self::unavailable("cannot create a directory for the certificates");
+            unavailable("cannot create a directory for the certificates")
         };
         let write = |name: &str, pem: &str| {
             let path = dir.path().join(name);
@@ -157,7 +167,7 @@ impl TestRedis {
             write("server.key", &files.key_pem),
             write("ca.crt", &files.ca_pem),
         ) else {
-            return Self::unavailable("cannot write the certificates");
+            unavailable("cannot write the certificates")
         };
         let auth = if files.require_client_cert {
             "yes"
@@ -187,18 +197,14 @@ impl TestRedis {
                 child: None,
             };
             if server.launch().await {
-                return Some(Self {
+                return Self {
                     url: format!("rediss://127.0.0.1:{port}/"),
                     server: Some(server),
                     _dir: Some(dir),
-                });
+                };
             }
         }
-        Self::unavailable("no TLS redis-server could be spawned")
-    }
-
-    fn unavailable(why: &str) -> Option<Self> {
-        unavailable(why)
+        unavailable("no TLS redis-server could be spawned (is it built with TLS?)")
     }
 
     async fn spawn() -> Option<Self> {
@@ -409,11 +415,28 @@ impl Drop for Private {
     }
 }
 
-/// `None` with a note that the test skipped, or a panic under `CI=true`.
-fn unavailable<T>(why: &str) -> Option<T> {
-    assert!(!ci(), "CI=true and {why}: redis tests must run in CI");
-    eprintln!("SKIPPED: {why}");
-    None
+/// What to do when a test cannot have the server it needs.
+const FIX: &str = "install redis-server (Debian: `apt-get install redis-server redis-tools`; \
+     or set REDIS_SERVER_BIN to its path), or set ALLOWANCE_REDIS_URL to a Redis that answers \
+     (tests that kill their server, TLS and Cluster tests need redis-server itself)";
+
+/// Fails the test, naming the fix: a test that needs Redis never passes without one.
+fn unavailable(why: &str) -> ! {
+    panic!("{why}: {FIX}")
+}
+
+/// Whether the Redis at `url` answers `PING` within 2 seconds.
+async fn answers(url: &str) -> Result<(), String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let ping = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    match tokio::time::timeout(Duration::from_secs(2), ping).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 2 s".to_owned()),
+    }
 }
 
 /// A Redis Cluster of three primaries (no replicas) on loopback, each a private
@@ -425,7 +448,7 @@ fn unavailable<T>(why: &str) -> Option<T> {
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let Some(cluster) = TestCluster::start().await else { return };
+/// let cluster = TestCluster::start().await;
 /// let store = RedisStore::connect_cluster(cluster.urls(), "api", RedisStoreOptions::new())
 ///     .await
 ///     .expect("connect");
@@ -448,17 +471,17 @@ impl TestCluster {
     ///
     /// # Panics
     ///
-    /// Under `CI=true` when it cannot (no `redis-server` or `redis-cli`), or when the
-    /// cluster does not form within 20 seconds.
-    pub async fn start() -> Option<Self> {
+    /// When it cannot (no `redis-server` or `redis-cli`: the message names the fix), or when
+    /// the cluster does not form within 20 seconds.
+    pub async fn start() -> Self {
         const NODES: usize = 3;
         let Some(dir) = TempDir::new("redis-cluster") else {
-            return unavailable("cannot create a directory for the cluster's files");
+            unavailable("cannot create a directory for the cluster's files")
         };
         let mut nodes = Vec::new();
         for _ in 0..NODES {
             let Some(node) = Self::launch_node(dir.path()).await else {
-                return unavailable("no cluster-enabled redis-server could be spawned");
+                unavailable("no cluster-enabled redis-server could be spawned")
             };
             nodes.push(node);
         }
@@ -482,7 +505,7 @@ impl TestCluster {
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ),
-            _ => return unavailable("redis-cli could not be run (install redis-tools)"),
+            _ => unavailable("redis-cli could not be run (it is in Debian's redis-tools)"),
         }
         let cluster = Self { nodes, _dir: dir };
         for _ in 0..200 {
@@ -494,7 +517,7 @@ impl TestCluster {
                 }
             }
             if ok == NODES {
-                return Some(cluster);
+                return cluster;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

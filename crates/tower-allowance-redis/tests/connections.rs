@@ -79,9 +79,7 @@ async fn hundred_allowances_over(first: RedisStore, inspector: &redis::Client) {
 
 #[tokio::test]
 async fn a_hundred_allowances_share_one_connection() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let first = RedisStore::connect(redis.url(), &unique_name("many"), RedisStoreOptions::new())
         .await
         .expect("connect");
@@ -91,9 +89,7 @@ async fn a_hundred_allowances_share_one_connection() {
 
 #[tokio::test]
 async fn a_hundred_allowances_over_the_applications_connection() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let client = redis::Client::open(redis.url()).expect("client");
     let mut conn = ConnectionManager::new(client.clone())
         .await
@@ -129,9 +125,7 @@ async fn a_hundred_allowances_over_the_applications_connection() {
 
 #[tokio::test]
 async fn events_reach_a_holder_over_the_applications_connection() {
-    let Some(redis) = TestRedis::start().await else {
-        return;
-    };
+    let redis = TestRedis::start().await;
     let name = unique_name("byo-events");
     let client = redis::Client::open(redis.url()).expect("client");
     let conn = ConnectionManager::new(client.clone())
@@ -149,9 +143,7 @@ async fn events_reach_a_holder_over_the_applications_connection() {
 
 #[tokio::test]
 async fn without_an_events_client_the_store_still_decides() {
-    let Some(redis) = TestRedis::start().await else {
-        return;
-    };
+    let redis = TestRedis::start().await;
     let client = redis::Client::open(redis.url()).expect("client");
     let conn = ConnectionManager::new(client).await.expect("connection");
     let store = RedisStore::from_connection(

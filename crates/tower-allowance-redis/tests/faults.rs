@@ -66,9 +66,7 @@ async fn until_redis_answers(store: &RedisStore, config: &AllowanceConfig) -> Du
 
 #[tokio::test]
 async fn an_outage_is_reported_fast_and_coordination_resumes() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let name = unique_name("outage");
     let store = RedisStore::connect(redis.url(), &name, options(FailurePolicy::Report))
         .await
@@ -125,9 +123,7 @@ async fn an_outage_is_reported_fast_and_coordination_resumes() {
 /// delayed until it is back, never failed and never sent without the store.
 #[tokio::test]
 async fn a_short_outage_delays_admission_instead_of_failing_it() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let store = RedisStore::connect(
         redis.url(),
         &unique_name("wait"),
@@ -162,9 +158,7 @@ async fn a_short_outage_delays_admission_instead_of_failing_it() {
 /// at once, typed, and the local fallback does not mask it.
 #[tokio::test]
 async fn a_refusal_surfaces_at_once_and_is_never_masked() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let policy = FailurePolicy::LocalFallback {
         expected_processes: NonZeroU32::MIN,
     };
@@ -207,9 +201,7 @@ async fn a_refusal_surfaces_at_once_and_is_never_masked() {
 
 #[tokio::test]
 async fn a_hung_redis_times_out() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let store = RedisStore::connect(
         redis.url(),
         &unique_name("hung"),
@@ -234,9 +226,7 @@ async fn a_hung_redis_times_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_fallback_keeps_admitting_at_the_divided_rate() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     // 20/s shared by 2 expected processes: the fallback admits 10/s, burst 1.
     let config = AllowanceConfig::per_second(20, 2).expect("valid");
     let policy = FailurePolicy::LocalFallback {
@@ -286,9 +276,7 @@ async fn local_fallback_keeps_admitting_at_the_divided_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_mid_run_is_invisible() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let store = RedisStore::connect(
         redis.url(),
         &unique_name("flush"),
@@ -346,9 +334,7 @@ async fn script_flush_mid_run_is_invisible() {
 
 #[tokio::test]
 async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let policy = FailurePolicy::LocalFallback {
         expected_processes: NonZeroU32::new(4).expect("non-zero"),
     };

@@ -88,9 +88,7 @@ fn inspector(redis: &TestRedis, pki: &Pki) -> redis::Client {
 #[tokio::test]
 async fn admissions_and_a_shared_cooldown_over_tls() {
     let pki = new_pki();
-    let Some(redis) = TestRedis::start_tls(&files(&pki, false)).await else {
-        return;
-    };
+    let redis = TestRedis::start_tls(&files(&pki, false)).await;
     assert!(redis.url().starts_with("rediss://"));
     let name = unique_name("tls");
     let connect = || RedisStore::connect(redis.url(), &name, trusting(&pki));
@@ -146,9 +144,7 @@ async fn admissions_and_a_shared_cooldown_over_tls() {
 #[tokio::test]
 async fn events_reach_a_holder_over_the_tls_subscription() {
     let pki = new_pki();
-    let Some(redis) = TestRedis::start_tls(&files(&pki, false)).await else {
-        return;
-    };
+    let redis = TestRedis::start_tls(&files(&pki, false)).await;
     let name = unique_name("tls-events");
     let a = RedisStore::connect(redis.url(), &name, trusting(&pki))
         .await
@@ -165,24 +161,20 @@ async fn events_reach_a_holder_over_the_tls_subscription() {
 fn conformance_over_tls() {
     let pki = new_pki();
     let made = support::real().block_on(async {
-        let redis = TestRedis::start_tls(&files(&pki, false)).await?;
+        let redis = TestRedis::start_tls(&files(&pki, false)).await;
         let store = RedisStore::connect(redis.url(), &unique_name("tls-conf"), trusting(&pki))
             .await
             .expect("connect over TLS");
-        Some((redis, store))
+        (redis, store)
     });
-    let Some((_redis, base)) = made else {
-        return;
-    };
+    let (_redis, base) = made;
     support::run_conformance(&base);
 }
 
 #[tokio::test]
 async fn mutual_tls_presents_the_client_certificate() {
     let pki = new_pki();
-    let Some(redis) = TestRedis::start_tls(&files(&pki, true)).await else {
-        return;
-    };
+    let redis = TestRedis::start_tls(&files(&pki, true)).await;
     let name = unique_name("mtls");
     let options =
         trusting(&pki).tls_client_cert(pki.client_cert_pem.clone(), pki.client_key_pem.clone());
@@ -215,9 +207,7 @@ async fn mutual_tls_presents_the_client_certificate() {
 #[tokio::test]
 async fn an_untrusted_server_is_refused_not_an_outage() {
     let pki = new_pki();
-    let Some(redis) = TestRedis::start_tls(&files(&pki, false)).await else {
-        return;
-    };
+    let redis = TestRedis::start_tls(&files(&pki, false)).await;
     // The system's roots do not vouch for the test CA. Waiting will not change that: refused
     // at once, whatever the failure policy.
     let options = RedisStoreOptions::new()

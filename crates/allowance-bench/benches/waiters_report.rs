@@ -1,7 +1,7 @@
 //! (d) Waiters at scale, counted rather than timed: wakeups per admission and the wait
 //! queue's own memory per waiter, with 10, 1,000 and 10,000 waiters.
 //!
-//! `cargo run --release -p allowance-bench --example waiters_report`
+//! `cargo bench -p allowance-bench --bench waiters_report`
 //!
 //! - Wakeups: `n` tasks loop on `acquire().await` (1,000/s, burst 1, paused clock); every
 //!   `Acquire` is wrapped in a future that counts its polls. Over a steady-state window,

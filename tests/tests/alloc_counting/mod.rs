@@ -1,6 +1,7 @@
-//! The harness both zero-allocation test binaries share. Each binary is its own process
-//! with this module's counting global allocator and a single test, so nothing else
-//! allocates while it counts.
+//! The harness the zero-allocation test binaries (`alloc`, `alloc_stack`, `alloc_stack_full`)
+//! share. Each binary is its own process with this module's counting global allocator and a
+//! single test, so nothing else allocates while it counts: a test that counts allocations
+//! gets a file of its own, never a place in another binary.
 
 use std::{
     future::Future,

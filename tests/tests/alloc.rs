@@ -1,6 +1,6 @@
 //! Zero heap allocations on the admission fast path, counted by a global allocator.
 
-mod common;
+mod alloc_counting;
 
 use std::{
     convert::Infallible,
@@ -8,7 +8,7 @@ use std::{
     num::NonZeroU32,
 };
 
-use common::{allocations_over_calls, CALLS, ROUNDS, WARM_UP};
+use alloc_counting::{allocations_over_calls, CALLS, ROUNDS, WARM_UP};
 use http::{Request, Response};
 use tower::{service_fn, Layer};
 use tower_allowance::{admission::AdmissionLayer, Allowance, AllowanceConfig};

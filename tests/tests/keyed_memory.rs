@@ -1,7 +1,7 @@
 //! Memory per idle key in a `Keyed` registry, and memory flat after eviction: 100,000 keys
 //! churned through a registry of 10,000, counted by a global allocator.
 //!
-//! `cargo test --release -p allowance-bench --test keyed_memory -- --nocapture` prints the
+//! `cargo test --release -p integration-tests --test keyed_memory -- --nocapture` prints the
 //! figures.
 
 use std::time::Duration;

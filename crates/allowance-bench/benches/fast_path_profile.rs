@@ -2,10 +2,13 @@
 //! (repeatable where wall time on a shared machine is not).
 //!
 //! ```text
-//! cargo build --release -p allowance-bench --example fast_path_profile
+//! cargo bench -p allowance-bench --bench fast_path_profile --no-run   # names the executable
 //! valgrind --tool=callgrind --toggle-collect='fast_path_profile::run_*' \
-//!     target/release/examples/fast_path_profile ours 100000
+//!     target/release/deps/fast_path_profile-<hash> ours 100000
 //! ```
+//!
+//! `cargo bench -p allowance-bench --bench fast_path_profile -- ours 100000` runs it without
+//! valgrind (the `--bench` flag cargo adds is ignored).
 //!
 //! Competitors: `ours` (`Allowance::acquire()` polled once), `layer` (`AdmissionLayer`
 //! `poll_ready` + `call` + poll, over a `service_fn` returning `std::future::ready`), `bare`
@@ -144,7 +147,8 @@ fn run_waiters(rt: &tokio::runtime::Runtime, reached: &Notify) {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` adds `--bench`.
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let which = args.next().unwrap_or_else(|| "ours".to_owned());
     let n: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
     match which.as_str() {

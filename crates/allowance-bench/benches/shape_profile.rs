@@ -2,10 +2,13 @@
 //! (repeatable where wall time on a shared machine is not).
 //!
 //! ```text
-//! cargo build --release -p allowance-bench --example shape_profile
+//! cargo bench -p allowance-bench --bench shape_profile --no-run   # names the executable
 //! valgrind --tool=callgrind --toggle-collect='shape_profile::run' \
-//!     target/release/examples/shape_profile <one|three|single|keyed|lookup> 100000
+//!     target/release/deps/shape_profile-<hash> <one|three|single|keyed|lookup> 100000
 //! ```
+//!
+//! `cargo bench -p allowance-bench --bench shape_profile -- one 100000` runs it without
+//! valgrind (the `--bench` flag cargo adds is ignored).
 //!
 //! `one`/`single`: `acquire()` polled once on a one-limit allowance; `three`: on a
 //! three-limit one (per second, minute, day); `keyed`: `Keyed::get` of one key among 10,000
@@ -65,7 +68,8 @@ fn run(target: &Target, n: u64) {
 }
 
 fn main() {
-    let mut args = std::env::args().skip(1);
+    // `cargo bench` adds `--bench`.
+    let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let which = args.next().unwrap_or_else(|| "one".to_owned());
     let n: u64 = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
     let rt = tokio::runtime::Builder::new_current_thread()

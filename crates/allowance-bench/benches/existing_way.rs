@@ -1,7 +1,7 @@
 //! (e) "The existing way": the seed's eight-worker scenario with tower's own pieces, next to
 //! tower-allowance, in virtual time (paused Tokio clock), against the same fake upstream.
 //!
-//! `cargo run --release -p allowance-bench --example existing_way`
+//! `cargo bench -p allowance-bench --bench existing_way`
 //!
 //! Setting (the seed's): 8 workers, one job each, upstream bucket burst 2 refilling 2/s,
 //! 429 with `Retry-After: 1`, at most 10 attempts per job; the client's limit as the upstream's
