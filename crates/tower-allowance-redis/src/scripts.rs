@@ -7,13 +7,15 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | (generated) | the constants, from `tower_allowance::rule` (their one source) |
-//! | `lua/clock.lua` | `now` from `TIME` (`lua/clock_test.lua` in test builds: a clock argument) |
+//! | `lua/clock.lua` | `now`: from `TIME`, unless the clock argument gives one |
 //! | `lua/state.lua` | the parameters from `ARGV`, loading and saving the state hash |
 //! | `lua/rule.lua` | the rule's functions, with the names and order of `rule.rs` |
 //! | `apply.lua` | `rule::apply`: dispatch, save, publish the events |
 //!
-//! `ARGV` is `[op, (test clock), params..., channel, op args...]` as built by [`argv`];
-//! replies are arrays of integers, decoded by [`decode`].
+//! Every build ships and runs this one script, tests included. `ARGV` is
+//! `[op, clock, params..., channel, op args...]` as built by [`argv`]: `clock` is `-1` ("none":
+//! decide on `TIME`) except under `RedisStore::follow_tokio_clock` (feature `test-util`), the
+//! only caller that sets it. Replies are arrays of integers, decoded by [`decode`].
 
 use std::time::Duration;
 
@@ -36,18 +38,10 @@ pub(crate) struct ApplyScript {
 
 impl ApplyScript {
     pub(crate) fn new() -> Self {
-        let constants = format!(
-            "local MAX_LIMITS = {MAX_LIMITS}\nlocal BUDGET_SLOTS = {BUDGET_SLOTS}\n\
-             local MAX_DELAY_US = {MAX_DELAY_US}\nlocal PENDING_GRACE_US = {PENDING_GRACE_US}\n\
-             local EVENT_WORDS = {EVENT_WORDS}\nlocal SLOT_GRANULARITY_US = {SLOT_GRANULARITY_US}\n\
-             local SLOW_START_DOUBLING_US = {SLOW_START_DOUBLING_US}\n\
-             local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
-             local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
-             local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n"
-        );
+        let constants = constants();
         let source = [
             constants.as_str(),
-            CLOCK,
+            include_str!("lua/clock.lua"),
             include_str!("lua/state.lua"),
             include_str!("lua/rule.lua"),
             include_str!("apply.lua"),
@@ -68,10 +62,18 @@ impl ApplyScript {
     }
 }
 
-#[cfg(not(feature = "test-util"))]
-const CLOCK: &str = include_str!("lua/clock.lua");
-#[cfg(feature = "test-util")]
-const CLOCK: &str = include_str!("lua/clock_test.lua");
+/// The script's first part: the constants it shares with `tower_allowance::rule`.
+fn constants() -> String {
+    format!(
+        "local MAX_LIMITS = {MAX_LIMITS}\nlocal BUDGET_SLOTS = {BUDGET_SLOTS}\n\
+         local MAX_DELAY_US = {MAX_DELAY_US}\nlocal PENDING_GRACE_US = {PENDING_GRACE_US}\n\
+         local EVENT_WORDS = {EVENT_WORDS}\nlocal SLOT_GRANULARITY_US = {SLOT_GRANULARITY_US}\n\
+         local SLOW_START_DOUBLING_US = {SLOW_START_DOUBLING_US}\n\
+         local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
+         local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
+         local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n"
+    )
+}
 
 /// Operation codes, as `apply.lua` dispatches them.
 fn op_code(op: &Op) -> u64 {
@@ -114,19 +116,20 @@ impl redis::ToRedisArgs for Arg<'_> {
     }
 }
 
-/// `ARGV` for `op`: the operation code, the test clock (test builds), the parameters, the
-/// event channel, then the operation's own arguments.
+/// `ARGV` for `op`: the operation code, the clock (`clock_us`, or "none": the server's `TIME`),
+/// the parameters, the event channel, then the operation's own arguments. The layout is the
+/// same in every build; only `RedisStore::follow_tokio_clock` passes a clock.
 pub(crate) fn argv<'a>(
     op: &Op,
     params: &Params,
     idle_ms: u64,
     channel: &'a str,
-    test_clock_us: Option<u64>,
+    clock_us: Option<u64>,
 ) -> Vec<Arg<'a>> {
-    let mut a = vec![Arg::N(op_code(op))];
-    if cfg!(feature = "test-util") {
-        a.push(test_clock_us.map_or(Arg::None, |c| Arg::N(exact(c))));
-    }
+    let mut a = vec![
+        Arg::N(op_code(op)),
+        clock_us.map_or(Arg::None, |c| Arg::N(exact(c))),
+    ];
     let limits = params.limits();
     a.push(Arg::N(limits.len() as u64));
     for l in 0..MAX_LIMITS {
@@ -423,9 +426,44 @@ mod tests {
         let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
         let a = argv(&Op::Clear, config.params(), 1000, "ta:{x}:ev", None);
         assert_eq!(a.last(), Some(&Arg::Channel("ta:{x}:ev")));
-        assert_eq!(
-            a[2 + usize::from(cfg!(feature = "test-util"))],
-            Arg::N(333_334)
-        );
+        assert_eq!(a[3], Arg::N(333_334));
+    }
+
+    #[test]
+    fn argv_has_the_clock_second_in_every_build() {
+        let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
+        let none = argv(&Op::Clear, config.params(), 1000, "c", None);
+        let at = argv(&Op::Clear, config.params(), 1000, "c", Some(42));
+        assert_eq!(none[1], Arg::None);
+        assert_eq!(at[1], Arg::N(42));
+        assert_eq!(none.len(), at.len());
+        assert_eq!(none[2..], at[2..]);
+        // Lua's doubles: a clock beyond 2^53 is clamped like every other argument.
+        let far = argv(&Op::Clear, config.params(), 1000, "c", Some(u64::MAX));
+        assert_eq!(far[1], Arg::N(MAX_EXACT));
+    }
+
+    /// The files under `src/`, read at test time, in the order the module docs give.
+    fn shipped_source() -> String {
+        let read = |file: &str| {
+            let path = format!("{}/src/{file}", env!("CARGO_MANIFEST_DIR"));
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+        };
+        [
+            constants(),
+            read("lua/clock.lua"),
+            read("lua/state.lua"),
+            read("lua/rule.lua"),
+            read("apply.lua"),
+        ]
+        .concat()
+    }
+
+    #[test]
+    fn the_script_is_the_shipped_files_in_order() {
+        let script = ApplyScript::new();
+        let shipped = shipped_source();
+        assert!(script.source() == shipped, "the script differs from src/");
+        assert_eq!(script.script().get_hash(), Script::new(&shipped).get_hash());
     }
 }

@@ -469,6 +469,12 @@ impl RedisStore {
         &self.inner.channel
     }
 
+    /// The SHA1 of the script every call runs (`EVALSHA`), as `SCRIPT LOAD` returns it: the
+    /// same in every build, so `SCRIPT EXISTS <sha>` tells whether a server holds it.
+    pub fn script_sha(&self) -> &str {
+        self.inner.script.script().get_hash()
+    }
+
     /// Round trips to Redis made over this store's connection so far (by this store, its
     /// clones and the stores made by [`for_allowance`](Self::for_allowance)): each command
     /// or pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
@@ -566,6 +572,7 @@ impl RedisStore {
 }
 
 impl Inner {
+    /// The script's clock argument: none (the server's `TIME`) unless following tokio's clock.
     fn test_clock(&self) -> Option<u64> {
         #[cfg(feature = "test-util")]
         {
