@@ -148,6 +148,65 @@ fn the_cli_runs_processes_end_to_end() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--real"));
 }
 
+/// `run --real --processes N --redis URL` with the issue-15 flags (`--throttle-at`,
+/// `--workers-per-process`, `--cancel-fraction`): the report carries the forced cooldown,
+/// the fairness per process and the cancelled jobs, counted by the upstream. (What those
+/// figures must be is measured by the real-time experiments in `scale.rs`; here only what
+/// load cannot change: the run ends past the forced 429's 500 ms, since 40 jobs at 20/s take
+/// at least 1.8 s, and every job is counted once.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_reports_a_cooldown_fairness_and_cancellations() {
+    let redis = TestRedis::start_private().await;
+    let out = tokio::process::Command::new(exe())
+        .args(["run", "--real", "--mode", "shared", "--redis", redis.url()])
+        .args([
+            "--processes",
+            "2",
+            "--workers",
+            "8",
+            "--workers-per-process",
+            "7,1",
+        ])
+        .args(["--jobs", "40", "--burst", "4", "--rate", "20"])
+        .args([
+            "--throttle-at",
+            "500:1",
+            "--cancel-fraction",
+            "0.2",
+            "--json",
+        ])
+        .env_remove("RUST_LOG")
+        .output()
+        .await
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["counted_by"], "server", "{v}");
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    assert_eq!(
+        n("completed") + n("cancelled") + n("abandoned") + n("failed"),
+        40,
+        "{v}"
+    );
+    assert!(v["cancelled"].as_u64().is_some(), "{v}");
+    assert!(v["releases"]["made"].as_u64().is_some(), "{v}");
+    assert_eq!(v["cooldown"]["retry_after_ms"], 1000, "{v}");
+    assert!(v["cooldown"]["sent_at_ms"].as_u64() >= Some(500), "{v}");
+    let processes = v["fairness"]["processes"].as_array().expect("per process");
+    assert_eq!(
+        processes
+            .iter()
+            .map(|p| p["workers"].as_u64())
+            .collect::<Vec<_>>(),
+        [Some(7), Some(1)],
+        "{v}"
+    );
+}
+
 /// The progress a `--processes` run shows: the children's `progress N` lines, added up,
 /// count every job once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
