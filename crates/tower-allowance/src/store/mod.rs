@@ -91,6 +91,26 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// Whether the state is settled at `now` (the caller's reading of tokio's clock):
+    /// [`rule::is_settled`](crate::rule::is_settled) of the state it holds, on its own clock.
+    /// Dropping a settled state and starting over from a fresh one lets nothing through that
+    /// keeping it would not: no cooldown or closure running, every bucket full, no
+    /// reservation pending, no retry budget spent, nothing learned by an adaptive rate.
+    ///
+    /// The [`keyed`](crate::keyed) registry asks it, synchronously and under its lock, before
+    /// evicting an allowance whose state dies with its store (see
+    /// [`StoreFactory::state_outlives_store`](crate::keyed::StoreFactory::state_outlives_store)).
+    /// A store that holds its state in the handle answers it from that state with
+    /// `rule::is_settled`; it never says `true` of a state the rule would not call settled.
+    ///
+    /// The default is `false` ("cannot tell without I/O"): the registry then never evicts the
+    /// allowance for being settled, only because its factory says the state outlives the
+    /// store (a store over Redis).
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        let _ = (now, params);
+        false
+    }
+
     /// Starts delivering events published by other processes sharing this state to
     /// `watcher`, until [`Watcher::notify`] returns `false` (the allowance is gone).
     ///
@@ -161,6 +181,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
         (**self).try_apply(now, params, op)
+    }
+
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        (**self).is_settled(now, params)
     }
 
     fn watch(&self, watcher: Watcher) {
