@@ -845,5 +845,23 @@ fn a_shared_store_keeps_the_state_across_an_eviction() {
             refused.err().and_then(|e| e.abandon_reason()),
             Some(AbandonReason::Deadline)
         );
+        drop(k);
+
+        // A 429's cooldown, raised through the stack, survives the eviction the same way.
+        let svc = ServiceBuilder::new()
+            .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+            .service(recording(Seen::default()));
+        let throttled = svc.clone().oneshot(post("c", Some(30))).await;
+        assert_eq!(
+            throttled.ok().map(|r| r.status()),
+            Some(StatusCode::TOO_MANY_REQUESTS)
+        );
+        assert_eq!(sweep(&keyed), 2, "nothing holds either allowance");
+        let c = keyed.get("c").expect("live");
+        let state = c.allowance().store_state().await.expect("state");
+        assert!(
+            state.blocked_for > Duration::from_secs(29),
+            "the cooldown is in Redis: {state:?}"
+        );
     });
 }
