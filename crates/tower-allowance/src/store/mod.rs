@@ -34,7 +34,10 @@
 //!
 //! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
 //! layers call it first, so the in-memory fast path allocates nothing and creates no future.
-//! The default returns `None` ("ask [`Store::apply`]"). Nothing else distinguishes stores.
+//! The default returns `None` ("ask [`Store::apply`]"). Such a store also answers
+//! [`Store::is_settled`] from the state it holds ([`rule::is_settled`](crate::rule::is_settled)),
+//! which the [`keyed`](crate::keyed) registry asks before dropping a state that dies with its
+//! store. Nothing else distinguishes stores.
 //!
 //! # Time
 //!
@@ -69,6 +72,10 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// the state, return the reply. Run the `store::conformance` suite (feature `conformance`) against
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
+///
+/// A store that keeps the state in the handle (dropped with it) should also answer
+/// [`Store::is_settled`] with [`rule::is_settled`](crate::rule::is_settled); until it does,
+/// a [`keyed`](crate::keyed) registry never evicts its allowances.
 ///
 /// Stores shared by several processes should also publish the [`Event`] carried by replies
 /// (cooldowns, closures) and deliver other processes' events through [`Store::watch`], so that
