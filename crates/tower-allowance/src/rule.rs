@@ -1681,7 +1681,8 @@ pub fn is_settled(state: &State, now: u64, params: &Params) -> bool {
         }
     };
     let rate = match params.adaptive {
-        // Never cut nor capped, it is in (or past) the slow start a fresh one would begin.
+        // Cut, or capped by an advertised rate: settled once back at the ceiling. Never cut
+        // nor capped, it is in (or past) the slow start a fresh one would begin only later.
         Some(a) if state.cut_at != 0 || state.advertised != 0 => {
             adaptive_rate(state, now, params).is_some_and(|r| r >= a.ceiling_milli)
         }
