@@ -15,7 +15,7 @@ use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
     ErrorKind, RedisError, ServerErrorKind,
 };
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 use tower_allowance::{
     rule::{Event, Op, Params, Reply},
     store::{MemoryStore, Store, StoreError, StoreFuture, Watcher},
@@ -126,7 +126,14 @@ pub(crate) struct Inner {
     /// The local allowance used under [`FailurePolicy::LocalFallback`].
     fallback: Option<(NonZeroU32, MemoryStore)>,
     watchers: Mutex<Vec<Watcher>>,
+    /// Whether the store has registered with the event subscription.
     subscribed: AtomicBool,
+    /// Whether operations go ahead: set once the channel is first subscribed (or waiting for
+    /// that timed out). Until then an operation waits, so that nothing it reserves can miss
+    /// an event.
+    gate_open: AtomicBool,
+    /// Wakes the operations waiting at the gate.
+    gate_opened: Notify,
     #[cfg(feature = "test-util")]
     test: TestClock,
 }
@@ -425,6 +432,8 @@ impl RedisStore {
                 fallback,
                 watchers: Mutex::new(Vec::new()),
                 subscribed: AtomicBool::new(false),
+                gate_open: AtomicBool::new(false),
+                gate_opened: Notify::new(),
                 #[cfg(feature = "test-util")]
                 test: TestClock::default(),
                 link,
@@ -543,7 +552,10 @@ impl RedisStore {
         let params = *params;
         Box::pin(async move {
             let result = match inner.circuit.check() {
-                Check::Closed | Check::Probe => inner.eval(&params, &op).await,
+                Check::Closed | Check::Probe => {
+                    inner.until_listening().await;
+                    inner.eval(&params, &op).await
+                }
                 Check::Open => Err(CallError::new(CallErrorKind::Unavailable)),
             };
             inner.settle(&params, &op, result)
@@ -773,6 +785,54 @@ impl Store for RedisStore {
 }
 
 impl Inner {
+    /// Waits, before the store's first operation, until its channel is subscribed, for at
+    /// most the connect timeout: whatever that operation reserves then hears every event
+    /// published after its reply, and no catch-up read is needed. A store that hears no
+    /// events (none were asked for, or it follows tokio's clock) never waits.
+    async fn until_listening(&self) {
+        if self.gate_open.load(Ordering::Acquire)
+            || !self.subscribed.load(Ordering::Acquire)
+            || !self.link.events.enabled()
+        {
+            return;
+        }
+        let timeout = self.link.options.connect_timeout;
+        let opened = async {
+            loop {
+                let notified = self.gate_opened.notified();
+                let mut notified = std::pin::pin!(notified);
+                notified.as_mut().enable();
+                if self.gate_open.load(Ordering::Acquire) {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        if tokio::time::timeout(timeout, opened).await.is_err()
+            && !self.gate_open.swap(true, Ordering::AcqRel)
+        {
+            self.gate_opened.notify_waiters();
+            tracing::warn!(
+                allowance = %self.name,
+                ?timeout,
+                "the event subscription is not up: deciding without it; other processes' \
+                 cooldowns reach callers already waiting here only once it is"
+            );
+        }
+    }
+
+    /// The subscription confirmed this store's channel: operations go ahead. Returns whether
+    /// they went ahead before (a subscription that came back, or one that was slower than the
+    /// connect timeout): then events may have been missed, and the caller makes the store
+    /// catch up.
+    pub(crate) fn listening(&self) -> bool {
+        let was_open = self.gate_open.swap(true, Ordering::AcqRel);
+        if !was_open {
+            self.gate_opened.notify_waiters();
+        }
+        was_open
+    }
+
     /// Delivers an event to every watcher; forgets watchers whose allowance is gone.
     pub(crate) fn deliver(&self, event: Option<Event>) {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
