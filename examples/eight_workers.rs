@@ -22,7 +22,7 @@
 use allowance_sim::{
     live,
     report::RunReport,
-    scenario::{seed_table, Mode, Scenario},
+    scenario::{seed_table, seed_table_text, Mode, Scenario},
     timeline,
 };
 use serde_json::{json, Value};
@@ -168,16 +168,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     );
 
     println!("\nThe seed article's table: the same upstream in virtual time (exact, instant):\n");
-    println!(
-        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-        "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
-    );
-    for r in &seed {
-        println!(
-            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-            r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
-        );
-    }
+    print!("{}", seed_table_text(&seed));
     println!("\nTimeline picture written to {svg_path}");
     Ok(())
 }
