@@ -40,8 +40,12 @@ use tower_allowance::{error::AbandonReason, Allowance, AllowanceConfig, Outcome}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hyper_client_shares_one_allowance_across_concurrent_fetches() {
-    // Burst 2 at 10/s: six fetches take about 0.4 s.
-    let upstream = Upstream::start(UpstreamConfig::new(2, 10))
+    // Burst 2 at 10/s: six fetches take about 0.4 s. The upstream holds one token more than
+    // the allowance (bursts of 3 at 10/s), so that a 429 would take two requests reaching it
+    // 110 ms closer together than they were sent (one interval and the 10 ms it forgives),
+    // where loopback delivery varies by milliseconds even on a loaded machine; fetched all
+    // at once, three of the six would still be refused.
+    let upstream = Upstream::start(UpstreamConfig::new(3, 10))
         .await
         .expect("binds");
     let (allowance, stack) = hyper_client::stack(10, 2).expect("valid");
@@ -72,7 +76,10 @@ async fn hyper_client_shares_one_allowance_across_concurrent_fetches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn axum_proxy_many_inbound_one_outbound_allowance() {
-    let upstream = Upstream::start(UpstreamConfig::new(2, 10))
+    // One token of headroom at the upstream (bursts of 3 against the allowance's 2, both at
+    // 10/s): no 429 unless delivery varied by more than 110 ms (see the hyper client's test);
+    // eight sent at once, five would be refused.
+    let upstream = Upstream::start(UpstreamConfig::new(3, 10))
         .await
         .expect("binds");
     let allowance = Allowance::new(AllowanceConfig::per_second(10, 2).expect("valid"));
@@ -111,7 +118,9 @@ async fn axum_proxy_answers_503_when_the_wait_would_pass_its_patience() {
         .await
         .expect("binds");
     let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
-    // 100 ms of patience at one request per second: the second caller cannot be served.
+    // 100 ms of patience at one request per second: the second caller cannot be served (its
+    // wait is about 1 s; it would take a 900 ms delay between the two calls, against the
+    // milliseconds they take, to bring it under the patience).
     let app = axum_proxy::app(
         upstream.url(),
         DEFAULT_KEY.to_owned(),
@@ -285,6 +294,12 @@ fn eight_workers_help_runs_nothing() {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tonic_grpc_shared_sends_one_call_per_job_and_is_never_refused() {
+    // No RESOURCE_EXHAUSTED in real time, against a server whose bucket matches the
+    // allowance (the seed's 2 at 2/s): its bucket starts at the first call, so the burst's
+    // delivery costs it nothing, and a refusal would take two consecutive calls reaching it
+    // 50 ms (a tenth of the 500 ms interval, what it forgives) closer together than the
+    // allowance sent them, against loopback's variation of milliseconds: a margin of some
+    // ten times or more even on a loaded machine.
     use tonic_grpc::{json_row, run, Mode, QuoteServer, Scenario};
 
     let s = Scenario::SEED;
@@ -331,6 +346,11 @@ async fn tonic_grpc_shared_sends_one_call_per_job_and_is_never_refused() {
 /// 429s, one shared allowance sends one request per job and gets none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reqwest_client_shared_middleware_gets_no_429() {
+    // No 429 in real time against the seed's upstream (2 at 2/s, what the allowance allows):
+    // a 429 would take the first burst to reach the upstream 50 ms later than the requests
+    // after it (the upstream forgives a tenth of the 500 ms interval, and its bucket waits
+    // full meanwhile), or two requests 50 ms closer together than sent; loopback delivery
+    // varies by milliseconds, connection set-up included: a margin of ten times or more.
     let naive = reqwest_client::run(false).await.expect("runs");
     let shared = reqwest_client::run(true).await.expect("runs");
     assert!(naive.rejected > 0, "{naive:?}");
@@ -392,7 +412,9 @@ async fn axum_proxy_answers_503_with_the_shared_cooldown_as_retry_after() {
         .collect();
     assert_eq!(ok + refused.len(), 8, "200 or 503, nothing else");
     assert!(!refused.is_empty());
-    // Taken from the cooldown the upstream's Retry-After: 7 raised, as it runs down.
+    // Taken from the cooldown the upstream's Retry-After: 7 raised, as it runs down: 6 or 7
+    // while the 503s come within a second of the 429 (eight requests on loopback, some
+    // milliseconds: a margin of a hundred times), above 5 s at the end.
     assert!(refused.iter().all(|s| (6..=7).contains(s)), "{refused:?}");
     let cooling = allowance.snapshot().cooling_for.expect("cooling down");
     assert!(cooling > Duration::from_secs(5), "{cooling:?}");

@@ -5,7 +5,12 @@
 //! check that no key material reaches Redis (`KEYS`, `MONITOR`) and that a shared store's
 //! state survives an eviction.
 
-use std::{collections::HashMap, convert::Infallible, time::Duration};
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use http::{Request, Response, StatusCode};
 use proptest::{
@@ -21,7 +26,8 @@ use tower_allowance::{
     error::AbandonReason,
     keyed::{key, KeySecret, Keyed, KeyedConfig, KeyedError, KeyedLayer, SharedStores},
     retry::RetryConfig,
-    AcquireOptions, Allowance, AllowanceConfig, Limit, Outcome, RetryBudgetConfig,
+    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Deadline, Limit, Outcome,
+    RetryBudgetConfig,
 };
 use tower_allowance_redis::{
     test_util::{unique_name, TestRedis},
@@ -150,6 +156,62 @@ async fn overrides_no_key_and_names() {
     assert!(no_secret.is_err());
 }
 
+/// When each request reached a [`recording`] server, by key.
+type Seen = Arc<Mutex<Vec<(String, Instant)>>>;
+
+/// A server that records when each request reaches it and answers 200, or a 429 with the
+/// `Retry-After` the request carries in `x-answer-retry-after`.
+fn recording(
+    seen: Seen,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = Infallible,
+    Future: Send,
+> + Clone
+       + Send {
+    service_fn(move |req: Request<String>| {
+        let seen = seen.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            seen.lock().expect("seen").push((key, Instant::now()));
+            let mut res = Response::new(String::new());
+            if let Some(secs) = req.headers().get("x-answer-retry-after") {
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                res.headers_mut().insert("retry-after", secs.clone());
+            }
+            Ok(res)
+        }
+    })
+}
+
+/// A POST on `key`, answered with a 429 and `Retry-After: {secs}` when `throttled` is set.
+/// A POST is not replayed: the 429 comes back to the caller, and no retry holds the allowance.
+fn post(key: &str, throttled: Option<u64>) -> Request<String> {
+    let mut req = Request::builder()
+        .method(http::Method::POST)
+        .header("x-api-key", key);
+    if let Some(secs) = throttled {
+        req = req.header("x-answer-retry-after", secs.to_string());
+    }
+    req.body(String::new()).expect("request")
+}
+
+/// When the server saw `key`'s requests, from `start`.
+fn times(seen: &Seen, key: &str, start: Instant) -> Vec<Duration> {
+    seen.lock()
+        .expect("seen")
+        .iter()
+        .filter(|(k, _)| k == key)
+        .map(|(_, at)| at.duration_since(start))
+        .collect()
+}
+
 /// A keyed registry that evicts as eagerly as it may: no idle time, a sweep whenever asked.
 fn eager(config: AllowanceConfig) -> Keyed {
     Keyed::new(
@@ -167,12 +229,18 @@ fn sweep(keyed: &Keyed) -> usize {
 #[tokio::test(start_paused = true)]
 async fn refilled_and_idle_is_evicted_and_memory_is_given_back() {
     let keyed = eager(per_second(10, 5));
-    assert!(now_or_never(&keyed, "a").await);
-    assert_eq!(sweep(&keyed), 0, "the bucket is not full again yet");
+    for _ in 0..5 {
+        assert!(now_or_never(&keyed, "a").await);
+    }
+    assert_eq!(sweep(&keyed), 0, "the bucket is empty");
     tokio::time::advance(499 * MS).await;
     assert_eq!(sweep(&keyed), 0, "one token short");
     tokio::time::advance(MS).await;
-    assert_eq!(sweep(&keyed), 1, "5 tokens at 10/s: full after 500 ms");
+    assert_eq!(
+        sweep(&keyed),
+        1,
+        "5 tokens at 10/s: full again after 500 ms"
+    );
     assert!(keyed.is_empty());
     assert_eq!(keyed.stats().evicted, 1);
 }
@@ -253,6 +321,130 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
     assert_eq!(sweep(&keyed2), 1, "cleared");
 }
 
+/// The cooldowns and closures of responses (a 429's `Retry-After`, one beyond `max_cooldown`,
+/// a success saying the quota is spent) keep the allowance as `defer()`'s do.
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_or_a_closure_from_a_response_keeps_the_allowance() {
+    let config = per_second(100, 100)
+        .with_max_cooldown(Duration::from_secs(60))
+        .expect("valid");
+    let keyed = eager(config);
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(recording(seen.clone()));
+    // A 429 asking for 30 s: a cooldown.
+    let throttled = svc.clone().oneshot(post("cool", Some(30))).await;
+    assert!(!Outcome::of(&throttled).is_completed());
+    // A 429 asking for 10 days, beyond max_cooldown: a closure.
+    let closing = svc.clone().oneshot(post("closed", Some(864_000))).await;
+    assert!(!Outcome::of(&closing).is_completed());
+    assert!(
+        keyed
+            .get("closed")
+            .expect("live")
+            .allowance()
+            .store_state()
+            .await
+            .expect("state")
+            .closed
+            .is_some(),
+        "closed"
+    );
+    // A success saying none is left until a reset 30 s away: a cooldown too.
+    let spent = service_fn(|_req: Request<String>| async {
+        let mut res = Response::new(String::new());
+        res.headers_mut()
+            .insert("ratelimit-remaining", http::HeaderValue::from_static("0"));
+        res.headers_mut()
+            .insert("ratelimit-reset", http::HeaderValue::from_static("30"));
+        Ok::<_, Infallible>(res)
+    });
+    let spent = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(spent);
+    assert!(Outcome::of(&spent.oneshot(keyed_request("spent")).await).is_completed());
+
+    tokio::time::advance(Duration::from_secs(29)).await;
+    assert_eq!(sweep(&keyed), 0, "cooling down, or closed");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(
+        sweep(&keyed),
+        2,
+        "both cooldowns are over and the buckets full"
+    );
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    assert_eq!(sweep(&keyed), 0, "still closed");
+    keyed
+        .get("closed")
+        .expect("live")
+        .allowance()
+        .clear()
+        .await
+        .expect("clear");
+    assert_eq!(sweep(&keyed), 1, "cleared");
+}
+
+/// The first case: a 429 with `Retry-After: 30`, a sweep 2 s later, and the next
+/// request on the key must still wait out the 30 s (a new allowance would send it at once).
+#[tokio::test(start_paused = true)]
+async fn a_429s_cooldown_outlives_a_sweep() {
+    let keyed = eager(per_second(10, 10));
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(recording(seen.clone()));
+    let start = Instant::now();
+    let throttled = svc.clone().oneshot(post("k", Some(30))).await;
+    assert!(!Outcome::of(&throttled).is_completed());
+    // Nothing holds the allowance now, and its bucket is full again.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let evicted = sweep(&keyed);
+    let next = svc.clone().oneshot(post("k", None)).await;
+    assert!(Outcome::of(&next).is_completed());
+    assert_eq!(
+        times(&seen, "k", start),
+        [Duration::ZERO, Duration::from_secs(30)],
+        "the second request waits for the server's 30 s"
+    );
+    assert_eq!(evicted, 0, "a cooling allowance is kept");
+}
+
+/// The second case: default settings, a registry of one key. A 429 with
+/// `Retry-After: 300` on A is not forgotten when B arrives: B is refused (the registry is
+/// full of an allowance it cannot evict), and A's next request waits out the 300 s.
+#[tokio::test(start_paused = true)]
+async fn a_full_registry_never_evicts_a_cooldown_for_a_new_key() {
+    let keyed = Keyed::new(
+        KeyedConfig::new(per_second(10, 10))
+            .with_capacity(1)
+            .expect("valid"),
+    );
+    let seen = Seen::default();
+    let svc = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(recording(seen.clone()));
+    let start = Instant::now();
+    let throttled = svc.clone().oneshot(post("a", Some(300))).await;
+    assert!(!Outcome::of(&throttled).is_completed());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let b = svc.clone().oneshot(post("b", None)).await;
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let a = svc.clone().oneshot(post("a", None)).await;
+    assert!(Outcome::of(&a).is_completed());
+    assert_eq!(
+        times(&seen, "a", start),
+        [Duration::ZERO, Duration::from_secs(300)],
+        "A's next request waits for the server's 300 s"
+    );
+    let err = b.expect_err("the registry is full");
+    assert!(
+        matches!(err.downcast_ref::<KeyedError>(), Some(KeyedError::Full(_))),
+        "{err}"
+    );
+    assert!(times(&seen, "b", start).is_empty());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fixed_retry_budget_spent_from_is_never_evicted() {
     let config = per_second(100, 100).with_retry_budget(RetryBudgetConfig::fixed(3));
@@ -308,10 +500,10 @@ async fn a_replenishing_budget_is_kept_until_its_window_forgets_the_last_retry()
     }
     drop(k);
     // A fresh budget would have 10 retries at once: keep it while the old one has fewer.
-    tokio::time::advance(Duration::from_secs(10)).await;
+    tokio::time::advance(Duration::from_secs(10) - MS).await;
     assert_eq!(sweep(&keyed), 0, "the window still counts them");
-    // Past the window and one slot of rounding: evicted.
-    tokio::time::advance(Duration::from_secs(1)).await;
+    // The window (ten slots of 1 s) has forgotten the slot they were spent in: evicted.
+    tokio::time::advance(MS).await;
     assert_eq!(sweep(&keyed), 1);
 }
 
@@ -364,12 +556,16 @@ enum Step {
     Acquire { k: u8, retry: bool, cost: u32 },
     /// A server's cooldown on key `k`.
     Defer { k: u8, secs: u64 },
+    /// A request on key `k` through the stack, not waiting, answered with a 429 and
+    /// `Retry-After: {secs}` when admitted.
+    Throttled { k: u8, secs: u64 },
 }
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         8 => (0u8..4, any::<bool>(), 0u32..30).prop_map(|(k, retry, cost)| Step::Acquire { k, retry, cost }),
         1 => (0u8..4, 1u64..5).prop_map(|(k, secs)| Step::Defer { k, secs }),
+        1 => (0u8..4, 1u64..5).prop_map(|(k, secs)| Step::Throttled { k, secs }),
     ]
 }
 
@@ -444,6 +640,34 @@ fn eager_eviction_admits_exactly_what_never_evicting_does() {
                                 .defer(Duration::from_secs(secs))
                                 .await
                                 .expect("defer");
+                        }
+                        Step::Throttled { k, secs } => {
+                            let plain = kept
+                                .entry(k)
+                                .or_insert_with(|| Allowance::new(config.clone()));
+                            let request = || {
+                                let mut req = post(&format!("k{k}"), Some(secs));
+                                req.extensions_mut()
+                                    .insert(Deadline(Instant::now() + Duration::from_micros(1)));
+                                req
+                            };
+                            let want = ServiceBuilder::new()
+                                .layer(AllowanceLayer::new(plain.clone(), RetryConfig::default()))
+                                .service(recording(Seen::default()))
+                                .oneshot(request())
+                                .await;
+                            let got = ServiceBuilder::new()
+                                .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+                                .service(recording(Seen::default()))
+                                .oneshot(request())
+                                .await;
+                            prop_assert_eq!(
+                                Outcome::of(&got),
+                                Outcome::of(&want),
+                                "step #{} on k{}",
+                                i,
+                                k
+                            );
                         }
                     }
                 }
@@ -620,6 +844,24 @@ fn a_shared_store_keeps_the_state_across_an_eviction() {
         assert_eq!(
             refused.err().and_then(|e| e.abandon_reason()),
             Some(AbandonReason::Deadline)
+        );
+        drop(k);
+
+        // A 429's cooldown, raised through the stack, survives the eviction the same way.
+        let svc = ServiceBuilder::new()
+            .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+            .service(recording(Seen::default()));
+        let throttled = svc.clone().oneshot(post("c", Some(30))).await;
+        assert_eq!(
+            throttled.ok().map(|r| r.status()),
+            Some(StatusCode::TOO_MANY_REQUESTS)
+        );
+        assert_eq!(sweep(&keyed), 2, "nothing holds either allowance");
+        let c = keyed.get("c").expect("live");
+        let state = c.allowance().store_state().await.expect("state");
+        assert!(
+            state.blocked_for > Duration::from_secs(29),
+            "the cooldown is in Redis: {state:?}"
         );
     });
 }

@@ -8,17 +8,29 @@
 //! server a few milliseconds closer together than that (one task was scheduled late). So
 //! the upstream's bucket keeps two tokens of headroom over the allowance, and windows on the
 //! server's clock are checked against the allowance widened by `JITTER_MS`.
+//!
+//! No 429 is tolerated. Should one come, every 429 is printed with its cause
+//! (`allowance_sim::scale::stray_429s`: each call has its own event id, so the upstream's log
+//! pairs with the moment each attempt was sent): DELIVERY JITTER when the upstream's bucket,
+//! fed the send times, admits it (naming the request longest in transit before it), SENT
+//! EARLY when it does not.
+//!
+//! A real-time experiment (`--features experiments`, tests/README.md): `cargo test -p
+//! integration-tests --features experiments --test soak`.
 
 use std::{
     sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, Mutex,
     },
     time::Duration,
 };
 
 use allowance_sim::{
     live::http_client,
+    report::{JobEnd, Mark, Timeline},
+    scale::{job_of, print_strays, stray_429s},
+    scenario::Mode,
     upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 use bytes::Bytes;
@@ -60,23 +72,40 @@ async fn soak_200_tasks_real_http() {
             .with_max_waiters(TASKS),
     );
     let client = http_client();
+    let start = Instant::now();
+    // Every attempt as it is sent (admitted) and answered: (call, sent ms, status).
+    let sends: Arc<Mutex<Vec<(usize, u64, u16)>>> = Arc::default();
+    let sent = {
+        let sends = sends.clone();
+        tower::service_fn(move |req: Request<Empty<Bytes>>| {
+            let call = job_of(req.uri().path()).unwrap_or(usize::MAX);
+            let at_ms = start.elapsed().as_millis() as u64;
+            let (response, sends) = (client.request(req), sends.clone());
+            async move {
+                let response = response.await;
+                let status = response.as_ref().map_or(0, |r| r.status().as_u16());
+                sends.lock().expect("lock").push((call, at_ms, status));
+                response.map(|r| r.map(|_| ()))
+            }
+        })
+    };
     let stack = ServiceBuilder::new()
         .layer(AllowanceLayer::new(
             allowance.clone(),
             RetryConfig::default(),
         ))
-        .service(client.map_response(|r| r.map(|_| ())));
-    let url = upstream.snapshot_url("e1");
+        .service(sent);
+    // One event id per call, so that the upstream's log says which call each attempt was.
+    let calls = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicU64::new(0));
     let abandoned = Arc::new(AtomicU64::new(0));
     let cancelled = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
     let rss_start = rss_kib();
     let mut rss_mid = 0;
 
     let mut tasks = Vec::new();
     for task in 0..TASKS {
-        let (stack, url) = (stack.clone(), url.clone());
+        let (stack, calls, upstream_url) = (stack.clone(), calls.clone(), upstream.url());
         let (completed, abandoned, cancelled) =
             (completed.clone(), abandoned.clone(), cancelled.clone());
         tasks.push(tokio::spawn(async move {
@@ -89,6 +118,8 @@ async fn soak_200_tasks_real_http() {
                 rng
             };
             while start.elapsed() < RUN {
+                let call = calls.fetch_add(1, Ordering::Relaxed);
+                let url = format!("{upstream_url}/v1/events/e{call}/odds/snapshot");
                 let mut req = Request::get(&url)
                     .header(API_KEY_HEADER, DEFAULT_KEY)
                     .body(Empty::<Bytes>::new())
@@ -128,6 +159,29 @@ async fn soak_200_tasks_real_http() {
     upstream.shutdown().await;
 
     let rejected = log.iter().filter(|s| s.status == 429).count();
+    // Every 429 with its cause: each call a lane of its own in the clients' record.
+    let sends = sends.lock().expect("lock").clone();
+    let marks = sends
+        .iter()
+        .map(|&(call, at_ms, status)| Mark {
+            worker: call as u32,
+            at_ms,
+            status,
+            retry_after_ms: None,
+        })
+        .collect();
+    let mut first_sent = std::collections::BTreeMap::new();
+    for &(call, at_ms, _) in &sends {
+        first_sent.entry(call).or_insert(at_ms);
+    }
+    let ends = first_sent
+        .iter()
+        .map(|(&call, &at_ms)| {
+            JobEnd::new(call as u32, at_ms, at_ms, Outcome::Completed).timed(call, Some(at_ms))
+        })
+        .collect();
+    let timeline = Timeline::new(Mode::Shared, first_sent.len(), marks, ends);
+    print_strays("soak", &stray_429s(&log, &timeline, BURST + 2, RATE, None));
     // The server's own view: no window over the allowance (widened by the jitter).
     let mut times: Vec<u64> = log.iter().map(|s| s.at_ms).collect();
     times.sort_unstable();

@@ -391,6 +391,359 @@ pub fn print_figures(report: &RunReport, out: &mut dyn Write) -> std::io::Result
     Ok(())
 }
 
+/// One request the upstream saw, with when it was sent, both on the upstream's log clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// Its index in the upstream's log.
+    pub index: usize,
+    /// The job it was for (its path's `e{job}`), if a snapshot.
+    pub job: Option<usize>,
+    /// Which attempt of its job, from 1.
+    pub attempt: usize,
+    /// When its client sent it (the allowance had admitted it), ms on the upstream's clock:
+    /// the client's time moved by the run's fastest delivery (taken as zero transit).
+    pub sent_ms: u64,
+    /// When the upstream saw it, ms ([`SeenRequest::at_ms`]).
+    pub arrived_ms: u64,
+}
+
+impl Delivery {
+    /// Its time in transit beyond the run's fastest delivery, ms.
+    pub fn lag_ms(&self) -> u64 {
+        self.arrived_ms.saturating_sub(self.sent_ms)
+    }
+}
+
+/// Why a 429 that a run did not force came back ([`stray_429s`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrayCause {
+    /// Delivery jitter: the upstream's own bucket, fed every request at the moment it was
+    /// *sent* (admitted by the allowance) instead of when it arrived, admits this one. The
+    /// allowance kept the limit; the requests' transit times did not stay equal. `late` is
+    /// the request sent before it, within the bucket's depth (burst + 1 intervals), that
+    /// spent the longest in transit: the usual culprit is one that arrived late while the
+    /// upstream's bucket was full, so the bucket lost that refill.
+    DeliveryJitter {
+        /// The request sent before it that was longest in transit.
+        late: Option<Delivery>,
+    },
+    /// Sent early: the same bucket rejects it at its send time too. The allowance let it go
+    /// before the upstream had a token for it (coordination failed, or its state was lost).
+    SentEarly,
+    /// Its send is not in the clients' records (no pairing): nothing explains it.
+    Unpaired,
+}
+
+/// A 429 the run did not force, and its cause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stray {
+    /// When the upstream sent it, ms on its clock.
+    pub at_ms: u64,
+    /// The request, when its send was found.
+    pub request: Option<Delivery>,
+    /// Why.
+    pub cause: StrayCause,
+}
+
+impl Stray {
+    /// Whether delivery jitter explains it.
+    pub fn is_jitter(&self) -> bool {
+        matches!(self.cause, StrayCause::DeliveryJitter { .. })
+    }
+}
+
+/// How early the upstream's bucket admits a request (a tenth of an interval), ms.
+pub fn forgiveness_ms(rate_per_sec: u32) -> f64 {
+    1000.0 / f64::from(rate_per_sec.max(1)) / crate::upstream::TOLERANCE_DIVISOR as f64
+}
+
+impl std::fmt::Display for Stray {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let job = |d: &Delivery| {
+            d.job.map_or("a request".to_owned(), |j| {
+                format!("job e{j} attempt {}", d.attempt)
+            })
+        };
+        write!(f, "429 at {} ms", self.at_ms)?;
+        if let Some(r) = &self.request {
+            write!(
+                f,
+                " ({}, sent at {} ms, {} ms in transit)",
+                job(r),
+                r.sent_ms,
+                r.lag_ms()
+            )?;
+        }
+        match &self.cause {
+            StrayCause::DeliveryJitter { late } => {
+                write!(
+                    f,
+                    ": DELIVERY JITTER (the upstream's bucket fed the send times admits it)"
+                )?;
+                if let Some(l) = late {
+                    write!(
+                        f,
+                        "; longest in transit before it: {}, sent at {} ms, arrived at {} ms ({} ms in transit)",
+                        job(l),
+                        l.sent_ms,
+                        l.arrived_ms,
+                        l.lag_ms()
+                    )?;
+                }
+                Ok(())
+            }
+            StrayCause::SentEarly => write!(
+                f,
+                ": SENT EARLY (the upstream's bucket rejects it at its send time too: the allowance let it go before a token was there)"
+            ),
+            StrayCause::Unpaired => write!(
+                f,
+                ": UNEXPLAINED (its send is not in the clients' records)"
+            ),
+        }
+    }
+}
+
+/// The index in `log` of the 429 that `forced` describes (the first snapshot 429 at or
+/// after its time).
+pub fn forced_index(log: &[SeenRequest], forced: Option<Throttled>) -> Option<usize> {
+    let forced = forced?;
+    log.iter()
+        .position(|r| r.at_ms >= forced.sent_at_ms && r.status == 429 && r.path != USAGE_PATH)
+}
+
+/// Pairs each snapshot request of the upstream's `log` with its send in the clients'
+/// `timeline` (the run's marks and job ends, one clock): per worker, its jobs in order, each
+/// taking as many of the worker's marks as the upstream saw attempts of that job; a pair
+/// must agree on the status. The client clock is put on the upstream's by the smallest
+/// `arrived - sent` of the run (the fastest delivery, taken as zero transit).
+///
+/// Returns one entry per log index (`None`: not paired).
+pub fn deliveries(log: &[SeenRequest], timeline: &Timeline) -> Vec<Option<Delivery>> {
+    let mut by_job: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, r) in log.iter().enumerate() {
+        if let Some(job) = job_of(&r.path) {
+            by_job.entry(job).or_default().push(i);
+        }
+    }
+    let mut jobs_of: HashMap<u32, Vec<(u64, u64, usize)>> = HashMap::new();
+    for e in &timeline.ends {
+        if let Some(job) = e.job {
+            jobs_of
+                .entry(e.worker)
+                .or_default()
+                .push((e.started_ms, e.at_ms, job));
+        }
+    }
+    // Each worker's attempts in the order sent.
+    let mut marks_of: HashMap<u32, Vec<(u64, u16)>> = HashMap::new();
+    for m in timeline.attempts.iter().filter(|m| m.status != 0) {
+        marks_of
+            .entry(m.worker)
+            .or_default()
+            .push((m.at_ms, m.status));
+    }
+    for marks in marks_of.values_mut() {
+        marks.sort_by_key(|&(at_ms, _)| at_ms);
+    }
+    // (log index, sent on the client clock)
+    let mut pairs: Vec<(usize, u64)> = Vec::new();
+    for (worker, jobs) in &mut jobs_of {
+        jobs.sort_unstable();
+        let Some(marks) = marks_of.get(worker) else {
+            continue;
+        };
+        let mut next = 0;
+        let mut mine = Vec::new();
+        let mut agree = true;
+        for &(_, _, job) in jobs.iter() {
+            for &i in by_job.get(&job).map_or(&[][..], Vec::as_slice) {
+                match marks.get(next) {
+                    Some(&(sent, status)) if status == log[i].status => mine.push((i, sent)),
+                    _ => agree = false,
+                }
+                next += 1;
+            }
+        }
+        if agree && next == marks.len() {
+            pairs.extend(mine);
+        }
+    }
+    let offset = pairs
+        .iter()
+        .map(|&(i, sent)| i128::from(log[i].at_ms) - i128::from(sent))
+        .min()
+        .unwrap_or(0);
+    let mut out = vec![None; log.len()];
+    for (i, sent) in pairs {
+        let job = job_of(&log[i].path);
+        let attempt = by_job
+            .get(&job.unwrap_or(usize::MAX))
+            .and_then(|v| v.iter().position(|&x| x == i))
+            .map_or(1, |p| p + 1);
+        let sent_ms = u64::try_from((i128::from(sent) + offset).max(0)).unwrap_or(0);
+        out[i] = Some(Delivery {
+            index: i,
+            job,
+            attempt,
+            sent_ms,
+            arrived_ms: log[i].at_ms,
+        });
+    }
+    out
+}
+
+/// Every 429 in `log` but the forced one, with its cause ([`StrayCause`]): the upstream's
+/// bucket (`burst`, `rate_per_sec`, the same tolerance as [`crate::upstream`]'s) is replayed
+/// on the send times of [`deliveries`] (requests not paired at their arrival), in the order
+/// they were sent.
+///
+/// ```
+/// use allowance_sim::report::{JobEnd, Mark, Timeline};
+/// use allowance_sim::scale::{stray_429s, StrayCause};
+/// use allowance_sim::scenario::Mode;
+/// use allowance_sim::upstream::{snapshot_path, SeenRequest};
+/// use tower_allowance::Outcome;
+///
+/// // Burst 1 at 20/s: job 0 sent at 0 but delivered at 20 ms; job 1 sent on its slot, 50 ms,
+/// // delivered at once: the bucket lost 20 ms of refill waiting for job 0, and says 429.
+/// let seen = |at_ms, job, status| SeenRequest {
+///     at_ms,
+///     key: String::new(),
+///     path: snapshot_path(&format!("e{job}")),
+///     status,
+///     worker: None,
+/// };
+/// let log = [seen(20, 0, 200), seen(50, 1, 429)];
+/// let mark = |worker, at_ms, status| Mark { worker, at_ms, status, retry_after_ms: None };
+/// let end = |w, job, at| JobEnd::new(w, at, at + 1, Outcome::Completed).timed(job, Some(at));
+/// let timeline = Timeline::new(
+///     Mode::Shared,
+///     2,
+///     vec![mark(0, 0, 200), mark(1, 50, 429)],
+///     vec![end(0, 0, 0), end(1, 1, 50)],
+/// );
+/// let strays = stray_429s(&log, &timeline, 1, 20, None);
+/// assert_eq!(strays.len(), 1);
+/// let StrayCause::DeliveryJitter { late: Some(late) } = strays[0].cause else { panic!() };
+/// assert_eq!((late.job, late.lag_ms()), (Some(0), 20));
+/// ```
+pub fn stray_429s(
+    log: &[SeenRequest],
+    timeline: &Timeline,
+    burst: u32,
+    rate_per_sec: u32,
+    forced: Option<Throttled>,
+) -> Vec<Stray> {
+    let forced = forced_index(log, forced);
+    let sent = deliveries(log, timeline);
+    let interval_us = 1_000_000 / i64::from(rate_per_sec.max(1));
+    let tolerance_us = interval_us / i64::try_from(crate::upstream::TOLERANCE_DIVISOR).unwrap_or(1);
+    let capacity_us = i64::from(burst) * interval_us;
+    let at = |i: usize| sent[i].map_or(log[i].at_ms, |d| d.sent_ms);
+    // Every request that takes a token, in the order sent.
+    let mut order: Vec<usize> = (0..log.len()).filter(|i| Some(*i) != forced).collect();
+    order.sort_by_key(|&i| (at(i), log[i].at_ms, i));
+    let mut admitted = vec![true; log.len()];
+    let (mut level_us, mut last_us) = (capacity_us, 0i64);
+    for &i in &order {
+        let now_us = i64::try_from(at(i)).unwrap_or(i64::MAX / 2) * 1000;
+        let now_us = now_us.max(last_us);
+        level_us = (level_us + (now_us - last_us)).min(capacity_us);
+        last_us = now_us;
+        let ok = burst > 0 && level_us + tolerance_us >= interval_us;
+        if ok {
+            level_us -= interval_us;
+        }
+        admitted[i] = ok;
+    }
+    let depth_ms = u64::from(burst + 1) * 1000 / u64::from(rate_per_sec.max(1));
+    (0..log.len())
+        .filter(|&i| log[i].status == 429 && Some(i) != forced)
+        .map(|i| {
+            let cause = match sent[i] {
+                None => StrayCause::Unpaired,
+                Some(_) if !admitted[i] => StrayCause::SentEarly,
+                Some(d) => StrayCause::DeliveryJitter {
+                    late: sent
+                        .iter()
+                        .flatten()
+                        .filter(|e| {
+                            e.index != i
+                                && e.sent_ms <= d.sent_ms
+                                && e.sent_ms + depth_ms >= d.sent_ms
+                        })
+                        .max_by_key(|e| (e.lag_ms(), e.sent_ms))
+                        .copied(),
+                },
+            };
+            Stray {
+                at_ms: log[i].at_ms,
+                request: sent[i],
+                cause,
+            }
+        })
+        .collect()
+}
+
+/// Prints every stray 429 of a run on stderr, one line each, under `what`; returns how many
+/// delivery jitter does not explain.
+pub fn print_strays(what: &str, strays: &[Stray]) -> usize {
+    if strays.is_empty() {
+        eprintln!("{what}: no stray 429 (none the test did not force)");
+    }
+    for s in strays {
+        eprintln!("{what}: stray {s}");
+    }
+    strays.iter().filter(|s| !s.is_jitter()).count()
+}
+
+/// The window of `times` (sorted, ms) most over what an allowance of `burst` at
+/// `rate_per_sec` admits in it, each window widened by `jitter_ms` of delivery jitter:
+/// `(excess, from, to)`.
+///
+/// ```
+/// use allowance_sim::scale::worst_window;
+///
+/// // A burst of 4, then one every 50 ms (20/s): never over.
+/// let spaced: Vec<u64> = [0, 0, 0, 0].into_iter().chain((1..40).map(|i| i * 50)).collect();
+/// assert!(worst_window(&spaced, 4, 20, 10).0 <= 0);
+/// ```
+pub fn worst_window(
+    times: &[u64],
+    burst: u64,
+    rate_per_sec: u32,
+    jitter_ms: u64,
+) -> (i64, u64, u64) {
+    let mut worst = (i64::MIN, 0, 0);
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let (from, to) = (times[i], times[j]);
+            let allowed = burst + u64::from(rate_per_sec) * (to - from + jitter_ms) / 1000;
+            let seen = u64::try_from(j - i + 1).unwrap_or(u64::MAX);
+            let excess = i64::try_from(seen).unwrap_or(i64::MAX)
+                - i64::try_from(allowed).unwrap_or(i64::MAX);
+            if excess > worst.0 {
+                worst = (excess, from, to);
+            }
+        }
+    }
+    worst
+}
+
+/// The most requests of `times` (sorted, ms) within any `span_ms`.
+pub fn most_within(times: &[u64], span_ms: u64) -> usize {
+    (0..times.len())
+        .map(|i| {
+            times[i..]
+                .iter()
+                .take_while(|t| **t <= times[i] + span_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,5 +856,76 @@ mod tests {
             served_order(&[seen(5, 2, 429), seen(9, 1, 200), seen(70, 2, 200)]),
             vec![(2, 5), (1, 9)]
         );
+    }
+
+    #[test]
+    fn the_window_check_sees_a_herd() {
+        // On schedule: one every 50 ms after a burst of 4.
+        let spaced: Vec<u64> = [0, 0, 0, 0]
+            .into_iter()
+            .chain((1..40).map(|i| i * 50))
+            .collect();
+        assert!(worst_window(&spaced, 4, 20, 10).0 <= 0);
+        // Eighteen in 15 ms, 2 s later: 14 over the allowance, 10 beyond one extra burst.
+        let mut herd = spaced.clone();
+        herd.extend((0..18).map(|i| 4000 + i * 15 / 17));
+        assert_eq!(worst_window(&herd, 4, 20, 10).0, 14);
+        assert_eq!(most_within(&herd, 20), 18);
+    }
+
+    /// Burst 2 at 20/s, one worker per job. Jobs 0 and 1 take the burst at 0; job 2 is due
+    /// at 50 ms. The burst delivered late (at 30 ms, the bucket full meanwhile), the bucket
+    /// sees job 2 early: jitter. Sent at 10 ms (before its slot), it is early whatever the
+    /// delivery. A 429 whose send is not recorded is unexplained; the forced one is left out.
+    #[test]
+    fn a_stray_429_is_jitter_only_when_its_send_time_was_within_the_limit() {
+        let mark = |worker, at_ms, status| crate::report::Mark {
+            worker,
+            at_ms,
+            status,
+            retry_after_ms: None,
+        };
+        let end = |w: u32, job: usize, at: u64| {
+            JobEnd::new(w, at, at + 1, Outcome::Completed).timed(job, Some(at))
+        };
+        let timeline = |sends: &[u64], statuses: &[u16]| {
+            let marks = (0..sends.len())
+                .map(|j| mark(j as u32, sends[j], statuses[j]))
+                .collect();
+            let ends = (0..sends.len())
+                .map(|j| end(j as u32, j, sends[j]))
+                .collect();
+            Timeline::new(Mode::Shared, sends.len(), marks, ends)
+        };
+        // Jobs 0 and 1 sent at 0, arrived at 30 (the bucket sat full meanwhile); job 2 sent
+        // on its slot and delivered at once (the offset: 0 ms in transit).
+        let log = [seen(30, 0, 200), seen(30, 1, 200), seen(50, 2, 429)];
+        let t = timeline(&[0, 0, 50], &[200, 200, 429]);
+        let strays = stray_429s(&log, &t, 2, 20, None);
+        assert_eq!(strays.len(), 1);
+        assert!(strays[0].is_jitter(), "{}", strays[0]);
+        let StrayCause::DeliveryJitter { late: Some(late) } = strays[0].cause else {
+            panic!("{:?}", strays[0]);
+        };
+        assert_eq!(late.lag_ms(), 30);
+        assert!(matches!(late.job, Some(0 | 1)), "{late:?}");
+        assert!(strays[0].to_string().contains("DELIVERY JITTER"));
+        // Job 2 sent at 10 ms: the bucket has no token for it then either.
+        let log = [seen(0, 0, 200), seen(0, 1, 200), seen(10, 2, 429)];
+        let strays = stray_429s(&log, &timeline(&[0, 0, 10], &[200, 200, 429]), 2, 20, None);
+        assert_eq!(strays[0].cause, StrayCause::SentEarly);
+        assert!(strays[0].to_string().contains("SENT EARLY"));
+        // No record of job 2's send: unexplained.
+        let t = timeline(&[0, 0], &[200, 200]);
+        let strays = stray_429s(&log, &t, 2, 20, None);
+        assert_eq!(strays[0].cause, StrayCause::Unpaired);
+        // The forced 429 is not a stray.
+        let forced = Throttled {
+            sent_at_ms: 10,
+            retry_after_ms: 1000,
+        };
+        let t = timeline(&[0, 0, 10], &[200, 200, 429]);
+        assert!(stray_429s(&log, &t, 2, 20, Some(forced)).is_empty());
+        assert_eq!(forgiveness_ms(20), 5.0);
     }
 }

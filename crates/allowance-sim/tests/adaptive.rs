@@ -5,10 +5,10 @@
 //!   of 20/s with at most 5% 429s, and the final rate is 17–24/s; after the upstream drops
 //!   to 10/s at 30 s, the achieved rate settles within 15% of it in under 10 s; an IETF
 //!   upstream's policy, adopted, sets the rate at the first response (0 429s);
-//! - real time, a private `redis-server`: four processes on one controller in Redis find one
-//!   rate with at most 5% 429s, while four processes with a controller each throttle more.
-
-use std::{path::Path, process::Command};
+//!
+//! All in virtual time. The real-time half (four processes on one controller in Redis find
+//! one rate with at most 5% 429s, while four processes with a controller each throttle
+//! more) is a real-time experiment: `real_time.rs`, module `adaptive`.
 
 use allowance_sim::{
     cli::{execute, Cli},
@@ -18,7 +18,6 @@ use allowance_sim::{
 };
 use clap::Parser;
 use serde_json::Value;
-use tower_allowance_redis::test_util::TestRedis;
 
 const UPSTREAM: &[&str] = &[
     "run",
@@ -180,116 +179,6 @@ fn an_adopted_ietf_policy_sets_the_rate_at_the_first_response() {
             "never above the advertised 20/s"
         );
     }
-}
-
-/// The real-time run: `--processes 4` with and without a Redis allowance, as a child.
-fn real_run(bin: &Path, redis: Option<&str>) -> Value {
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "run",
-        "--real",
-        "--mode",
-        "shared",
-        "--adaptive",
-        "--initial-rate",
-        "10",
-        "--rate",
-        "20",
-        "--burst",
-        "4",
-        "--workers",
-        "8",
-        "--jobs",
-        "200",
-        "--retry-after",
-        "1",
-        "--processes",
-        "4",
-        "--json",
-    ]);
-    if let Some(url) = redis {
-        cmd.args(["--redis", url]);
-    }
-    let out = cmd.output().expect("runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_processes_on_redis_find_one_rate_and_split_controllers_throttle_more() {
-    let Some(redis) = TestRedis::start().await else {
-        eprintln!("skipped: no redis-server (CI=true makes this a failure)");
-        return;
-    };
-    let bin = Path::new(env!("CARGO_BIN_EXE_allowance-sim"));
-    let url = redis.url().to_owned();
-    let shared = tokio::task::spawn_blocking({
-        let bin = bin.to_owned();
-        move || real_run(&bin, Some(&url))
-    })
-    .await
-    .expect("joined");
-    let split = tokio::task::spawn_blocking({
-        let bin = bin.to_owned();
-        move || real_run(&bin, None)
-    })
-    .await
-    .expect("joined");
-
-    let rates = |v: &Value| -> Vec<f64> {
-        v["controller_rates"]
-            .as_array()
-            .expect("controller rates")
-            .iter()
-            .filter_map(Value::as_f64)
-            .collect()
-    };
-    eprintln!("| controllers | attempts | 429s | completed | achieved | final rate | each process's controller at the end | makespan |");
-    eprintln!("| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |");
-    for (name, v) in [
-        ("one in Redis", &shared),
-        ("one per process, in memory", &split),
-    ] {
-        eprintln!(
-            "| {name} | {} | {} | {} | {}/s | {}/s | {:?} | {} ms |",
-            v["attempts"],
-            v["rejected"],
-            v["completed"],
-            v["achieved_rate"],
-            v["final_rate"],
-            rates(v),
-            v["makespan_ms"]
-        );
-    }
-    assert_eq!(shared["completed"], 200, "{shared}");
-    assert_eq!(split["completed"], 200, "{split}");
-    let (attempts, rejected) = (num(&shared, "attempts"), num(&shared, "rejected"));
-    assert!(
-        rejected <= 0.05 * attempts,
-        "Redis: {rejected} 429s of {attempts}"
-    );
-    // One rate: four readings of one controller, taken as each process ended.
-    let one = rates(&shared);
-    assert_eq!(one.len(), 4);
-    let mean = one.iter().sum::<f64>() / 4.0;
-    assert!(
-        one.iter().all(|r| (r - mean).abs() <= 0.05 * mean),
-        "one rate in Redis: {one:?}"
-    );
-    assert!(
-        (10.0..=24.0).contains(&num(&shared, "final_rate")),
-        "{shared}"
-    );
-    // Four controllers, each seeing only its own process's 429s: more of them.
-    assert!(
-        num(&split, "rejected") > rejected,
-        "split {} vs Redis {rejected}",
-        split["rejected"]
-    );
 }
 
 /// `allowance-sim adaptive` (virtual rows only): one row per documented run, each with the

@@ -8,6 +8,12 @@
 //! state loss: one burst per loss, counting the losses during the window or in the
 //! `LOSS_REACH_MS` before it (see RELIABILITY.md); the workers' RSS stays flat.
 //!
+//! Every 429 is printed with its cause (`allowance_sim::scale::stray_429s`): delivery jitter
+//! (the upstream's bucket fed the send times admits the request) is named and not counted;
+//! every other 429 counts against the bound of one burst per state loss.
+//!
+//! A real-time experiment (`--features experiments`, tests/README.md).
+//!
 //! `SOAK_SECS` sets the length (default 12 s, what CI runs; `SOAK_SECS=60` for the long
 //! soak), `SOAK_SEED` the fault schedule (printed, so a failing schedule can be replayed),
 //! `SOAK_FAULTS` the kinds of fault (default `stop,kill,flushall,scriptflush`).
@@ -17,6 +23,7 @@ use std::{path::Path, time::Duration};
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_name, run_processes},
+    scale::{print_strays, stray_429s},
     scenario::{Mode, Scenario},
     upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
@@ -104,9 +111,7 @@ async fn jobs_survive_random_redis_faults() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| u64::from(std::process::id()) * 0x9E37_79B9);
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
         .await
         .expect("upstream");
@@ -230,6 +235,9 @@ async fn jobs_survive_random_redis_faults() {
         rss,
     );
 
+    let strays = stray_429s(&log, &report.timeline, BURST, RATE, None);
+    let early = print_strays("soak", &strays);
+
     // Every job ends, and every job that did not complete says why.
     assert_eq!(
         report.completed + report.abandoned + report.failed,
@@ -259,7 +267,11 @@ async fn jobs_survive_random_redis_faults() {
         beyond <= 0,
         "the window {from}..{to} ms is {beyond} over the allowance beyond one burst per nearby state loss (losses at {losses:?} ms); faults {faults:?}"
     );
-    assert!(rejected <= losses.len() * BURST as usize, "{rejected} 429s");
+    assert!(
+        early <= losses.len() * BURST as usize,
+        "{early} 429s not explained by delivery jitter (of {rejected}), {} state losses",
+        losses.len()
+    );
     // RSS flat: the workers grow by at most a quarter (or 4 MiB) between the first and
     // the last sample.
     if let (Some((_, first)), Some((_, last))) = (first_rss, last_rss) {

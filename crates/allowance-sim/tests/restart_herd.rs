@@ -9,12 +9,20 @@
 //! Before state generations the holders kept slots the fresh state did not know, the first
 //! 429 raised a cooldown, and every holder inside it went out at its end together (18
 //! requests in 15 ms; RELIABILITY.md).
+//!
+//! Every 429 is printed with its cause (`allowance_sim::scale::stray_429s`): delivery jitter
+//! (the upstream's bucket fed the send times admits the request) is named and not counted;
+//! every other 429 counts against the one burst a state loss may cost.
+//!
+//! A real-time experiment (`--features experiments`, tests/README.md); the window check
+//! itself is tested on fixed data in `allowance_sim::scale` (the_window_check_sees_a_herd).
 
 use std::{path::Path, time::Duration};
 
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_name, run_processes},
+    scale::{most_within, print_strays, stray_429s, worst_window},
     scenario::{Mode, Scenario},
     upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
@@ -38,57 +46,9 @@ fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_allowance-sim"))
 }
 
-/// The window of `times` (sorted, ms) most over `burst + rate * length`: (excess, from, to).
-fn worst_window(times: &[u64], burst: u64) -> (i64, u64, u64) {
-    let mut worst = (i64::MIN, 0, 0);
-    for i in 0..times.len() {
-        for j in i..times.len() {
-            let (from, to) = (times[i], times[j]);
-            let allowed = burst + u64::from(RATE) * (to - from + JITTER_MS) / 1000;
-            let seen = u64::try_from(j - i + 1).unwrap_or(u64::MAX);
-            let excess = i64::try_from(seen).unwrap_or(i64::MAX)
-                - i64::try_from(allowed).unwrap_or(i64::MAX);
-            if excess > worst.0 {
-                worst = (excess, from, to);
-            }
-        }
-    }
-    worst
-}
-
-/// The most requests of `times` (sorted, ms) within any `span_ms`.
-fn most_within(times: &[u64], span_ms: u64) -> usize {
-    (0..times.len())
-        .map(|i| {
-            times[i..]
-                .iter()
-                .take_while(|t| **t <= times[i] + span_ms)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
-#[test]
-fn the_window_check_sees_a_herd() {
-    // On schedule: one every 50 ms after a burst of 4.
-    let spaced: Vec<u64> = [0, 0, 0, 0]
-        .into_iter()
-        .chain((1..40).map(|i| i * 50))
-        .collect();
-    assert!(worst_window(&spaced, u64::from(BURST)).0 <= 0);
-    // Eighteen in 15 ms, 2 s later: 14 over the allowance, 10 beyond one extra burst.
-    let mut herd = spaced.clone();
-    herd.extend((0..18).map(|i| 4000 + i * 15 / 17));
-    assert_eq!(worst_window(&herd, u64::from(BURST)).0, 14);
-    assert_eq!(most_within(&herd, 20), 18);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holders_do_not_herd_after_a_quick_redis_restart() {
-    let Some(mut redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let mut redis = TestRedis::start_private().await;
     let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
         .await
         .expect("upstream");
@@ -131,7 +91,7 @@ async fn holders_do_not_herd_after_a_quick_redis_restart() {
         .filter(|r| r.status == 429)
         .map(|r| r.at_ms)
         .collect();
-    let (excess, from, to) = worst_window(&times, u64::from(BURST));
+    let (excess, from, to) = worst_window(&times, u64::from(BURST), RATE, JITTER_MS);
     let after: Vec<u64> = times
         .iter()
         .copied()
@@ -146,6 +106,8 @@ async fn holders_do_not_herd_after_a_quick_redis_restart() {
         report.makespan_ms,
         report.min_makespan_ms,
     );
+    let strays = stray_429s(&log, &report.timeline, BURST, RATE, None);
+    let early = print_strays("restart herd", &strays);
     assert_eq!(report.failed, 0, "{:?}", report.first_error);
     assert_eq!(report.completed, JOBS);
     // No herd: at most one burst beyond the allowance in any window, and as many 429s.
@@ -153,9 +115,10 @@ async fn holders_do_not_herd_after_a_quick_redis_restart() {
         excess <= i64::from(BURST),
         "the window {from}..{to} ms is {excess} over the allowance (bound: one burst, {BURST})"
     );
+    // At most one burst of 429s that delivery jitter does not explain (printed above).
     assert!(
-        rejected.len() <= BURST as usize,
-        "{} 429s at {rejected:?} ms",
+        early <= BURST as usize,
+        "{early} 429s not explained by delivery jitter (of {} at {rejected:?} ms)",
         rejected.len()
     );
 }

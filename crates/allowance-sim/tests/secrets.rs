@@ -70,9 +70,7 @@ async fn finish(parent: Child) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn neither_the_redis_password_nor_the_api_key_is_on_a_childs_command_line() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let reply = redis
         .command(&["CONFIG", "SET", "requirepass", PASSWORD])
         .await;
@@ -140,9 +138,7 @@ async fn neither_the_redis_password_nor_the_api_key_is_on_a_childs_command_line(
 /// way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_real_children_get_their_key_and_url_on_stdin() {
-    let Some(redis) = TestRedis::start_private().await else {
-        return;
-    };
+    let redis = TestRedis::start_private().await;
     let reply = redis
         .command(&["CONFIG", "SET", "requirepass", PASSWORD])
         .await;

@@ -121,7 +121,10 @@ async fn each_dialect_on_successes_and_429s() {
         assert_eq!(r.remaining, Some(0), "{dialect}");
         if dialect != ServerDialect::Odds {
             let wait = r.wait.as_ref().and_then(Wait::duration);
-            // About a second to the next token (1/s); whole-second resets round up.
+            // About a second to the next token (1/s); whole-second resets round up. The
+            // 900 ms floor holds while the second request follows the first within 100 ms
+            // (one loopback round trip, about a millisecond idle: a margin of some hundred
+            // times); the 3 s ceiling is a header's value, not a measured time.
             assert!(
                 wait.is_some_and(|w| w >= Duration::from_millis(900) && w <= Duration::from_secs(3)),
                 "{dialect}: {r:?} from {spent:?}"
@@ -138,6 +141,12 @@ async fn each_dialect_on_successes_and_429s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_speaks_ietf_and_changes_its_rate() {
+    // The client first (it reads the system's roots): between the server's start and the
+    // second request below there are only the two requests on loopback (about a millisecond
+    // each on an idle machine), against the 200 ms before the rate changes, a margin of
+    // some hundred times. Everything after the change is a lower bound (a late request
+    // only finds more tokens at 50/s).
+    let client = http_client();
     // 1/s with a burst of 1, then 50/s from 200 ms on.
     let served = Served::start(&[
         "--dialect",
@@ -149,7 +158,6 @@ async fn serve_speaks_ietf_and_changes_its_rate() {
         "--rate-change",
         "200ms:50",
     ]);
-    let client = http_client();
     let url = format!("{}/v1/events/e1/odds/snapshot", served.url);
     let key = [(API_KEY_HEADER, DEFAULT_KEY)];
     let (status, headers) = get(&client, &url, &key).await;
@@ -205,10 +213,12 @@ async fn serve_with_a_token_rate_limits_requests_and_tokens_at_once() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
-/// `http --dialect`: against a GitHub-shaped upstream at 1/s, a client reading GitHub's
-/// headers waits for each reset it is told of (`remaining: 0`) and sees no 429, although
-/// its own allowance is set far too fast (20/s); the same client reading OpenAI's headers
-/// (`x-ratelimit-*-requests`: none here) runs into 429s.
+/// `http --dialect`: against a GitHub-shaped upstream at 1/s, a client reading OpenAI's
+/// headers (`x-ratelimit-*-requests`: none here) with its allowance set far too fast (20/s)
+/// runs into 429s. Load-proof: six jobs at 20/s (burst 2) against a bucket of 2 at 1/s; to
+/// see no 429 they would have to go out about a second apart, twenty times slower than the
+/// allowance sends them. (The other half, a client reading GitHub's headers seeing no 429,
+/// counts 429s in real time: `real_time.rs`, `serve::http_reads_the_github_dialect_and_sees_no_429`.)
 #[test]
 fn http_reads_the_dialect_it_is_given() {
     let bin = env!("CARGO_BIN_EXE_allowance-sim");
@@ -236,6 +246,5 @@ fn http_reads_the_dialect_it_is_given() {
         assert_eq!(v["completed"], 6, "{v}");
         v["rejected"].as_u64().expect("a count")
     };
-    assert_eq!(run("github"), 0);
     assert!(run("openai") > 0);
 }

@@ -3,6 +3,8 @@
 //! finish four times sooner). The test binary starts itself as the worker processes, so it
 //! has its own `main` (`harness = false`).
 
+mod support;
+
 use std::{
     process::{Command, Stdio},
     time::Duration,
@@ -99,8 +101,11 @@ fn main() {
             took >= minimum,
             "{took:?}: faster than the shared allowance allows ({minimum:?})"
         );
+        // At most 1.5 s slower in the real-time runner; 5 s more in the default suite,
+        // where four processes may be scheduled late (`support::slack`). The lower bound is
+        // the coordination's and load cannot break it.
         assert!(
-            took <= minimum + Duration::from_millis(1_500),
+            took <= minimum + support::slack(Duration::from_millis(1_500)),
             "{took:?}: far slower than the allowance ({minimum:?})"
         );
     });

@@ -2,6 +2,14 @@
 //! password changed. Every call answers within its timeout; an outage delays admissions
 //! (or fails them fast, or falls back, as configured) and coordination resumes by itself; a
 //! refusal surfaces at once. Each test owns a private `redis-server` it can kill. Real time.
+//!
+//! Upper bounds on measured times allow 150 ms of scheduling slack in the real-time runner
+//! (`--features experiments`, tests/README.md) and that + 5 s in the default suite,
+//! where they must not fail from machine load (`support::slack`); lower bounds (a wait that
+//! lasted at least the outage, a timeout that took at least its length) are the same in
+//! both: load only makes things later.
+
+mod support;
 
 use std::{error::Error, num::NonZeroU32, time::Duration};
 
@@ -18,10 +26,14 @@ use tower_allowance_redis::{
     FailurePolicy, RedisStore, RedisStoreOptions,
 };
 
-const MS: Duration = Duration::from_millis(1);
+use support::{slack, MS};
+
 const TIMEOUT: Duration = Duration::from_millis(200);
-/// Scheduling slack on a shared 2-core machine.
-const SLACK: Duration = Duration::from_millis(150);
+/// Scheduling slack on a shared 2-core machine, in the real-time runner; the default suite
+/// adds `support::LOADED_MARGIN` (5 s) to it.
+fn slack_150ms() -> Duration {
+    slack(Duration::from_millis(150))
+}
 const PROBE: Duration = Duration::from_millis(100);
 
 fn options(policy: FailurePolicy) -> RedisStoreOptions {
@@ -83,7 +95,7 @@ async fn an_outage_is_reported_fast_and_coordination_resumes() {
         let started = Instant::now();
         let err = admit(&store, &config).await.expect_err("redis is down");
         let took = started.elapsed();
-        assert!(took <= TIMEOUT + SLACK, "a call took {took:?}");
+        assert!(took <= TIMEOUT + slack_150ms(), "a call took {took:?}");
         assert_eq!(
             err.kind(),
             StoreErrorKind::Unavailable,
@@ -95,7 +107,7 @@ async fn an_outage_is_reported_fast_and_coordination_resumes() {
     // Failing fast, the layers report the typed StoreUnavailable within the timeout.
     let started = Instant::now();
     let err = allowance.acquire().await.expect_err("fail fast");
-    assert!(started.elapsed() <= TIMEOUT + SLACK);
+    assert!(started.elapsed() <= TIMEOUT + slack_150ms());
     let AcquireError::Store(unavailable) = &err else {
         panic!("{err:?}");
     };
@@ -151,7 +163,12 @@ async fn a_short_outage_delays_admission_instead_of_failing_it() {
         .expect("task")
         .expect("admitted once redis is back");
     eprintln!("admitted {waited:?} after redis went down (down ~1.5 s)");
-    assert!(waited >= 1_400 * MS && waited <= 4_000 * MS, "{waited:?}");
+    // At least the outage (load only delays); at most the outage, the restart and a probe
+    // interval: 2.5 s of room in the runner, 5 s more in the default suite.
+    assert!(
+        waited >= 1_400 * MS && waited <= 1_500 * MS + slack(2_500 * MS),
+        "{waited:?}"
+    );
 }
 
 /// A wrong password (here: one set while running) is a refusal, not an outage: it surfaces
@@ -196,7 +213,10 @@ async fn a_refusal_surfaces_at_once_and_is_never_masked() {
         unavailable.store_error()
     );
     let took = started.elapsed();
-    assert!(took <= 3 * TIMEOUT + SLACK, "surfaced after {took:?}");
+    assert!(
+        took <= 3 * TIMEOUT + slack_150ms(),
+        "surfaced after {took:?}"
+    );
 }
 
 #[tokio::test]
@@ -218,7 +238,7 @@ async fn a_hung_redis_times_out() {
     redis.thaw();
     assert_eq!(call_error(&err), CallErrorKind::Timeout);
     assert!(
-        took >= TIMEOUT && took <= TIMEOUT + SLACK,
+        took >= TIMEOUT && took <= TIMEOUT + slack_150ms(),
         "timed out after {took:?}"
     );
     until_redis_answers(&store, &config).await;
@@ -246,7 +266,10 @@ async fn local_fallback_keeps_admitting_at_the_divided_rate() {
     for _ in 0..N {
         let one = Instant::now();
         allowance.acquire().await.expect("the fallback admits");
-        assert!(one.elapsed() <= 100 * MS + TIMEOUT + SLACK, "no hang");
+        assert!(
+            one.elapsed() <= 100 * MS + TIMEOUT + slack_150ms(),
+            "no hang"
+        );
     }
     let took = started.elapsed();
     assert!(store.is_degraded());
@@ -258,19 +281,35 @@ async fn local_fallback_keeps_admitting_at_the_divided_rate() {
         "faster than the fallback: {took:?}"
     );
     assert!(
-        took <= 100 * MS * N + TIMEOUT + 4 * SLACK,
+        took <= 100 * MS * N + TIMEOUT + slack(4 * 150 * MS),
         "slower than the fallback: {took:?}"
     );
 
     redis.restart().await;
     let took = until_redis_answers(&store, &config).await;
     eprintln!("fallback store back on redis {took:?} after the restart");
+    // The event subscription comes back too, and the allowance then catches up on what it
+    // may have missed: one read, once, whenever the subscription's confirmation is handled.
+    let inspector = redis::Client::open(redis.url()).expect("client");
+    let channel = store.channel().to_owned();
+    support::eventually("the event subscription is back", || async {
+        support::subscribers(&inspector, &channel).await >= 1
+    })
+    .await;
     // Coordination resumed: decisions are shared again (state written to Redis); the first
-    // call reloaded the script the restart lost, and then one round trip per admission.
+    // call reloaded the script the restart lost, and then one round trip per admission (and
+    // the catch-up read, if it had not happened yet: handled by another task, its moment
+    // depends on scheduling, so four admissions take four round trips, or five with it).
     allowance.acquire().await.expect("admitted");
     let before = store.round_trips();
-    allowance.acquire().await.expect("admitted");
-    assert_eq!(store.round_trips() - before, 1);
+    for _ in 0..4 {
+        allowance.acquire().await.expect("admitted");
+    }
+    let trips = store.round_trips() - before;
+    assert!(
+        (4..=5).contains(&trips),
+        "{trips} round trips for 4 admissions"
+    );
     assert!(redis.command(&["EXISTS", store.key()]).await.ends_with('1'));
 }
 
@@ -355,8 +394,19 @@ async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
     redis.kill();
     match admit(&store, &config).await.expect("fallback") {
         Admission::Reserved { wait, .. } => {
-            // The local fallback knows the shared cooldown: the slot is after it.
-            assert!(wait > 1_500 * MS && wait <= 2_000 * MS, "{wait:?}");
+            // The local fallback knows the shared cooldown: the slot is after it. What it
+            // waits is the 2 s cooldown less the time since the defer (a kill and one
+            // refused call, milliseconds): in the runner within 500 ms of it; in the default
+            // suite only after the defer's time (`support::slack`: load makes it shorter).
+            let elapsed_at_most = if cfg!(feature = "experiments") {
+                500 * MS
+            } else {
+                2_000 * MS - MS
+            };
+            assert!(
+                wait > 2_000 * MS - elapsed_at_most && wait <= 2_000 * MS,
+                "{wait:?}"
+            );
         }
         d => panic!("admitted during a cooldown: {d:?}"),
     }

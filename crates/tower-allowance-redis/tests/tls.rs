@@ -124,8 +124,10 @@ async fn admissions_and_a_shared_cooldown_over_tls() {
     let held = Instant::now();
     b.acquire().await.expect("admitted after the cooldown");
     let waited = held.elapsed();
+    // At least the cooldown (load only delays); at most 300 ms past it in the real-time
+    // runner, 5 s more in the default suite (`support::slack`).
     assert!(
-        waited >= 950 * MS && waited <= 1_300 * MS,
+        waited >= 950 * MS && waited <= 1_000 * MS + support::slack(300 * MS),
         "B waited {waited:?}, want ~1 s"
     );
     // The state is a key on the TLS server.
@@ -221,6 +223,9 @@ async fn an_untrusted_server_is_refused_not_an_outage() {
         .expect_err("untrusted certificate");
     eprintln!("untrusted: {err}: {:?}", std::error::Error::source(&err));
     assert_eq!(err.kind(), ConnectErrorKind::Refused);
+    // A refused handshake takes milliseconds on loopback; the 2 s connect timeout is a
+    // margin of some hundred times over it even on a loaded machine, and is what the check
+    // is about (refused, not timed out).
     assert!(
         started.elapsed() < 2_000 * MS,
         "refused before the connect timeout"

@@ -1305,13 +1305,17 @@ pub fn extend_cooldown(
 ///   pending).
 pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [u64; MAX_LIMITS] {
     let mut shift = [0; MAX_LIMITS];
-    let pending =
-        state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now;
-    if pending {
+    if pending(state, now) {
         let rigid = until.saturating_sub(now.max(state.blocked_until));
         shift[..params.limit_count].fill(rigid);
     }
     shift
+}
+
+/// Whether a reservation counts as pending at `now`: one was made, due no longer than
+/// [`PENDING_GRACE_US`] ago.
+fn pending(state: &State, now: u64) -> bool {
+    state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now
 }
 
 /// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
@@ -1624,6 +1628,67 @@ pub fn advance(budget: &mut BudgetState, now: u64, slot_us: u64) -> usize {
         budget.head_slot = now_slot;
     }
     (budget.head_slot % BUDGET_SLOTS) as usize
+}
+
+// === Settled: as good as fresh ===
+
+/// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that
+/// starting over from a fresh state would let nothing through, now or later, that keeping
+/// this one would not.
+///
+/// Not settled while it holds anything a fresh state lacks:
+///
+/// - a cooldown or a closure still running (a closure until cleared never ends);
+/// - a bucket not full again: some limit's theoretical arrival time is ahead of `now` (a
+///   fresh bucket would hand out its whole burst);
+/// - a reservation still pending (a cooldown raised now would move the schedule);
+/// - a fixed retry budget spent from (a fresh one has every retry back), or a replenishing
+///   one whose window still counts a retry;
+/// - a quota probe's lease or backoff running, or failed probes doubling the backoff;
+/// - an adaptive rate cut below its ceiling, or capped by a rate a server advertised (a
+///   fresh one would slow-start up to the ceiling again).
+///
+/// The rest (the event epoch, the generation, clock-step bookkeeping, successes deposited in
+/// a replenishing budget, the probe count) only makes a fresh state stricter, or concerns
+/// holders of reservations, who are gone once nothing holds the allowance.
+///
+/// Not a step of [`apply`]: a store answers it from the state it holds, for
+/// [`Store::is_settled`](crate::store::Store::is_settled) (which the keyed registry asks
+/// before evicting an allowance whose state dies with its store). The Redis script has no
+/// twin: its state outlives the handle.
+pub fn is_settled(state: &State, now: u64, params: &Params) -> bool {
+    let running = [
+        state.blocked_until,
+        state.closed_until,
+        state.lease_until,
+        state.next_probe_at,
+    ];
+    if running.iter().any(|until| *until > now)
+        || state.tat[..params.limit_count].iter().any(|tat| *tat > now)
+        || pending(state, now)
+        || state.probe_failures != 0
+    {
+        return false;
+    }
+    let budget = match params.budget {
+        BudgetParams::Unlimited => true,
+        BudgetParams::Fixed { .. } => state.budget.spent == 0,
+        BudgetParams::Replenishing { slot_us, .. } => {
+            // The window as it stands at `now`: slots it has forgotten are cleared.
+            let mut window = state.budget;
+            advance(&mut window, now, slot_us);
+            window.withdrawals.iter().all(|w| *w == 0)
+        }
+    };
+    let rate = match params.adaptive {
+        // Cut, or capped by an advertised rate: settled once back at the ceiling. Never cut
+        // nor capped, it is in (or past) the slow start a fresh one would begin only later.
+        Some(a) if state.cut_at != 0 || state.advertised != 0 => {
+            adaptive_rate(state, now, params).is_some_and(|r| r >= a.ceiling_milli)
+        }
+        _ => true,
+    };
+    budget && rate
 }
 
 #[cfg(test)]

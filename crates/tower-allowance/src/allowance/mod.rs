@@ -85,6 +85,14 @@ impl Allowance {
         Self::builder(config).store(store).build()
     }
 
+    /// Whether its store says the state is settled at `now`, as good as a fresh one
+    /// ([`Store::is_settled`](crate::store::Store::is_settled)).
+    pub(crate) fn is_settled(&self, now: Instant) -> bool {
+        self.shared
+            .store
+            .is_settled(now, self.shared.config.params())
+    }
+
     /// The allowance's name (for logs and metrics; `"default"` unless set by the builder).
     pub fn name(&self) -> &str {
         &self.shared.name

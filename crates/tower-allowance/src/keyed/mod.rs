@@ -52,19 +52,27 @@
 //!    a reserved slot, none is between a 429 and its retry), and no [`KeyedAllowance`] handle
 //!    is held. A caller waiting for a slot holds a reservation that only this allowance knows
 //!    of: evicting it would let a new allowance hand the same slot out again; and
-//! 2. **its state is as good as fresh**, unless the store keeps it for the next handle
+//! 2. **its state is settled, as good as fresh**, unless the store keeps it for the next handle
 //!    ([`StoreFactory::state_outlives_store`], true for [`SharedStores`]: Redis keeps the
 //!    buckets, the cooldown and the budget under the same name, so condition 1 suffices):
-//!    - **no cooldown, not closed**: a fresh allowance would send at once;
-//!    - **every bucket refilled**: `burst × interval` after its latest admission or reserved
-//!      slot (after an admission at `t` no limit runs ahead of `t + burst × interval`); with a
-//!      per-day limit, a day: a fresh bucket would hand out the day's allowance again;
+//!    - **no cooldown, not closed**, however it was raised (a 429's `Retry-After`, a success
+//!      saying the quota is spent until a reset, a wait beyond `max_cooldown`, `defer()`): a
+//!      fresh allowance would send at once;
+//!    - **every bucket full again, no reservation pending**: with a per-day limit, up to a
+//!      day after its latest admission (a fresh bucket would hand out the day's allowance
+//!      again);
 //!    - **a fixed retry budget never spent from**: a fresh one would have every retry back, so
 //!      an allowance that spent from one is kept for good (or until it is safe in a shared
-//!      store); a replenishing budget, one window after its latest retry.
+//!      store); a replenishing budget, until its window no longer counts a retry;
+//!    - **an adaptive rate grown back to its ceiling**, and capped by no rate a server
+//!      advertised.
 //!
-//! These bounds are learned from the store's own replies (every admission, reservation,
-//! cooldown and closure passes through it), erring late. An idle timeout
+//! The store answers this from the state itself, by the rule
+//! ([`rule::is_settled`](crate::rule::is_settled), through
+//! [`Store::is_settled`](crate::store::Store::is_settled)): nothing is inferred from the
+//! operations that went through it, so every way of raising a cooldown is covered. A store that
+//! cannot tell without I/O says no: its allowances are evicted only if its factory says their
+//! state outlives the store. An idle timeout
 //! ([`KeyedConfig::with_idle_timeout`]) keeps allowances in active use from being churned;
 //! when the registry is full, a new key evicts any allowance that is safe to evict, and
 //! when none is, it fails at once with [`RegistryFull`] rather than exceed the bound or

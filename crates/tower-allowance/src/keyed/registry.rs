@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::{
     error::{KeyedError, RegistryFull},
     name::{KeySecret, Namer},
-    store::{Erased, ErasedFactory, MemoryStores, Settle, StoreFactory},
+    store::{Erased, ErasedFactory, MemoryStores, StoreFactory},
 };
 use crate::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, ConfigError};
 
@@ -252,7 +252,6 @@ pub(crate) struct Registry {
 pub(crate) struct Entry {
     pub(crate) layer: AllowanceLayer,
     allowance: Allowance,
-    settle: Arc<Settle>,
     used: AtomicU64,
 }
 
@@ -370,8 +369,7 @@ impl Keyed {
     /// evict. Returns how many were evicted. (Sweeps also run by themselves when new keys
     /// arrive, at most every idle timeout; call this from a timer to free memory without them.)
     pub fn evict_idle(&self) -> usize {
-        let now = self.inner.now_us();
-        self.inner.sweep(now, Sweep::Idle)
+        self.inner.sweep(Instant::now(), Sweep::Idle)
     }
 }
 
@@ -391,9 +389,9 @@ impl Registry {
         self.map.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn now_us(&self) -> u64 {
-        let d = Instant::now().saturating_duration_since(self.epoch);
-        micros(d)
+    /// `now` in microseconds since the registry's epoch.
+    fn micros(&self, now: Instant) -> u64 {
+        micros(now.saturating_duration_since(self.epoch))
     }
 
     /// The entry for `key`, created if missing.
@@ -414,13 +412,14 @@ impl Registry {
 
     #[cold]
     fn insert(&self, key: &[u8]) -> Result<Arc<Entry>, KeyedError> {
-        let now = self.now_us();
+        let instant = Instant::now();
+        let now = self.micros(instant);
         if now >= self.next_sweep.load(Ordering::Relaxed) {
             self.next_sweep.store(
                 now.saturating_add(micros(self.config.idle_timeout)),
                 Ordering::Relaxed,
             );
-            self.sweep(now, Sweep::Idle);
+            self.sweep(instant, Sweep::Idle);
         }
         let mut evicted = Vec::new();
         let result = {
@@ -430,7 +429,7 @@ impl Registry {
             }
             if map.len() >= self.config.capacity {
                 if now >= self.full_until.load(Ordering::Relaxed) {
-                    self.evict(&mut map, now, Sweep::Pressure, &mut evicted);
+                    self.evict(&mut map, instant, Sweep::Pressure, &mut evicted);
                 }
                 if map.len() >= self.config.capacity {
                     self.full_until
@@ -454,21 +453,19 @@ impl Registry {
     fn make_entry(&self, key: &[u8]) -> Result<Entry, KeyedError> {
         let config = self.config.config_for(key).clone();
         let name = self.namer.name(key);
-        let settle = Arc::new(Settle::new(self.epoch, config.params()));
         let allowance = self
             .factory
-            .allowance(name, config, &settle)
+            .allowance(name, config)
             .map_err(KeyedError::store)?;
         Ok(Entry {
             layer: AllowanceLayer::new(allowance.clone(), self.config.retry.clone()),
             allowance,
-            settle,
             used: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
         })
     }
 
     /// Runs a sweep; returns how many allowances it evicted.
-    fn sweep(&self, now: u64, kind: Sweep) -> usize {
+    fn sweep(&self, now: Instant, kind: Sweep) -> usize {
         let mut evicted = Vec::new();
         {
             let mut map = self.map.write().unwrap_or_else(PoisonError::into_inner);
@@ -480,7 +477,7 @@ impl Registry {
     fn evict(
         &self,
         map: &mut HashMap<Box<[u8]>, Arc<Entry>>,
-        now: u64,
+        now: Instant,
         kind: Sweep,
         evicted: &mut Vec<Arc<Entry>>,
     ) {
@@ -507,11 +504,11 @@ impl Registry {
 
     /// Whether evicting `entry` now can never let more through than keeping it would:
     /// nothing in this process holds it (no request in flight: no caller waiting for a slot,
-    /// no retry pending; no handle), and its state survives in a shared store or is settled
-    /// (see the module docs).
-    fn evictable(&self, entry: &Arc<Entry>, now: u64) -> bool {
+    /// no retry pending; no handle), and its state survives in a shared store or its store
+    /// says it is settled, as good as a fresh one (see the module docs).
+    fn evictable(&self, entry: &Arc<Entry>, now: Instant) -> bool {
         // Only the map holds it (callers clone it under the read lock; we hold the write lock).
-        Arc::strong_count(entry) == 1 && (self.outlives || entry.settle.settled(now))
+        Arc::strong_count(entry) == 1 && (self.outlives || entry.allowance.is_settled(now))
     }
 }
 
@@ -543,7 +540,6 @@ impl fmt::Debug for KeyedAllowance {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedAllowance")
             .field("allowance", &self.entry.allowance)
-            .field("settle", &self.entry.settle)
             .finish()
     }
 }

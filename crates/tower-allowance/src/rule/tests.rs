@@ -867,3 +867,311 @@ proptest! {
         prop_assert_eq!(schedule_one(tat, &l, now, t0, cost), general);
     }
 }
+
+// === Settled ===
+
+#[test]
+fn settled_once_the_buckets_are_full_again_and_no_reservation_is_pending() {
+    let p = params(10, 5);
+    let mut s = State::default();
+    assert!(is_settled(&s, 0, &p), "a fresh state is settled");
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    // One token of five spent at 10/s: back 100 ms later, and no sooner.
+    assert!(!is_settled(&s, 99_999, &p));
+    assert!(is_settled(&s, 100_000, &p));
+
+    // A reservation given back leaves the bucket as it was, but a cooldown raised within
+    // the grace would still move the schedule: settled only after it.
+    let p = params(1, 1);
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let Admission::Reserved { reservation, .. } = admit_at(&mut s, 0, &p, FIRST) else {
+        panic!("the burst is spent");
+    };
+    assert!(
+        release(&mut s, &p, &reservation),
+        "the latest slot goes back"
+    );
+    assert!(!is_settled(&s, 1_000_000 + PENDING_GRACE_US - 1, &p));
+    assert!(is_settled(&s, 1_000_000 + PENDING_GRACE_US, &p));
+}
+
+#[test]
+fn settled_only_after_a_cooldown_however_it_was_raised() {
+    let p = params(100, 100);
+    // `Op::Defer` (`defer()`, a success saying the quota is spent) and `Op::Throttle` (a 429).
+    for op in [
+        Op::Defer {
+            delay_us: Some(30_000_000),
+        },
+        Op::Throttle {
+            delay_us: Some(30_000_000),
+            age_us: 0,
+        },
+    ] {
+        let mut s = State::default();
+        assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+        let _ = apply(&mut s, 0, &p, &op);
+        assert!(!is_settled(&s, 29_999_999, &p), "{op:?}");
+        assert!(is_settled(&s, 30_000_000, &p), "{op:?}");
+    }
+}
+
+#[test]
+fn settled_only_once_a_closure_ends_or_is_cleared() {
+    let p = *AllowanceConfig::per_second(100, 100)
+        .expect("valid")
+        .with_max_cooldown(Duration::from_secs(60))
+        .expect("valid")
+        .params();
+    // A 429 asking for longer than max_cooldown closes for as long.
+    let mut s = State::default();
+    let _ = apply(
+        &mut s,
+        0,
+        &p,
+        &Op::Throttle {
+            delay_us: Some(600_000_000),
+            age_us: 0,
+        },
+    );
+    assert!(!is_settled(&s, 599_999_999, &p));
+    assert!(is_settled(&s, 600_000_000, &p));
+    // An unrepresentable one, or an operator's `Close`, until cleared.
+    for op in [
+        Op::Throttle {
+            delay_us: None,
+            age_us: 0,
+        },
+        Op::Close {
+            delay_us: None,
+            by: ClosedBy::Quota,
+        },
+    ] {
+        let mut s = State::default();
+        let _ = apply(&mut s, 0, &p, &op);
+        assert!(!is_settled(&s, FOREVER - 1, &p), "{op:?}");
+        let _ = apply(&mut s, 5, &p, &Op::Clear);
+        assert!(is_settled(&s, 1_000_000, &p), "{op:?} cleared");
+    }
+}
+
+#[test]
+fn a_spent_retry_budget_keeps_the_state_until_a_fresh_one_would_be_no_richer() {
+    // Fixed: a fresh budget has every retry back, so never; a refund makes it whole again.
+    let p = with_budget(100, 100, RetryBudgetConfig::fixed(3));
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    assert!(is_settled(&s, 1_000_000, &p), "no retry spent");
+    let Admission::Reserved { reservation, .. } =
+        admit_at(&mut s, 0, &p, RETRY.not_before(Duration::from_secs(1)))
+    else {
+        panic!("reserved a second from now");
+    };
+    assert!(!is_settled(&s, FOREVER - 1, &p));
+    assert!(release(&mut s, &p, &reservation));
+    assert!(is_settled(&s, 2_000_000, &p), "refunded");
+
+    // Replenishing (10 slots of 1 s): until the window forgets the slot of the last retry.
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(10), 1, 0.1).expect("valid");
+    let p = with_budget(100, 100, RetryBudgetConfig::Replenishing(budget));
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    assert_eq!(admit_at(&mut s, 2_500_000, &p, RETRY), Admission::Admitted);
+    assert!(!is_settled(&s, 11_999_999, &p));
+    assert!(is_settled(&s, 12_000_000, &p));
+}
+
+#[test]
+fn an_adaptive_rate_keeps_what_it_learned() {
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    // A slow start, never cut: a fresh one would start slower still.
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    assert!(is_settled(&s, 1_000_000, &p));
+    // Cut at 3 s (8/s to 6.8/s): kept until +1% of 6.8/s a second has grown it back to
+    // 200/s, (200 - 6.8) / 0.068 s after the cut.
+    throttle_at(&mut s, 3_000_000, &p, 0);
+    assert_eq!(adaptive_rate(&s, 3_000_000, &p), Some(6_800));
+    let back = 3_000_000 + ((200_000 - 6_800) * 100_000_000u64).div_ceil(6_800);
+    assert_eq!(adaptive_rate(&s, back, &p), Some(200_000));
+    assert!(!is_settled(&s, back - 1, &p));
+    assert!(is_settled(&s, back, &p));
+    // An advertised rate below the ceiling caps it for good: a fresh one would not know it.
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    let _ = apply(&mut s, 0, &p, &Op::Advertise { rate_milli: 50_000 });
+    assert!(!is_settled(&s, FOREVER - 1, &p));
+}
+
+#[test]
+fn a_quota_probe_keeps_the_state_while_leased_or_backing_off() {
+    let p = params(100, 100);
+    let mut s = State::default();
+    let _ = apply(
+        &mut s,
+        0,
+        &p,
+        &Op::Lease {
+            ttl_us: 5_000_000,
+            token: 1,
+        },
+    );
+    assert!(!is_settled(&s, 4_999_999, &p), "leased");
+    assert!(is_settled(&s, 5_000_000, &p), "the lease expired");
+    let _ = apply(
+        &mut s,
+        6_000_000,
+        &p,
+        &Op::FinishProbe {
+            token: 1,
+            outcome: ProbeOutcome::Available,
+        },
+    );
+    let backoff = 6_000_000 + p.probe_backoff_min_us();
+    assert!(!is_settled(&s, backoff - 1, &p), "backing off");
+    assert!(is_settled(&s, backoff, &p));
+    let _ = apply(
+        &mut s,
+        backoff,
+        &p,
+        &Op::FinishProbe {
+            token: 1,
+            outcome: ProbeOutcome::Failed,
+        },
+    );
+    assert!(
+        !is_settled(&s, FOREVER - 1, &p),
+        "a failure doubles the next backoff"
+    );
+}
+
+/// An operation's answer without what only the state that gave it knows (epochs,
+/// generations, the reservation's own fields, the probe count).
+fn decision(reply: Reply) -> Reply {
+    let event = |e: Event| Event {
+        generation: 0,
+        epoch: 0,
+        rebased: 0,
+        kind: e.kind,
+    };
+    match reply {
+        Reply::Admit(Admission::Reserved { wait, .. }) => Reply::Admit(Admission::Reserved {
+            wait,
+            reservation: Reservation::from_parts(ReservationParts::new(
+                0,
+                [0; MAX_LIMITS],
+                0,
+                0,
+                0,
+                0,
+                false,
+                0,
+            )),
+        }),
+        Reply::Defer(d) => Reply::Defer(Deferred {
+            event: d.event.map(event),
+            ..d
+        }),
+        Reply::Changed(e) => Reply::Changed(event(e)),
+        Reply::ProbeFinished(e) => Reply::ProbeFinished(e.map(event)),
+        Reply::State(s) => Reply::State(StoreState {
+            epoch: 0,
+            generation: 0,
+            probes: 0,
+            ..s
+        }),
+        other => other,
+    }
+}
+
+fn settled_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<bool>(), 1u32..3, prop_oneof![Just(u64::MAX), 0u64..3_000_000], proptest::option::of(0u64..2_000_000))
+            .prop_map(|(retry, cost, max_wait, nb)| {
+                let mut r = if retry { AdmitRequest::retry() } else { AdmitRequest::first() };
+                r = r.cost(cost).max_wait(Duration::from_micros(max_wait));
+                if let Some(nb) = nb { r = r.not_before(Duration::from_micros(nb)); }
+                Op::Admit(r)
+            }),
+        1 => proptest::option::of(1u64..3_000_000).prop_map(|delay_us| Op::Defer { delay_us }),
+        1 => (proptest::option::of(0u64..3_000_000), 0u64..1_000_000)
+            .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
+        1 => (1u64..3_000_000).prop_map(|d| Op::Close { delay_us: Some(d), by: ClosedBy::Quota }),
+        1 => Just(Op::Clear),
+        1 => (0u64..3).prop_map(|token| Op::Lease { ttl_us: 500_000, token }),
+        1 => (0u64..3, 0u8..3).prop_map(|(token, o)| Op::FinishProbe {
+            token,
+            outcome: match o {
+                0 => ProbeOutcome::Available,
+                1 => ProbeOutcome::Failed,
+                _ => ProbeOutcome::Exhausted { retry_in: Duration::from_millis(700) },
+            },
+        }),
+        1 => Just(Op::Read { deposits: 0 }),
+    ]
+}
+
+proptest! {
+    /// What `is_settled` promises: a settled state, and a fresh one that takes over from it
+    /// (with a first admission, as a new allowance's first operation is), decide every later
+    /// operation alike. (Without an adaptive rate or a replenishing budget, where a fresh
+    /// state is stricter rather than equal: a later start, no deposits.)
+    #[test]
+    fn a_settled_state_decides_as_a_fresh_one(
+        per_sec in 1u32..50,
+        burst in 1u32..5,
+        second_limit in any::<bool>(),
+        fixed in proptest::option::of(0u64..3),
+        ops in proptest::collection::vec(
+            (prop_oneof![0u64..300_000, 0u64..3_000_000], settled_op(), any::<bool>()),
+            2..120,
+        ),
+    ) {
+        let budget = fixed.map_or(RetryBudgetConfig::Unlimited, RetryBudgetConfig::fixed);
+        let mut config = AllowanceConfig::per_second(per_sec, burst).expect("valid")
+            .with_retry_budget(budget)
+            .with_max_cooldown(Duration::from_secs(1)).expect("valid");
+        if second_limit {
+            config = config
+                .with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost())
+                .expect("two limits");
+        }
+        let p = *config.params();
+        let mut old = State::default();
+        let mut fresh: Option<State> = None;
+        let (mut last_old, mut last_fresh) = (None, None::<Reservation>);
+        let half = ops.len() / 2;
+        let mut now = 0;
+        for (i, (gap, op, release)) in ops.into_iter().enumerate() {
+            now += gap;
+            if fresh.is_none() && i >= half && matches!(op, Op::Admit(_)) && is_settled(&old, now, &p) {
+                // Evicted: nothing holds a reservation of the old state any more.
+                fresh = Some(State::default());
+                last_old = None;
+            }
+            let own = |last: &mut Option<Reservation>| match (release, last.take()) {
+                (true, Some(r)) => Op::Release(r),
+                _ => op,
+            };
+            let op_old = own(&mut last_old);
+            let got = apply(&mut old, now, &p, &op_old);
+            if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
+                last_old = Some(reservation);
+            }
+            if let Some(fresh) = &mut fresh {
+                let op_fresh = own(&mut last_fresh);
+                prop_assert_eq!(
+                    matches!(op_old, Op::Release(_)),
+                    matches!(op_fresh, Op::Release(_)),
+                    "both hold a reservation to give back, or neither"
+                );
+                let want = apply(fresh, now, &p, &op_fresh);
+                if let Reply::Admit(Admission::Reserved { reservation, .. }) = want {
+                    last_fresh = Some(reservation);
+                }
+                prop_assert_eq!(decision(got), decision(want), "op #{} {:?} at {}", i, op_old, now);
+            }
+        }
+    }
+}

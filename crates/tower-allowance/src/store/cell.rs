@@ -245,6 +245,24 @@ impl Cell {
             .store(pack(state.tat[0], state.epoch), Ordering::Release);
         reply
     }
+
+    /// [`rule::is_settled`] of the state as it stands: the locked state with the latest
+    /// bucket and reservation of the lock-free path. Changes nothing (no `BUSY`): a
+    /// lock-free commit racing it is one the caller may or may not see, as with any read.
+    pub(crate) fn is_settled(&self, now: u64, params: &Params) -> bool {
+        let state = self.lock();
+        let mut tat = state.tat;
+        tat[0] = unpack(self.word.0.load(Ordering::Acquire)).0;
+        let reserved_until = state
+            .reserved_until
+            .max(self.reserved_until.0.load(Ordering::Acquire));
+        let current = State {
+            tat,
+            reserved_until,
+            ..*state
+        };
+        rule::is_settled(&current, now.max(state.seen), params)
+    }
 }
 
 /// Whether the lock-free path decides `req` exactly as [`rule::admit`] would.
@@ -296,7 +314,8 @@ mod tests {
 
     proptest! {
         /// Single-threaded, the cell answers exactly as the rule on one plain `State`,
-        /// releases included (the latest reservation is given back now and then).
+        /// releases included (the latest reservation is given back now and then), and says
+        /// the state is settled exactly when the rule does.
         #[test]
         fn cell_matches_the_rule(
             per_sec in 1u32..50,
@@ -336,6 +355,9 @@ mod tests {
                 let got = cell.apply(now, &p, &op);
                 let want = rule::apply(&mut state, now, &p, &op);
                 prop_assert_eq!(got, want, "op {:?} at {}", op, now);
+                // And says what the rule says of the state, lock-free commits included.
+                let later = now + advance;
+                prop_assert_eq!(cell.is_settled(later, &p), rule::is_settled(&state, later, &p));
                 if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
                     last = Some(reservation);
                 }

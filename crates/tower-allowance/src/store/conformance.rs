@@ -75,6 +75,7 @@ where
     over_budget_retry_ends_at_once_with_the_429(make().await).await;
     deadline_abandons_at_once(make().await).await;
     quota_verdict_is_shared(make().await).await;
+    settled_only_when_the_rule_says(make().await).await;
 }
 
 fn allowance<S: Store>(config: AllowanceConfig, store: S) -> Allowance {
@@ -499,4 +500,43 @@ impl<L: tower::Layer<S>, S> LayerService<S> for L {
     fn layer_service(&self, inner: S) -> Self::Service {
         self.layer(inner)
     }
+}
+
+/// A store says its state is settled ([`Store::is_settled`]) only when the rule does: never
+/// while a bucket refills, a 429's cooldown runs or a fixed budget is spent from. (A store
+/// that cannot tell without I/O says `false` throughout, and passes.)
+async fn settled_only_when_the_rule_says<S: Store>(store: S) {
+    let a = allowance(
+        per_second(10, 2).with_retry_budget(RetryBudgetConfig::fixed(1)),
+        store,
+    );
+    let says = |a: &Allowance| a.is_settled(Instant::now());
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    tokio::time::advance(99 * MS).await;
+    assert!(!says(&a), "a token short");
+    tokio::time::advance(MS).await;
+    let full = says(&a);
+    // A 429 asking for 5 s, through the stack.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let svc = AllowanceLayer::new(
+        a.clone(),
+        RetryConfig::default().with_max_attempts(1).expect("valid"),
+    )
+    .layer_service(throttling("5", calls));
+    let _ = svc.oneshot(Request::new(String::new())).await;
+    tokio::time::advance(Duration::from_secs(5) - MS).await;
+    assert!(!says(&a), "cooling down");
+    tokio::time::advance(MS).await;
+    let cooled = says(&a);
+    assert_eq!(
+        full, cooled,
+        "a store that can tell says so both times the state is settled"
+    );
+    assert_eq!(
+        admit(&a, AdmitRequest::retry()).await,
+        Admission::Admitted,
+        "the one retry"
+    );
+    tokio::time::advance(Duration::from_secs(86_400)).await;
+    assert!(!says(&a), "the fixed budget was spent from");
 }

@@ -109,6 +109,10 @@ impl Store for MemoryStore {
         Some(Ok(self.decide(now, params, op)))
     }
 
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        self.cell.is_settled(self.micros(now), params)
+    }
+
     fn watch(&self, watcher: Watcher) {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         watchers.retain(Watcher::is_alive);

@@ -34,7 +34,10 @@
 //!
 //! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
 //! layers call it first, so the in-memory fast path allocates nothing and creates no future.
-//! The default returns `None` ("ask [`Store::apply`]"). Nothing else distinguishes stores.
+//! The default returns `None` ("ask [`Store::apply`]"). Such a store also answers
+//! [`Store::is_settled`] from the state it holds ([`rule::is_settled`](crate::rule::is_settled)),
+//! which the [`keyed`](crate::keyed) registry asks before dropping a state that dies with its
+//! store. Nothing else distinguishes stores.
 //!
 //! # Time
 //!
@@ -70,6 +73,10 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///
+/// A store that keeps the state in the handle (dropped with it) should also answer
+/// [`Store::is_settled`] with [`rule::is_settled`](crate::rule::is_settled); until it does,
+/// a [`keyed`](crate::keyed) registry never evicts its allowances.
+///
 /// Stores shared by several processes should also publish the [`Event`] carried by replies
 /// (cooldowns, closures) and deliver other processes' events through [`Store::watch`], so that
 /// callers holding reservations there hear of them without asking.
@@ -89,6 +96,26 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> Option<Result<Reply, StoreError>> {
         let _ = (now, params, op);
         None
+    }
+
+    /// Whether the state is settled at `now` (the caller's reading of tokio's clock):
+    /// [`rule::is_settled`](crate::rule::is_settled) of the state it holds, on its own clock.
+    /// Dropping a settled state and starting over from a fresh one lets nothing through that
+    /// keeping it would not: no cooldown or closure running, every bucket full, no
+    /// reservation pending, no retry budget spent, nothing learned by an adaptive rate.
+    ///
+    /// The [`keyed`](crate::keyed) registry asks it, synchronously and under its lock, before
+    /// evicting an allowance whose state dies with its store (see
+    /// [`StoreFactory::state_outlives_store`](crate::keyed::StoreFactory::state_outlives_store)).
+    /// A store that holds its state in the handle answers it from that state with
+    /// `rule::is_settled`; it never says `true` of a state the rule would not call settled.
+    ///
+    /// The default is `false` ("cannot tell without I/O"): the registry then never evicts the
+    /// allowance for being settled, only because its factory says the state outlives the
+    /// store (a store over Redis).
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        let _ = (now, params);
+        false
     }
 
     /// Starts delivering events published by other processes sharing this state to
@@ -161,6 +188,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
         (**self).try_apply(now, params, op)
+    }
+
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        (**self).is_settled(now, params)
     }
 
     fn watch(&self, watcher: Watcher) {
