@@ -80,7 +80,6 @@ pub mod cost;
 pub mod error;
 pub mod grpc;
 pub mod guide;
-pub mod headers;
 pub mod keyed;
 pub mod quota;
 pub mod retry;
@@ -90,7 +89,9 @@ pub mod store;
 
 pub use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
+    allowance::{
+        AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, RateLimitObservation, Snapshot,
+    },
     config::{
         AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget,
         RetryBudgetConfig, DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,

@@ -21,7 +21,7 @@ mod snapshot;
 
 pub use self::{
     builder::AllowanceBuilder,
-    snapshot::{AbandonedCounts, ClosedState, Snapshot},
+    snapshot::{AbandonedCounts, ClosedState, RateLimitObservation, Snapshot},
 };
 
 /// One shared allowance: what one credential (one API key, one provider bucket) may spend.

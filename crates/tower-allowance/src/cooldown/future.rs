@@ -14,12 +14,11 @@ use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
     extensions::SentAt,
-    headers::{self, RateLimitObservation},
     rule::{self, Op, Reply},
     shared::Applying,
-    signals::{ReadContext, Reader, Wait},
+    signals::{self, ReadContext, Reader, Wait},
     store::{StoreError, StoreFuture},
-    Allowance, AllowanceConfig, BoxError,
+    Allowance, AllowanceConfig, BoxError, RateLimitObservation,
 };
 
 pin_project! {
@@ -99,7 +98,7 @@ pub(crate) fn read_response<C: Classify>(
             untrusted_date: false,
         };
     }
-    let cx = ReadContext::new(headers::wall_clock()).with_max_skew(config.max_date_skew());
+    let cx = ReadContext::new(signals::wall_clock()).with_max_skew(config.max_date_skew());
     let reading = config.dialect().read(response_headers, &cx);
     let dialect_delay = reading.wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),

@@ -98,7 +98,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap};
 
-use crate::rule::MAX_DELAY;
+use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 
 mod anthropic;
 mod github;
@@ -231,6 +231,67 @@ pub enum Skew {
     Ahead(Duration),
     /// The server's `Date` is earlier than the local clock by this much.
     Behind(Duration),
+}
+
+/// The delay a response's `Retry-After` asks for, measured now: the one `Retry-After`
+/// parser, the reader [`Reader::RetryAfter`] that the cooldown uses, for code outside an
+/// allowance (a test, a log line).
+///
+/// `Retry-After` (RFC 9110 §10.2.3) is delay-seconds (exactly `1*DIGIT`) or an HTTP-date
+/// (IMF-fixdate, RFC 850 or asctime). A date is measured against the response's `Date` when
+/// it is within [`ReadContext::DEFAULT_MAX_SKEW`] of the local wall clock, against the local
+/// clock otherwise; a date in the past is no wait (`Some(Duration::ZERO)`). An invalid value
+/// (`later`, `-1`, `1.5`, empty, not text) is ignored. When the header appears more than
+/// once, the longest valid delay wins, an unrepresentable one included.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use tower_allowance::signals::retry_after;
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(retry_after(&headers)?, None);
+/// headers.insert("retry-after", "30".parse()?);
+/// assert_eq!(retry_after(&headers)?, Some(Duration::from_secs(30)));
+/// headers.insert("retry-after", "later".parse()?);
+/// assert_eq!(retry_after(&headers)?, None);
+/// headers.insert("retry-after", "999999999999999999999".parse()?);
+/// assert!(retry_after(&headers).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`UnrepresentableDelay`] when a value exceeds [`MAX_DELAY`] (never clamped).
+pub fn retry_after(headers: &HeaderMap) -> Result<Option<Duration>, UnrepresentableDelay> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
+    retry_after_in(headers, &ReadContext::new(wall_clock()))
+}
+
+/// [`retry_after`] against an explicit context, for tests.
+fn retry_after_in(
+    headers: &HeaderMap,
+    cx: &ReadContext,
+) -> Result<Option<Duration>, UnrepresentableDelay> {
+    match Dialect::none()
+        .with(Reader::RetryAfter)
+        .read(headers, cx)
+        .wait
+    {
+        None => Ok(None),
+        Some(Wait::For(delay)) => Ok(Some(delay)),
+        Some(Wait::TooLong { value }) => Err(UnrepresentableDelay::new(value)),
+    }
+}
+
+/// The one wall-clock read: absolute times in response headers (HTTP-dates, epoch seconds,
+/// RFC 3339) are measured against the response's `Date` when it can be trusted, and against
+/// this otherwise (see the [module docs](self)).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn wall_clock() -> SystemTime {
+    SystemTime::now()
 }
 
 // === impl Dialect ===

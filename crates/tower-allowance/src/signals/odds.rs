@@ -59,7 +59,7 @@ mod tests {
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1))));
         assert_eq!((r.remaining, r.limit), (Some(0), Some(2)));
         assert_eq!(r.bucket.as_deref(), Some("odds"));
-        // As `headers::rate_limit` does: invalid numbers and buckets are dropped.
+        // Invalid numbers and buckets are dropped (`remaining: -1`, a bucket with a space).
         let r = read(
             Dialect::odds(),
             &[
