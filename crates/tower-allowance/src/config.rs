@@ -470,8 +470,9 @@ impl AllowanceConfig {
     }
 
     /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
-    /// `Retry-After`, `retry-after-ms`, the IETF `RateLimit`/`RateLimit-Policy` fields, the
-    /// older `RateLimit-*` trio and `X-RateLimit-*`); see [`signals`](crate::signals).
+    /// `Retry-After`, `retry-after-ms`, and with the `dialects` feature the IETF
+    /// `RateLimit`/`RateLimit-Policy` fields, the older `RateLimit-*` trio and
+    /// `X-RateLimit-*`); see [`signals`](crate::signals).
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
         self.dialect = dialect;
         self
@@ -701,7 +702,7 @@ mod serde_impl {
     //! period = "1s"
     //! burst = 10
     //! max_cooldown = "15m"
-    //! dialect = "github"
+    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "odds" with `dialects`
     //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
     //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
     //! outage = { wait = "30s" }
@@ -775,10 +776,17 @@ mod serde_impl {
     #[serde(rename_all = "lowercase")]
     enum RawDialect {
         Standard,
+        // The providers' dialects: without the `dialects` feature, naming one is an
+        // unknown variant (refused, like any unknown value).
+        #[cfg(feature = "dialects")]
         Github,
+        #[cfg(feature = "dialects")]
         Openai,
+        #[cfg(feature = "dialects")]
         Anthropic,
+        #[cfg(feature = "dialects")]
         Ietf,
+        #[cfg(feature = "dialects")]
         Odds,
     }
 
@@ -837,10 +845,15 @@ mod serde_impl {
             if let Some(dialect) = raw.dialect {
                 config = config.with_dialect(match dialect {
                     RawDialect::Standard => Dialect::standard(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Github => Dialect::github(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Openai => Dialect::openai(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Anthropic => Dialect::anthropic(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Ietf => Dialect::ietf(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Odds => Dialect::odds(),
                 });
             }

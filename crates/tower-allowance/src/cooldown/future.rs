@@ -286,6 +286,7 @@ fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay
 /// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
 /// after the response was handed on): at once on an in-memory store, in a task on a shared
 /// one.
+#[cfg(feature = "grpc")]
 pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
     let now = Instant::now();
     match allowance.shared.apply(now, Op::Defer { delay_us }) {

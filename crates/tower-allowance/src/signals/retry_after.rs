@@ -298,17 +298,17 @@ mod tests {
 
     #[test]
     fn retry_after_ms() {
-        let r = read(Dialect::openai(), &[("retry-after-ms", b"1500")]);
+        let r = read(Dialect::standard(), &[("retry-after-ms", b"1500")]);
         assert_eq!(r.wait, Some(Wait::For(Duration::from_millis(1500))));
         assert_eq!(r.source, Some(Reader::RetryAfterMs));
         // The longer of the two wins, whichever header says it.
         let r = read(
-            Dialect::openai(),
+            Dialect::standard(),
             &[("retry-after-ms", b"1500"), ("retry-after", b"2")],
         );
         assert_eq!((r.wait, r.source), (secs(2), Some(Reader::RetryAfter)));
         let r = read(
-            Dialect::openai(),
+            Dialect::standard(),
             &[("retry-after-ms", b"2500.5"), ("retry-after", b"2")],
         );
         assert_eq!(
@@ -318,11 +318,17 @@ mod tests {
                 Some(Reader::RetryAfterMs)
             )
         );
-        // Not in the GitHub dialect.
-        let r = read(Dialect::github(), &[("retry-after-ms", b"1500")]);
+        // Not in a dialect without the reader.
+        let without = Dialect::standard().without(Reader::RetryAfterMs);
+        let r = read(without, &[("retry-after-ms", b"1500")]);
         assert_eq!(r.wait, None);
+        #[cfg(feature = "dialects")]
+        assert_eq!(
+            read(Dialect::github(), &[("retry-after-ms", b"1500")]).wait,
+            None
+        );
         let r = read(
-            Dialect::openai(),
+            Dialect::standard(),
             &[("retry-after-ms", b"99999999999999999999")],
         );
         assert!(matches!(r.wait, Some(Wait::TooLong { .. })));

@@ -4,10 +4,13 @@
 //! grammar, so an invalid value can never invent a wait. A value inside the grammar that is
 //! too large to represent is [`Value::TooLong`], never clamped.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+#[cfg(feature = "dialects")]
+use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName};
 
+#[cfg(feature = "dialects")]
 use crate::rule::MAX_DELAY;
 
 /// One reset or delay value as read, before it is measured against a clock.
@@ -43,12 +46,14 @@ fn digits(text: &str) -> Option<Option<u64>> {
     Some(text.parse().ok())
 }
 
+#[cfg(feature = "dialects")]
 /// A count (`1*DIGIT`) that fits a `u64`; anything else, including an overflowing number,
 /// is ignored (a count is only an observation).
 pub(super) fn count(text: &str) -> Option<u64> {
     digits(text).flatten()
 }
 
+#[cfg(feature = "dialects")]
 /// The smallest valid count among the values of `name`.
 pub(super) fn smallest_count(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
     texts(headers, name).filter_map(count).min()
@@ -62,6 +67,7 @@ pub(super) fn delay_seconds(text: &str) -> Option<Value> {
     })
 }
 
+#[cfg(feature = "dialects")]
 /// Seconds since the Unix epoch, `1*DIGIT`.
 pub(super) fn epoch_seconds(text: &str) -> Option<Value> {
     Some(match digits(text)? {
@@ -111,6 +117,7 @@ fn fraction_ceil(frac: &str, unit: u128) -> Option<u64> {
     u64::try_from(nanos).ok()
 }
 
+#[cfg(feature = "dialects")]
 /// A Go `time.Duration` string as OpenAI sends it: `1s`, `6m0s`, `20ms`, `1m30.5s`, `2h1m`;
 /// units `ns`, `us`/`µs`/`μs`, `ms`, `s`, `m`, `h`; a bare `0`. Negative durations are
 /// invalid here (a reset is never in the past by more than zero).
@@ -171,6 +178,7 @@ pub(super) fn go_duration(text: &str) -> Option<Value> {
     })
 }
 
+#[cfg(feature = "dialects")]
 /// `total + whole * unit + frac`, `None` once anything has overflowed.
 fn add_part(
     total: Option<u128>,
@@ -183,6 +191,7 @@ fn add_part(
         .checked_add(frac?)
 }
 
+#[cfg(feature = "dialects")]
 /// An RFC 3339 `date-time`: `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` (`T` and `Z` in either
 /// case; `-00:00` is UTC). Leap second 60 is accepted and counts as the next second.
 /// Fractions finer than a nanosecond round up.
@@ -255,10 +264,12 @@ pub(super) fn rfc3339(text: &str) -> Option<Value> {
     })
 }
 
+#[cfg(feature = "dialects")]
 fn is_leap(year: i64) -> bool {
     year % 4 == 0 && (year % 100 != 0 || year % 400 == 0)
 }
 
+#[cfg(feature = "dialects")]
 fn days_in_month(year: i64, month: i64) -> i64 {
     match month {
         2 if is_leap(year) => 29,
@@ -268,6 +279,7 @@ fn days_in_month(year: i64, month: i64) -> i64 {
     }
 }
 
+#[cfg(feature = "dialects")]
 /// Days from 1970-01-01 to the given proleptic Gregorian date (H. Hinnant's algorithm).
 fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
@@ -279,7 +291,7 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "dialects"))]
 mod tests {
     use super::*;
     use crate::signals::tests::rfc3339_via_httpdate;
