@@ -702,7 +702,7 @@ mod serde_impl {
     //! period = "1s"
     //! burst = 10
     //! max_cooldown = "15m"
-    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "odds" with `dialects`
+    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "x-ratelimit" with `dialects`
     //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
     //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
     //! outage = { wait = "30s" }
@@ -786,8 +786,10 @@ mod serde_impl {
         Anthropic,
         #[cfg(feature = "dialects")]
         Ietf,
+        // `x-ratelimit`; `odds`, its first name, still read.
         #[cfg(feature = "dialects")]
-        Odds,
+        #[serde(rename = "x-ratelimit", alias = "odds")]
+        XRateLimit,
     }
 
     #[derive(serde::Deserialize)]
@@ -854,7 +856,7 @@ mod serde_impl {
                     #[cfg(feature = "dialects")]
                     RawDialect::Ietf => Dialect::ietf(),
                     #[cfg(feature = "dialects")]
-                    RawDialect::Odds => Dialect::odds(),
+                    RawDialect::XRateLimit => Dialect::x_ratelimit(),
                 });
             }
             if let Some(skew) = raw.max_date_skew {
@@ -968,5 +970,25 @@ mod file_form {
                 "{json}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn dialects_by_name() {
+        let dialect = |name: &str| {
+            let json = format!(r#"{{"rate": 1, "burst": 1, "dialect": "{name}"}}"#);
+            serde_json::from_str::<AllowanceConfig>(&json).map(|c| c.dialect())
+        };
+        assert_eq!(dialect("standard").ok(), Some(Dialect::standard()));
+        #[cfg(feature = "dialects")]
+        {
+            assert_eq!(dialect("x-ratelimit").ok(), Some(Dialect::x_ratelimit()));
+            // Its first name.
+            assert_eq!(dialect("odds").ok(), Some(Dialect::x_ratelimit()));
+            assert_eq!(dialect("github").ok(), Some(Dialect::github()));
+        }
+        // Without the feature, a provider's dialect is refused, never read as another.
+        #[cfg(not(feature = "dialects"))]
+        assert!(dialect("github").is_err());
+        assert!(dialect("aws").is_err());
     }
 }

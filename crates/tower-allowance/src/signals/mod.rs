@@ -32,7 +32,7 @@
 //! Without the `dialects` feature, a dialect has two readers, [`RetryAfter`](Reader::RetryAfter)
 //! and [`RetryAfterMs`](Reader::RetryAfterMs), and [`Dialect::standard`] is those two. The
 //! `dialects` feature adds the providers' readers below (and `sfv`, for the IETF fields), their
-//! dialects (`Dialect::github()`, `openai()`, `anthropic()`, `ietf()`, `odds()`), and the IETF
+//! dialects (`Dialect::github()`, `openai()`, `anthropic()`, `ietf()`, `x_ratelimit()`), and the IETF
 //! and `X-RateLimit-*` readers to [`Dialect::standard`]; only they fill
 //! [`Reading::remaining`], [`limit`](Reading::limit), [`policy`](Reading::policy) and
 //! [`bucket`](Reading::bucket), which are `None` without it.
@@ -48,7 +48,7 @@
 //! | `Github` (`dialects`) | `x-ratelimit-limit`, `-remaining`, `-reset` (epoch seconds), `-resource` (`-used` is not needed) | remaining is 0 |
 //! | `OpenAi` (`dialects`) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go durations (`1s`, `6m0s`, `20ms`) | a remaining is 0 |
 //! | `Anthropic` (`dialects`) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`, resets in RFC 3339 | a remaining is 0 |
-//! | `Odds` (`dialects`) | `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and `-Reset` (epoch or delta, see below) | remaining is 0 |
+//! | `XRateLimit` (`dialects`) | `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and `-Reset` (epoch or delta, see below) | remaining is 0 |
 //!
 //! The status code is not considered: which responses to read is the caller's choice.
 //!
@@ -82,7 +82,7 @@
 //!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
-//! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the `Odds`
+//! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the `XRateLimit`
 //!   reader (the standard dialect) a generic `X-RateLimit-Reset` of at least
 //!   `EPOCH_THRESHOLD` (1,000,000,000: September 2001) is epoch seconds, and a smaller one
 //!   delta seconds: no API resets a window 31 years ahead, and no server's clock reads 2001.
@@ -109,11 +109,11 @@ mod github;
 #[cfg(feature = "dialects")]
 mod ietf;
 #[cfg(feature = "dialects")]
-mod odds;
-#[cfg(feature = "dialects")]
 mod openai;
 mod retry_after;
 mod values;
+#[cfg(feature = "dialects")]
+mod x_ratelimit;
 
 #[cfg(test)]
 mod tests;
@@ -122,7 +122,7 @@ use values::Value;
 
 #[cfg(feature = "dialects")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-pub use odds::EPOCH_THRESHOLD;
+pub use x_ratelimit::EPOCH_THRESHOLD;
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///
@@ -162,8 +162,8 @@ pub enum Reader {
     Anthropic,
     #[cfg(feature = "dialects")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// The odds API shape: `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset`.
-    Odds,
+    /// The generic `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset` (the odds API's shape).
+    XRateLimit,
 }
 
 /// What a reading is measured against: the local wall clock, passed in, and how far a
@@ -324,7 +324,7 @@ impl Dialect {
     }
 
     /// The default: `Retry-After` and `retry-after-ms`; with the `dialects` feature, also
-    /// the IETF fields (current and older drafts) and the odds API's `X-RateLimit-*`.
+    /// the IETF fields (current and older drafts) and the generic `X-RateLimit-*`.
     pub const fn standard() -> Self {
         let d = Self::none()
             .with(Reader::RetryAfter)
@@ -333,7 +333,7 @@ impl Dialect {
         let d = d
             .with(Reader::Ietf)
             .with(Reader::IetfLegacy)
-            .with(Reader::Odds);
+            .with(Reader::XRateLimit);
         d
     }
 
@@ -365,9 +365,12 @@ impl Dialect {
 
     #[cfg(feature = "dialects")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// The odds API shape this project started from: `Retry-After` and `X-RateLimit-*`.
-    pub const fn odds() -> Self {
-        Self::none().with(Reader::RetryAfter).with(Reader::Odds)
+    /// `Retry-After` and the generic `X-RateLimit-*` (the odds API's shape, which this
+    /// project started from).
+    pub const fn x_ratelimit() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::XRateLimit)
     }
 
     #[cfg(feature = "dialects")]
@@ -432,7 +435,7 @@ impl Dialect {
                 #[cfg(feature = "dialects")]
                 Reader::Anthropic => anthropic::read(&mut c),
                 #[cfg(feature = "dialects")]
-                Reader::Odds => odds::read(&mut c),
+                Reader::XRateLimit => x_ratelimit::read(&mut c),
             }
         }
         reading
@@ -463,7 +466,7 @@ impl Reader {
         #[cfg(feature = "dialects")]
         Reader::Anthropic,
         #[cfg(feature = "dialects")]
-        Reader::Odds,
+        Reader::XRateLimit,
     ];
 
     const fn bit(self) -> u16 {

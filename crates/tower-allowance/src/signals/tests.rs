@@ -212,12 +212,12 @@ fn dialects_are_the_documented_sets() {
     assert_eq!(Dialect::default(), Dialect::standard());
     assert_eq!(
         set(Dialect::standard()),
-        [RetryAfter, RetryAfterMs, Ietf, IetfLegacy, Odds]
+        [RetryAfter, RetryAfterMs, Ietf, IetfLegacy, XRateLimit]
     );
     assert_eq!(set(Dialect::github()), [RetryAfter, Github]);
     assert_eq!(set(Dialect::openai()), [RetryAfter, RetryAfterMs, OpenAi]);
     assert_eq!(set(Dialect::anthropic()), [RetryAfter, Anthropic]);
-    assert_eq!(set(Dialect::odds()), [RetryAfter, Odds]);
+    assert_eq!(set(Dialect::x_ratelimit()), [RetryAfter, XRateLimit]);
     assert_eq!(set(Dialect::ietf()), [RetryAfter, Ietf, IetfLegacy]);
     assert!(Dialect::none().with(Github).contains(Github));
     assert!(!Dialect::github().without(Github).contains(Github));
