@@ -9,8 +9,8 @@
 //! - **shared**: all eight go through one `AllowanceLayer` over one `Allowance`.
 //!
 //! It prints the two runs side by side as the *server* counted them, an ASCII timeline of
-//! each, the seed article's table (the same scenarios in virtual time, exact), and writes
-//! `eight_workers.svg`.
+//! each, the seed article's table (its scenarios as it runs them, in virtual time, exact:
+//! the same text as `allowance-sim seed` and the README), and writes `eight_workers.svg`.
 //!
 //! ```text
 //! cargo run --example eight_workers               # tables, timelines, eight_workers.svg
@@ -22,7 +22,7 @@
 use allowance_sim::{
     live,
     report::RunReport,
-    scenario::{seed_table, Mode, Scenario},
+    scenario::{seed_table, seed_table_text, Mode, Scenario},
     timeline,
 };
 use serde_json::{json, Value};
@@ -167,17 +167,12 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         shared.min_makespan_ms
     );
 
-    println!("\nThe seed article's table: the same upstream in virtual time (exact, instant):\n");
     println!(
-        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-        "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
+        "\nThe seed article's table, run as the seed runs it, in virtual time (exact, instant):"
     );
-    for r in &seed {
-        println!(
-            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-            r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
-        );
-    }
+    println!("rows 1, 4a and 4b with the retry layer alone (no gate), 2 and 3 through one and two");
+    println!("allowances; 4a and 4b against an upstream that always answers 429.\n");
+    print!("{}", seed_table_text(&seed));
     println!("\nTimeline picture written to {svg_path}");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The seed article's figures, reproduced through the real layers in virtual time.
 
-use allowance_sim::scenario::{abandoned, run, Mode, Scenario};
+use allowance_sim::scenario::{abandoned, run, seed_table, seed_table_text, Mode, Scenario};
 use tower_allowance::error::AbandonReason;
 
 #[tokio::test(start_paused = true)]
@@ -30,26 +30,53 @@ async fn scenario_3_two_independent_allowances() {
     assert_eq!((r.attempts, r.rejected, r.completed), (13, 5, 8));
 }
 
+/// Rows 4a and 4b run as the seed runs them: the retry layer alone (`tower::retry::Retry`
+/// with the library's `RetryPolicy`), no admission and no shared cooldown in front. Only the
+/// cap of 3 attempts bounds them here.
 #[tokio::test(start_paused = true)]
 async fn scenario_4_per_request_cap_without_budget() {
     let r = run(&Scenario::always_429(None)).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total(), r.completed), (24, 8, 0));
     assert_eq!(abandoned(&r, AbandonReason::MaxAttempts), 8);
+    // Every worker honours Retry-After: 1 on its own, and they all retry together.
+    assert_eq!(
+        r.attempt_times_ms(),
+        [[0; 8], [1000; 8], [2000; 8]].concat()
+    );
+    assert_eq!(r.last_attempt_ms, 2000);
 }
 
+/// A shared budget of 4 bounds the whole group with the retry layer alone: the policy spends
+/// it when it decides to retry, and a retry it refuses is not sent.
 #[tokio::test(start_paused = true)]
 async fn scenario_4_shared_budget_bounds_the_group() {
     let r = run(&Scenario::always_429(Some(4))).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total(), r.completed), (12, 8, 0));
-    // The budget is spent when a retry reserves its slot, in the order the 429s arrive: one
-    // early worker's second retry is funded before a late worker's first, and that worker
-    // then stops at its cap of 3 attempts.
-    assert_eq!(abandoned(&r, AbandonReason::BudgetExhausted), 7);
-    assert_eq!(abandoned(&r, AbandonReason::MaxAttempts), 1);
+    // The budget goes in the order the 429s arrive: four workers retry once, then meet the
+    // empty budget; the other four meet it at once.
+    assert_eq!(abandoned(&r, AbandonReason::BudgetExhausted), 8);
+    assert_eq!(
+        r.attempt_times_ms(),
+        [[0; 8].as_slice(), &[1000; 4]].concat()
+    );
+    assert_eq!(r.last_attempt_ms, 1000);
+}
+
+/// The same failure through one shared allowance (admission, cooldown, budget): the budget
+/// bounds it the same, and every retry waits for its slot behind the cooldown.
+#[tokio::test(start_paused = true)]
+async fn scenario_4_budget_holds_through_shared_admission() {
+    let s = Scenario {
+        mode: Mode::Shared,
+        ..Scenario::always_429(Some(4))
+    };
+    let r = run(&s).await.expect("runs");
+    assert_eq!((r.attempts, r.abandoned_total(), r.completed), (12, 8, 0));
+    assert!(r.last_attempt_ms > 1000, "{}", r.last_attempt_ms);
 }
 
 #[tokio::test(start_paused = true)]
-async fn scenario_4_budget_holds_for_naive_split_too() {
+async fn scenario_4_budget_holds_for_split_too() {
     // Two allowances with a budget of 2 each: still 8 + 4 attempts in total.
     let s = Scenario {
         mode: Mode::Split(2),
@@ -57,4 +84,16 @@ async fn scenario_4_budget_holds_for_naive_split_too() {
     };
     let r = run(&s).await.expect("runs");
     assert_eq!((r.attempts, r.abandoned_total()), (12, 8));
+}
+
+/// One table everywhere: the README shows exactly the seed table the code prints (the
+/// `eight_workers` example and `allowance-sim seed` print it with `seed_table_text` too).
+#[test]
+fn the_readme_shows_the_seed_table_the_code_prints() {
+    let readme = include_str!("../../README.md");
+    let printed = seed_table_text(&seed_table());
+    assert!(
+        readme.contains(&format!("```text\n{printed}```\n")),
+        "README.md's seed table is not what the code prints; replace it with:\n{printed}"
+    );
 }

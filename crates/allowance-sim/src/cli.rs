@@ -874,20 +874,10 @@ fn seed(json: bool, out: &mut dyn Write) -> Result<(), BoxError> {
     }
     writeln!(
         out,
-        "Eight workers share one key (upstream: burst 2, 2 req/s, 429 with Retry-After: 1), virtual time\n"
+        "Eight workers share one key (upstream: burst 2, 2 req/s, 429 with Retry-After: 1), virtual time.\n\
+         Rows 1, 4a and 4b: each worker's retry layer alone, no gate; 4a and 4b: the upstream always answers 429.\n"
     )?;
-    writeln!(
-        out,
-        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-        "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
-    )?;
-    for r in &rows {
-        writeln!(
-            out,
-            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}",
-            r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
-        )?;
-    }
+    write!(out, "{}", scenario::seed_table_text(&rows))?;
     Ok(())
 }
 

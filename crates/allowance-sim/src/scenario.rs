@@ -15,11 +15,11 @@ use std::{
 
 use http::Request;
 use tokio::time::Instant;
-use tower::{retry::Retry, Layer, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    admission::AdmissionLayer, error::AbandonReason, retry::RetryConfig, retry::RetryPolicy,
-    AdaptiveRate, Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline,
-    OutagePolicy, Outcome, RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
+    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, AdaptiveRate, Allowance,
+    AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline, OutagePolicy, Outcome,
+    RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
 };
 
 use crate::{
@@ -289,9 +289,12 @@ pub struct Scenario {
 }
 
 impl Scenario {
-    /// The seed's persistent failure: an upstream that always answers 429 (with
-    /// `Retry-After: 1`), one shared allowance, 3 attempts per job, and `budget` retries for
-    /// the whole group (`None`: unlimited).
+    /// The seed's persistent failure, as the seed runs it: an upstream that always answers
+    /// 429 (with `Retry-After: 1`), 3 attempts per job, and `budget` retries for the whole
+    /// group (`None`: unlimited), with the retry layer alone ([`Mode::Naive`]): no admission
+    /// and no shared cooldown in front, each worker honouring `Retry-After` for its own
+    /// retries, so that only the cap and the budget bound the attempts. Set `mode` for the
+    /// same failure through shared admission.
     pub fn always_429(budget: Option<u64>) -> Self {
         Self {
             upstream: FakeConfig {
@@ -300,7 +303,7 @@ impl Scenario {
             },
             max_attempts: 3,
             retry_budget: budget,
-            ..Self::seed(Mode::Shared)
+            ..Self::seed(Mode::Naive)
         }
     }
 
@@ -426,6 +429,8 @@ pub fn sample_rates(
 /// for the group, as in the seed's scenario 4b) and nothing else. Its rate is far above any
 /// upstream's (a million per second, bursts of a million), so it never paces anyone: each
 /// worker still retries on its own, honouring `Retry-After`, and only the budget is common.
+/// Only the workers' retry policies use it (a `RetryLayer` alone, no admission layer): each
+/// retry spends from it when the policy decides on it, and one it refuses is not sent.
 /// `None` without a budget.
 ///
 /// # Errors
@@ -507,23 +512,23 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
         let worker_id = u32::try_from(worker).unwrap_or(u32::MAX);
         // Each worker builds its stack once; jobs reuse it.
         let service = match s.mode {
-            Mode::Naive => match allowances.first() {
-                // The group's budget: the policy spends the pool, and the pool's admission
-                // layer holds each retry to the verdict (a refused retry is not sent).
-                Some(pool) => Svc::new(Retry::new(
-                    RetryPolicy::new(pool.clone(), retry.clone()),
-                    AdmissionLayer::new(pool.clone()).layer(upstream),
-                )),
-                // Its own retry loop and nothing shared: a private, unlimited allowance that
-                // only serves the policy's bookkeeping.
-                None => {
-                    let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
-                    Svc::new(Retry::new(
-                        RetryPolicy::new(allowance_for(&naive_own(s))?, retry.clone()),
-                        upstream,
-                    ))
-                }
-            },
+            // Its own retry loop, the retry layer alone: no admission, no shared cooldown.
+            Mode::Naive => {
+                let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
+                let allowance = match allowances.first() {
+                    // The group's budget: every worker's policy spends the one pool, and one
+                    // it refuses is not sent (the in-memory store refuses when the policy
+                    // decides; see `tower_allowance::retry`, "Budget and stack order").
+                    Some(pool) => pool.clone(),
+                    // Nothing shared: a private, unlimited allowance that only serves the
+                    // policy's bookkeeping.
+                    None => allowance_for(&naive_own(s))?,
+                };
+                Svc::new(Retry::new(
+                    RetryPolicy::new(allowance, retry.clone()),
+                    upstream,
+                ))
+            }
             Mode::Shared | Mode::Split(_) => {
                 let allowance = allowances[worker % allowances.len()].clone();
                 Svc::new(
@@ -671,6 +676,39 @@ pub fn seed_table() -> Vec<SeedRow> {
             SeedRow::new(name, &report)
         })
         .collect()
+}
+
+/// The seed's table as text, a header line then one line per row: what the
+/// `eight_workers` example and `allowance-sim seed` print, and the README shows (a test
+/// holds the README to it).
+///
+/// ```
+/// use allowance_sim::scenario::{seed_table_text, SeedRow};
+///
+/// let row = SeedRow {
+///     scenario: "2 shared: one allowance",
+///     attempts: 8,
+///     rejected: 0,
+///     completed: 8,
+///     abandoned: 0,
+///     last_attempt_ms: 3000,
+/// };
+/// let text = seed_table_text(&[row]);
+/// assert_eq!(text.lines().count(), 2);
+/// assert!(text.ends_with("2 shared: one allowance                         8        0         8         0            3000\n"));
+/// ```
+pub fn seed_table_text(rows: &[SeedRow]) -> String {
+    let mut text = format!(
+        "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}\n",
+        "scenario", "attempts", "rejected", "completed", "abandoned", "last attempt ms"
+    );
+    for r in rows {
+        text.push_str(&format!(
+            "{:<40} {:>8} {:>8} {:>9} {:>9} {:>15}\n",
+            r.scenario, r.attempts, r.rejected, r.completed, r.abandoned, r.last_attempt_ms
+        ));
+    }
+    text
 }
 
 /// Shorthand for the abandonment count of one reason.

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use allowance_sim::{
     cli::{execute, Cli},
-    scenario::seed_table,
+    scenario::{seed_table, seed_table_text},
 };
 use clap::Parser;
 use serde_json::Value;
@@ -37,6 +37,15 @@ fn seed_json_is_the_seed_table() {
     assert_eq!(rows, expected);
     assert_eq!(rows[0]["attempts"], 20);
     assert_eq!(rows[1]["attempts"], 8);
+}
+
+/// One table: `seed` prints the text the `eight_workers` example prints and the README
+/// shows (`tests/tests/seed.rs` holds the README to it).
+#[test]
+fn seed_text_is_the_seed_table() {
+    let text = run(&["seed"]);
+    let table = seed_table_text(&seed_table());
+    assert!(text.ends_with(&table), "{text}");
 }
 
 #[test]

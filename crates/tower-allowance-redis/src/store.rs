@@ -541,9 +541,14 @@ impl RedisStore {
     /// Runs one operation: Redis when it is expected to answer, else the failure policy.
     fn decide(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
         self.ensure_subscribed();
-        if let (Op::Defer { .. }, Some((_, local))) = (&op, &self.inner.fallback) {
-            // The local fallback hears of every cooldown too, so that it honours the ones
-            // raised before an outage.
+        let cools = matches!(
+            op,
+            Op::Defer { .. } | Op::Throttle { .. } | Op::Close { .. } | Op::Clear
+        );
+        if let (true, Some((_, local))) = (cools, &self.inner.fallback) {
+            // The local fallback hears of every cooldown, closure and clearing too (a
+            // throttling response's cooldown comes as `Throttle`), so that it honours the
+            // ones raised before an outage.
             if let Ok(local_params) = fallback_config(params, NonZeroU32::MIN) {
                 let _ = local.try_apply(Instant::now(), local_params.params(), &op);
             }

@@ -373,6 +373,26 @@ async fn script_flush_mid_run_is_invisible() {
 
 #[tokio::test]
 async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
+    fallback_honours(Op::Defer {
+        delay_us: Some(2_000_000),
+    })
+    .await;
+}
+
+/// A throttling response's cooldown reaches the store as `Throttle` (the cooldown layer's
+/// op), not `Defer`: the fallback hears it too. (It heard `Defer` only.)
+#[tokio::test]
+async fn the_fallback_honours_a_429s_cooldown_raised_before_the_outage() {
+    fallback_honours(Op::Throttle {
+        delay_us: Some(2_000_000),
+        age_us: 0,
+    })
+    .await;
+}
+
+/// `cooldown` (a 2 s one) raised on Redis, then Redis killed: the local fallback's first
+/// admission is after the cooldown.
+async fn fallback_honours(cooldown: Op) {
     let mut redis = TestRedis::start_private().await;
     let policy = FailurePolicy::LocalFallback {
         expected_processes: NonZeroU32::new(4).expect("non-zero"),
@@ -382,12 +402,7 @@ async fn the_fallback_honours_a_cooldown_raised_before_the_outage() {
         .expect("connect");
     let config = AllowanceConfig::per_second(100, 10).expect("valid");
     let deferred = store
-        .apply(
-            config.params(),
-            Op::Defer {
-                delay_us: Some(2_000_000),
-            },
-        )
+        .apply(config.params(), cooldown)
         .await
         .expect("redis is up");
     assert!(matches!(deferred, Reply::Defer(d) if d.extended));

@@ -219,7 +219,9 @@
 //! [`RetryBudgetConfig`](crate::RetryBudgetConfig) bounds the whole group, so that a
 //! throttled provider is not answered with a retry storm. Every retry, whichever process
 //! makes it, spends from one budget atomically with its admission; first attempts never
-//! spend.
+//! spend. With `tower::retry::RetryLayer` and the policy alone (no admission layer under
+//! it), each retry still spends once; which refusals hold a retry back then is in the
+//! [`retry`](crate::retry) module's docs, "Budget and stack order".
 //!
 //! - `Unlimited` (the default): only `max_attempts` limits retries.
 //! - [`Fixed`](crate::RetryBudgetConfig::fixed): so many retries for the whole run (a batch).

@@ -30,12 +30,29 @@
 //!
 //! # Budget and stack order
 //!
-//! The budget is spent where the retry is admitted, by the [`AdmissionLayer`](crate::admission::AdmissionLayer)
-//! under the `Retry`, so admission, cooldown check and budget spend are one atomic step
-//! (one round trip with a shared store). Use [`AllowanceLayer`](crate::AllowanceLayer),
-//! which stacks Retry → Cooldown → Admission → inner; without an admission layer under it,
-//! this policy still caps attempts, honours `Retry-After` and deadlines, but no budget is
-//! spent.
+//! A retry's admission is one decision, made by the policy's wait ([`RetryWait`]) on the
+//! policy's allowance, whatever sits under the `Retry`: it spends one unit of the shared
+//! retry budget, checks the cooldown and reserves the retry's slot in one atomic step (one
+//! round trip with a shared store). The budget is spent exactly once per retry. What the
+//! stack decides is who holds a retry to a refusal:
+//!
+//! - **An [`AdmissionLayer`](crate::admission::AdmissionLayer) on the same allowance under
+//!   the `Retry`**, as in [`AllowanceLayer`](crate::AllowanceLayer) (Retry → Cooldown →
+//!   Admission → inner): the layer sends an admitted retry without asking again and fails a
+//!   refused one, and the request ends with the response that prompted the retry, marked
+//!   abandoned (for example [`AbandonReason::BudgetExhausted`](crate::error::AbandonReason::BudgetExhausted)).
+//! - **The retry layer alone** (`tower::retry::RetryLayer` with this policy right over the
+//!   client): nothing gates first attempts and nothing shares a cooldown; the allowance
+//!   meters the retries only (its budget, and a slot in its schedule for each retry: an
+//!   allowance whose rate is far above the upstream's holds just the budget). Each request
+//!   honours its own `Retry-After`, caps its attempts and keeps its deadline. When nothing
+//!   is slept before asking (a throttling answer with a delay, such as `Retry-After: 1`), the
+//!   policy asks when it decides to retry; a store that answers at once (the in-memory
+//!   store) refuses there, and the request ends as above with nothing sent. A retry that
+//!   sleeps a backoff first (a transient error, a throttling answer without a delay), or a
+//!   store that answers later (Redis), gets its verdict once tower's `Retry` is committed to
+//!   sending it, and is sent: put an admission layer under the `Retry` to hold those to the
+//!   budget.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -74,3 +91,6 @@ pub use self::{
     config::RetryConfig,
     policy::{RetryPolicy, RetryWait},
 };
+
+#[cfg(test)]
+mod tests;

@@ -19,7 +19,7 @@ use super::{
 };
 use crate::cooldown::service::CooldownShared;
 use crate::{
-    acquire::{AcquireOptions, OwnedAdmit},
+    acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
     body::{Replay, Replayable},
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
     cooldown::{read_response, FinalAttempt},
@@ -33,7 +33,8 @@ use crate::{
 ///
 /// See the [module docs](super) for the rules. Use it through
 /// [`AllowanceLayer`](crate::AllowanceLayer), or with `tower::retry::RetryLayer` above an
-/// [`AdmissionLayer`](crate::admission::AdmissionLayer).
+/// [`AdmissionLayer`](crate::admission::AdmissionLayer), or with the `RetryLayer` alone (the
+/// module docs' "Budget and stack order" says what the budget holds then).
 ///
 /// # Clone
 ///
@@ -282,18 +283,6 @@ impl<C: Classify> RetryPolicy<C> {
                 None
             }
             Plan::Retry { sleep, not_before } => {
-                let ticket = match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
-                    Ok(response) => {
-                        RetryTicket::with_stash(Box::new(response) as Box<dyn Any + Send>)
-                    }
-                    Err(e) => {
-                        *result = Err(e);
-                        RetryTicket::default()
-                    }
-                };
-                let next = self.attempts.saturating_add(1);
-                extensions.insert(Attempt(next));
-                extensions.insert(ticket.clone());
                 let mut options = AcquireOptions::new().retry(true);
                 if let Some(delay) = not_before {
                     options = options.not_before(delay);
@@ -306,12 +295,51 @@ impl<C: Classify> RetryPolicy<C> {
                 if let Some(Cost(c)) = extensions.get::<Cost>() {
                     options = options.cost(*c);
                 }
-                Some(RetryWait::new(
-                    self.shared.allowance.shared.clone(),
-                    sleep,
-                    options,
-                    ticket,
-                ))
+                let shared = &self.shared.allowance.shared;
+                // Nothing to sleep before asking: ask now, as the wait's first poll would, at
+                // the same instant. A store that decides at once (the in-memory one does)
+                // then refuses before anything is committed to sending the retry, with or
+                // without an admission layer below (see the module docs, "Budget and stack
+                // order").
+                let asked = sleep.is_zero().then(|| {
+                    let mut progress = Progress::default();
+                    let step = acquire::begin(shared, &options, &mut progress, Instant::now());
+                    (progress, step)
+                });
+                let (progress, step) = match asked {
+                    Some((_, Begin::Ready(Err(e)))) => {
+                        // Refused (the budget used up, a deadline, a closed allowance): the
+                        // request ends with the response that prompted the retry, marked
+                        // abandoned, as a refusal handed to an admission layer ends
+                        // (`RetryTicket::refused`). The admission counted the abandonment.
+                        match (e.abandon_reason(), &mut *result) {
+                            (Some(reason), Ok(res)) => {
+                                res.extensions_mut().insert(Abandoned::new(reason));
+                            }
+                            (_, result) => *result = Err(e.into_box()),
+                        }
+                        return None;
+                    }
+                    Some((progress, step)) => (progress, Some(step)),
+                    None => (Progress::default(), None),
+                };
+                let ticket = match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
+                    Ok(response) => {
+                        RetryTicket::with_stash(Box::new(response) as Box<dyn Any + Send>)
+                    }
+                    Err(e) => {
+                        *result = Err(e);
+                        RetryTicket::default()
+                    }
+                };
+                let next = self.attempts.saturating_add(1);
+                extensions.insert(Attempt(next));
+                extensions.insert(ticket.clone());
+                let shared = shared.clone();
+                Some(match step {
+                    Some(step) => RetryWait::asked(shared, options, progress, step, ticket),
+                    None => RetryWait::new(shared, sleep, options, ticket),
+                })
             }
         }
     }
@@ -414,7 +442,9 @@ where
 /// budget), made for a slot no earlier than the server's delay.
 ///
 /// Resolves when the slot comes, or at once when the store refuses, leaving the verdict in
-/// the request's ticket for the admission layer. Boxed: only a retry pays for it.
+/// the request's ticket for the admission layer. Without a backoff, the policy made the
+/// admission's first step when it decided to retry (a refusal known then ended the request
+/// there), and the wait carries on from it. Boxed: only a retry pays for it.
 pub struct RetryWait {
     inner: Pin<Box<RetryWaitInner>>,
 }
@@ -423,8 +453,9 @@ pin_project! {
     struct RetryWaitInner {
         #[pin]
         sleep: Option<Sleep>,
+        // `None`: admitted already, when the policy decided.
         #[pin]
-        admit: OwnedAdmit,
+        admit: Option<OwnedAdmit>,
         ticket: RetryTicket,
     }
 }
@@ -446,7 +477,36 @@ impl RetryWait {
         Self {
             inner: Box::pin(RetryWaitInner {
                 sleep,
-                admit: OwnedAdmit::new(shared, options),
+                admit: Some(OwnedAdmit::new(shared, options)),
+                ticket,
+            }),
+        }
+    }
+
+    /// The rest of an admission whose first step the policy made when it decided (`step`
+    /// is not a refusal: those end the request there).
+    fn asked(
+        shared: Arc<Shared>,
+        options: AcquireOptions,
+        progress: Progress,
+        step: Begin,
+        ticket: RetryTicket,
+    ) -> Self {
+        let admit = match step {
+            Begin::Ready(Ok(())) => {
+                ticket.set(Ticket::Admitted);
+                None
+            }
+            Begin::Ready(Err(e)) => {
+                ticket.set(Ticket::Failed(e));
+                None
+            }
+            step => Some(OwnedAdmit::resume(shared, options, progress, step)),
+        };
+        Self {
+            inner: Box::pin(RetryWaitInner {
+                sleep: None,
+                admit,
                 ticket,
             }),
         }
@@ -462,11 +522,14 @@ impl Future for RetryWait {
             ready!(sleep.poll(cx));
             this.sleep.set(None);
         }
-        let result = ready!(this.admit.poll(cx));
-        this.ticket.set(match result {
-            Ok(()) => Ticket::Admitted,
-            Err(e) => Ticket::Failed(e),
-        });
+        if let Some(admit) = this.admit.as_mut().as_pin_mut() {
+            let result = ready!(admit.poll(cx));
+            this.admit.set(None);
+            this.ticket.set(match result {
+                Ok(()) => Ticket::Admitted,
+                Err(e) => Ticket::Failed(e),
+            });
+        }
         Poll::Ready(())
     }
 }

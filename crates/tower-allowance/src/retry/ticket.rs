@@ -6,6 +6,9 @@
 //! The admission layer then sends the retry without asking again, or fails it with the
 //! ticket's error; the policy turns that error back into the last response, marked
 //! abandoned. So an over-budget retry ends at once, on every store, with the 429 it got.
+//! (A refusal the store gave when the policy decided, with nothing to sleep first, never
+//! gets here: the policy ends the request itself, in the same way, so that a retry layer
+//! with no admission layer under it sends nothing either.)
 
 use std::{
     any::Any,

@@ -1,0 +1,147 @@
+//! A retry's admission is one decision, whatever sits under the `Retry`: each retry spends
+//! the shared budget once, and one the budget refuses is not sent, with an admission layer
+//! under the retry and with the retry layer alone.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use tokio::time::Instant;
+use tower::{retry::Retry, service_fn, util::BoxCloneService, Layer, ServiceExt};
+
+use crate::{
+    admission::AdmissionLayer,
+    error::AbandonReason,
+    retry::{RetryConfig, RetryPolicy},
+    Allowance, AllowanceConfig, BoxError, Outcome, RetryBudgetConfig,
+};
+
+type Svc = BoxCloneService<Request<String>, Response<String>, BoxError>;
+
+#[derive(Clone, Copy, Debug)]
+enum Stack {
+    /// `Retry` → `Admission` → upstream, on the same allowance.
+    Admission,
+    /// `Retry` → upstream: the retry layer alone.
+    Alone,
+}
+
+/// An upstream that always answers 429 with `Retry-After: 1`, logging when each attempt
+/// arrived (ms since `start`).
+fn always_429(start: Instant, log: Arc<Mutex<Vec<u64>>>) -> Svc {
+    Svc::new(service_fn(move |_req: Request<String>| {
+        let log = log.clone();
+        async move {
+            let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            log.lock().unwrap_or_else(PoisonError::into_inner).push(ms);
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("1"));
+            Ok::<_, BoxError>(res)
+        }
+    }))
+}
+
+/// What eight concurrent requests, 3 attempts each, against [`always_429`] produced.
+struct Run {
+    /// When each attempt arrived, ms, in order.
+    attempts: Vec<u64>,
+    outcomes: Vec<Outcome>,
+    allowance: Allowance,
+}
+
+/// Eight requests, 3 attempts each, through `stack` over one allowance that paces nobody
+/// (1,000 per second, and bursts of 10,000: a retry's slot reserved a second ahead leaves
+/// the burst for the first attempts) and whose budget is `budget` retries.
+async fn eight_requests(stack: Stack, budget: u64) -> Run {
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(1_000, 10_000)
+            .expect("valid")
+            .with_retry_budget(RetryBudgetConfig::fixed(budget)),
+    );
+    let start = Instant::now();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let upstream = always_429(start, log.clone());
+    let policy = RetryPolicy::new(
+        allowance.clone(),
+        RetryConfig::default()
+            .with_max_attempts(3)
+            .expect("valid")
+            .with_jitter_seed(1),
+    );
+    let service = match stack {
+        Stack::Admission => Svc::new(Retry::new(
+            policy,
+            AdmissionLayer::new(allowance.clone()).layer(upstream),
+        )),
+        Stack::Alone => Svc::new(Retry::new(policy, upstream)),
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let service = service.clone();
+            tokio::spawn(
+                async move { Outcome::of(&service.oneshot(Request::new(String::new())).await) },
+            )
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.expect("no panic"));
+    }
+    let attempts = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    Run {
+        attempts,
+        outcomes,
+        allowance,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_budget_bounds_the_retries_under_either_stack() {
+    for stack in [Stack::Admission, Stack::Alone] {
+        let run = eight_requests(stack, 4).await;
+        // Eight first attempts, then the four retries the budget funds, each after its own
+        // Retry-After: the four refused ones were never sent.
+        assert_eq!(
+            run.attempts,
+            [[0; 8].as_slice(), &[1000; 4]].concat(),
+            "{stack:?}"
+        );
+        assert!(
+            run.outcomes
+                .iter()
+                .all(|o| *o == Outcome::Abandoned(AbandonReason::BudgetExhausted)),
+            "{stack:?}: {:?}",
+            run.outcomes
+        );
+        let snapshot = run.allowance.snapshot();
+        assert_eq!(snapshot.retries_spent, 4, "{stack:?}");
+        assert_eq!(
+            snapshot.abandoned.get(AbandonReason::BudgetExhausted),
+            8,
+            "{stack:?}: each refusal counted once"
+        );
+        let state = run.allowance.store_state().await.expect("memory store");
+        assert_eq!(state.retries_remaining, Some(0), "{stack:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_retry_spends_the_budget_exactly_once_under_either_stack() {
+    for stack in [Stack::Admission, Stack::Alone] {
+        // Budget to spare: every request makes its 3 attempts, 16 retries in all.
+        let run = eight_requests(stack, 100).await;
+        assert_eq!(
+            run.attempts,
+            [[0; 8], [1000; 8], [2000; 8]].concat(),
+            "{stack:?}"
+        );
+        assert!(run
+            .outcomes
+            .iter()
+            .all(|o| *o == Outcome::Abandoned(AbandonReason::MaxAttempts)));
+        assert_eq!(run.allowance.snapshot().retries_spent, 16, "{stack:?}");
+        let state = run.allowance.store_state().await.expect("memory store");
+        assert_eq!(state.retries_remaining, Some(100 - 16), "{stack:?}");
+    }
+}
