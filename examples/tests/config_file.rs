@@ -35,7 +35,7 @@ fn the_shipped_file_says_what_its_comments_say() {
         (monthly.rate(), monthly.period()),
         (20_000, Duration::from_secs(30 * 86_400))
     );
-    assert_eq!(odds.allowance.dialect(), Dialect::odds());
+    assert_eq!(odds.allowance.dialect(), Dialect::x_ratelimit());
     assert_eq!(odds.allowance.max_cooldown(), Duration::from_secs(900));
     assert_eq!(
         odds.classifier,

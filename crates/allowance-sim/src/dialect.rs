@@ -140,7 +140,7 @@ impl ServerDialect {
     /// The client-side dialect that reads what this one writes.
     pub const fn client_dialect(self) -> Dialect {
         match self {
-            ServerDialect::Odds => Dialect::odds(),
+            ServerDialect::Odds => Dialect::x_ratelimit(),
             ServerDialect::Ietf => Dialect::ietf(),
             ServerDialect::Github => Dialect::github(),
             ServerDialect::OpenAi => Dialect::openai(),

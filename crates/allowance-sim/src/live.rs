@@ -44,10 +44,10 @@ use tokio::time::Instant;
 use tower::{retry::Retry, util::BoxCloneService, Layer, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     admission::AdmissionLayer,
-    headers,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     retry::RetryPolicy,
+    signals,
     store::MemoryStore,
     Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline,
 };
@@ -249,7 +249,7 @@ fn observed(client: HttpsClient, marks: Arc<Mutex<Vec<Mark>>>, start: Instant) -
             let _sending = watch.map(|w| Sending::new(w, at_ms));
             let record = |status: u16, headers: Option<&HeaderMap>| {
                 let retry_after_ms = headers
-                    .and_then(|h| headers::retry_after(h).ok().flatten())
+                    .and_then(|h| signals::retry_after(h).ok().flatten())
                     .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
                 marks
                     .lock()

@@ -120,7 +120,7 @@ async fn retry_after_as_http_date_or_absent() {
         upstream.shutdown().await;
         assert_eq!(throttled.status, StatusCode::TOO_MANY_REQUESTS);
         // What the library reads from it.
-        let delay = tower_allowance::headers::retry_after(&throttled.headers).expect("valid");
+        let delay = tower_allowance::signals::retry_after(&throttled.headers).expect("valid");
         match check {
             "date" => {
                 let value = header(&throttled, "retry-after").expect("present");

@@ -91,7 +91,7 @@ pub trait Classify: Clone + Send + Sync + 'static {
     /// dialect reads the waits servers state in headers (`Retry-After`, `retry-after-ms`,
     /// a provider's reset times; see [`signals`](crate::signals)), once, and the longest of
     /// the classifier's and the dialect's wins. Override it when the server states its wait
-    /// where no dialect looks, as [`GrpcClassifier`](crate::grpc::GrpcClassifier) does with
+    /// where no dialect looks, as `grpc::GrpcClassifier` (feature `grpc`) does with
     /// `grpc-retry-pushback-ms`.
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classified {
         Classified::new(self.classify(status, headers), None)

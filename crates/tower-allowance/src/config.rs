@@ -470,8 +470,9 @@ impl AllowanceConfig {
     }
 
     /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
-    /// `Retry-After`, `retry-after-ms`, the IETF `RateLimit`/`RateLimit-Policy` fields, the
-    /// older `RateLimit-*` trio and `X-RateLimit-*`); see [`signals`](crate::signals).
+    /// `Retry-After`, `retry-after-ms`, and with the `dialects` feature the IETF
+    /// `RateLimit`/`RateLimit-Policy` fields, the older `RateLimit-*` trio and
+    /// `X-RateLimit-*`); see [`signals`](crate::signals).
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
         self.dialect = dialect;
         self
@@ -701,7 +702,7 @@ mod serde_impl {
     //! period = "1s"
     //! burst = 10
     //! max_cooldown = "15m"
-    //! dialect = "github"
+    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "x-ratelimit" with `dialects`
     //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
     //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
     //! outage = { wait = "30s" }
@@ -775,11 +776,20 @@ mod serde_impl {
     #[serde(rename_all = "lowercase")]
     enum RawDialect {
         Standard,
+        // The providers' dialects: without the `dialects` feature, naming one is an
+        // unknown variant (refused, like any unknown value).
+        #[cfg(feature = "dialects")]
         Github,
+        #[cfg(feature = "dialects")]
         Openai,
+        #[cfg(feature = "dialects")]
         Anthropic,
+        #[cfg(feature = "dialects")]
         Ietf,
-        Odds,
+        // `x-ratelimit`; `odds`, its first name, still read.
+        #[cfg(feature = "dialects")]
+        #[serde(rename = "x-ratelimit", alias = "odds")]
+        XRateLimit,
     }
 
     #[derive(serde::Deserialize)]
@@ -837,11 +847,16 @@ mod serde_impl {
             if let Some(dialect) = raw.dialect {
                 config = config.with_dialect(match dialect {
                     RawDialect::Standard => Dialect::standard(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Github => Dialect::github(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Openai => Dialect::openai(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Anthropic => Dialect::anthropic(),
+                    #[cfg(feature = "dialects")]
                     RawDialect::Ietf => Dialect::ietf(),
-                    RawDialect::Odds => Dialect::odds(),
+                    #[cfg(feature = "dialects")]
+                    RawDialect::XRateLimit => Dialect::x_ratelimit(),
                 });
             }
             if let Some(skew) = raw.max_date_skew {
@@ -955,5 +970,25 @@ mod file_form {
                 "{json}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn dialects_by_name() {
+        let dialect = |name: &str| {
+            let json = format!(r#"{{"rate": 1, "burst": 1, "dialect": "{name}"}}"#);
+            serde_json::from_str::<AllowanceConfig>(&json).map(|c| c.dialect())
+        };
+        assert_eq!(dialect("standard").ok(), Some(Dialect::standard()));
+        #[cfg(feature = "dialects")]
+        {
+            assert_eq!(dialect("x-ratelimit").ok(), Some(Dialect::x_ratelimit()));
+            // Its first name.
+            assert_eq!(dialect("odds").ok(), Some(Dialect::x_ratelimit()));
+            assert_eq!(dialect("github").ok(), Some(Dialect::github()));
+        }
+        // Without the feature, a provider's dialect is refused, never read as another.
+        #[cfg(not(feature = "dialects"))]
+        assert!(dialect("github").is_err());
+        assert!(dialect("aws").is_err());
     }
 }

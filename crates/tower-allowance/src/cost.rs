@@ -3,7 +3,7 @@
 //! An allowance with a limit counted in cost ([`Limit::counting_cost`](crate::Limit::counting_cost),
 //! such as an LLM API's tokens per minute) charges each request its [`Cost`] extension. Set it
 //! by hand, or put a [`CostLayer`] above the [`AllowanceLayer`](crate::AllowanceLayer) (or a
-//! [`KeyedLayer`](crate::keyed::KeyedLayer)) to compute it from every request: a header, the
+//! `keyed::KeyedLayer` (feature `keyed`)) to compute it from every request: a header, the
 //! body's length, or any function.
 //!
 //! ```

@@ -60,7 +60,7 @@
 //! waiting callers follow it without asking.
 //!
 //! - A throttling response that states no usable wait raises no cooldown (none is invented:
-//!   it may be a spent quota, see [`quota`](crate::quota)); it is retried after a backoff.
+//!   it may be a spent quota, see `quota` (feature `quota`)); it is retried after a backoff.
 //! - A *transient* response (none by default; `transient = [502, 504]`) is retried with
 //!   backoff, or after its own `Retry-After` for that request only, and cools nobody down.
 //! - A success that says the allowance is spent until a reset (the dialect reads
@@ -180,7 +180,7 @@
 //!
 //! Some waits are not worth waiting for. A server asking for more than
 //! [`max_cooldown`](#max_cooldown), or for a wait too long to represent, and a
-//! [quota probe](crate::quota) finding the provider's quota spent, *close* the allowance:
+//! quota probe (`quota`, feature `quota`) finding the provider's quota spent, *close* the allowance:
 //! every waiting and new call fails at once with [`Exhausted`](crate::error::Exhausted)
 //! (abandoned as `CooldownTooLong` or `QuotaExhausted`), which says until when. It reopens by
 //! itself at that time, or when an operator calls [`Allowance::clear`](crate::Allowance::clear)

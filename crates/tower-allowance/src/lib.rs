@@ -58,7 +58,15 @@
 //! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` | `tonic` without default features (no transport, codegen or router) |
 //! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`], [`StoreState`](rule::StoreState) and the rule's state | `serde`, `humantime-serde` |
 //! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
-//! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock) |
+//! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock); `quota` (the suite checks the probe's lease) |
+//! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
+//! | `keyed` | | `keyed`: one allowance per key (API key, tenant), created on first use, evicted when settled, store names derived from the key under a secret | `blake3` |
+//! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in [`signals`]: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill [`Snapshot::rate_limit`] and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
+//! | `quota` | | `quota`: the quota-exhaustion probe (`AllowanceBuilder::quota_probe`), one lease per group through the store | nothing |
+//!
+//! The default build is the core: admission, cooldown, retry, the stores' rule, the adaptive
+//! rate (woven into the rule, and into the Redis script, so not optional), and `Retry-After`
+//! and `retry-after-ms` ([`signals::retry_after`] is the one `Retry-After` parser).
 //!
 //! The Redis store is a separate crate, `tower-allowance-redis`.
 
@@ -78,10 +86,15 @@ pub mod classify;
 pub mod cooldown;
 pub mod cost;
 pub mod error;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod guide;
-pub mod headers;
+#[cfg(feature = "keyed")]
+#[cfg_attr(docsrs, doc(cfg(feature = "keyed")))]
 pub mod keyed;
+#[cfg(feature = "quota")]
+#[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
 pub mod quota;
 pub mod retry;
 pub mod rule;
@@ -90,7 +103,9 @@ pub mod store;
 
 pub use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
+    allowance::{
+        AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, RateLimitObservation, Snapshot,
+    },
     config::{
         AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget,
         RetryBudgetConfig, DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,

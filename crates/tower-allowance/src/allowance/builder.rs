@@ -1,16 +1,17 @@
 use std::sync::{atomic::AtomicU64, Arc};
 
+#[cfg(feature = "quota")]
+use crate::quota::{QuotaGuard, QuotaProbe, QuotaTrigger};
 use crate::{
-    quota::{QuotaGuard, QuotaProbe, QuotaTrigger},
     shared::{Holders, Shared, Sink, Stats},
     store::{EventSink, MemoryStore, Store, Watcher},
     Allowance, AllowanceConfig,
 };
 
-/// Builds an [`Allowance`]: a name, a shared store, a quota probe.
+/// Builds an [`Allowance`]: a name, a shared store, a quota probe (feature `quota`).
 ///
 /// ```
-/// use tower_allowance::{quota::QuotaTrigger, store::MemoryStore, Allowance, AllowanceConfig};
+/// use tower_allowance::{store::MemoryStore, Allowance, AllowanceConfig};
 ///
 /// let allowance = Allowance::builder(AllowanceConfig::per_second(5, 1)?)
 ///     .name("odds-api")
@@ -24,6 +25,7 @@ pub struct AllowanceBuilder {
     config: AllowanceConfig,
     name: Option<Arc<str>>,
     store: Option<Box<dyn Store>>,
+    #[cfg(feature = "quota")]
     quota: Option<QuotaGuard>,
 }
 
@@ -33,6 +35,7 @@ impl AllowanceBuilder {
             config,
             name: None,
             store: None,
+            #[cfg(feature = "quota")]
             quota: None,
         }
     }
@@ -50,6 +53,8 @@ impl AllowanceBuilder {
     }
 
     /// Adds the quota-exhaustion terminal path (see [`quota`](crate::quota)).
+    #[cfg(feature = "quota")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
     pub fn quota_probe(mut self, probe: impl QuotaProbe, trigger: QuotaTrigger) -> Self {
         self.quota = Some(QuotaGuard::new(Arc::new(probe), trigger));
         self
@@ -71,6 +76,7 @@ impl AllowanceBuilder {
             jitter_seq: AtomicU64::new(0),
             advertised: AtomicU64::new(0),
             warned_date: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(feature = "quota")]
             quota: self.quota,
         });
         // The store delivers other processes' events to the allowance (held weakly: the

@@ -21,7 +21,7 @@ mod snapshot;
 
 pub use self::{
     builder::AllowanceBuilder,
-    snapshot::{AbandonedCounts, ClosedState, Snapshot},
+    snapshot::{AbandonedCounts, ClosedState, RateLimitObservation, Snapshot},
 };
 
 /// One shared allowance: what one credential (one API key, one provider bucket) may spend.
@@ -86,7 +86,8 @@ impl Allowance {
     }
 
     /// Whether its store says the state is settled at `now`, as good as a fresh one
-    /// ([`Store::is_settled`](crate::store::Store::is_settled)).
+    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry and the conformance suite.
+    #[cfg(any(feature = "keyed", feature = "conformance"))]
     pub(crate) fn is_settled(&self, now: Instant) -> bool {
         self.shared
             .store
@@ -222,6 +223,8 @@ impl Allowance {
     }
 
     /// How many quota probes this process has run.
+    #[cfg(feature = "quota")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
     pub fn quota_probes(&self) -> u64 {
         self.shared.quota.as_ref().map_or(0, |q| q.probes())
     }
@@ -232,6 +235,11 @@ impl Allowance {
     }
 
     /// A throttling response arrived; `with_delay` when it carried a usable delay.
+    #[cfg(not(feature = "quota"))]
+    pub(crate) fn on_throttled(&self, _with_delay: bool) {}
+
+    /// A throttling response arrived; `with_delay` when it carried a usable delay.
+    #[cfg(feature = "quota")]
     pub(crate) fn on_throttled(&self, with_delay: bool) {
         let Some(q) = &self.shared.quota else {
             return;
@@ -254,6 +262,7 @@ impl Allowance {
     /// A response the classifier called a success: replenishes a replenishing budget (with
     /// the next store call) and ends a streak of throttling without delays.
     pub(crate) fn on_success(&self) {
+        #[cfg(feature = "quota")]
         if let Some(q) = &self.shared.quota {
             q.clear_streak();
         }

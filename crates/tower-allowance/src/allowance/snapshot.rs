@@ -2,7 +2,7 @@ use std::{sync::atomic::Ordering, sync::PoisonError, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{error::AbandonReason, headers::RateLimitObservation, rule::ClosedBy, shared::Shared};
+use crate::{error::AbandonReason, rule::ClosedBy, shared::Shared};
 
 /// A point-in-time copy of an allowance's counters in this process, and of what this process
 /// last learned of the shared state. Synchronous: it asks the store nothing (see
@@ -32,6 +32,25 @@ pub struct Snapshot {
     pub closed: Option<ClosedState>,
     /// The last `X-RateLimit-*` headers seen on a response, if any.
     pub rate_limit: Option<RateLimitObservation>,
+}
+
+/// The provider's own view, from the last response's `X-RateLimit-Limit`,
+/// `X-RateLimit-Remaining` and `X-RateLimit-Bucket` (or whatever the allowance's
+/// [`Dialect`](crate::signals::Dialect) reads as a limit, a remaining count and a bucket),
+/// in a [`Snapshot`].
+///
+/// `remaining` is approximate and shared by everyone using the key: it is an observation,
+/// never a reservation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct RateLimitObservation {
+    /// `X-RateLimit-Limit`.
+    pub limit: Option<u64>,
+    /// `X-RateLimit-Remaining`.
+    pub remaining: Option<u64>,
+    /// `X-RateLimit-Bucket`.
+    pub bucket: Option<String>,
 }
 
 /// A closed allowance, in a [`Snapshot`].

@@ -14,12 +14,11 @@ use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
     extensions::SentAt,
-    headers::{self, RateLimitObservation},
     rule::{self, Op, Reply},
     shared::Applying,
-    signals::{ReadContext, Reader, Wait},
+    signals::{self, ReadContext, Reader, Wait},
     store::{StoreError, StoreFuture},
-    Allowance, AllowanceConfig, BoxError,
+    Allowance, AllowanceConfig, BoxError, RateLimitObservation,
 };
 
 pin_project! {
@@ -99,7 +98,7 @@ pub(crate) fn read_response<C: Classify>(
             untrusted_date: false,
         };
     }
-    let cx = ReadContext::new(headers::wall_clock()).with_max_skew(config.max_date_skew());
+    let cx = ReadContext::new(signals::wall_clock()).with_max_skew(config.max_date_skew());
     let reading = config.dialect().read(response_headers, &cx);
     let dialect_delay = reading.wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),
@@ -287,6 +286,7 @@ fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay
 /// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
 /// after the response was handed on): at once on an in-memory store, in a task on a shared
 /// one.
+#[cfg(feature = "grpc")]
 pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
     let now = Instant::now();
     match allowance.shared.apply(now, Op::Defer { delay_us }) {

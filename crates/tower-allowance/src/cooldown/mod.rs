@@ -52,8 +52,10 @@ mod future;
 mod layer;
 pub(crate) mod service;
 
+#[cfg(feature = "grpc")]
+pub(crate) use self::future::raise_detached;
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
 pub(crate) use self::{
-    future::{plainly_successful, raise_detached, read_response},
+    future::{plainly_successful, read_response},
     service::FinalAttempt,
 };

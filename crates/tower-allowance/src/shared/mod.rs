@@ -16,7 +16,6 @@ use tokio::time::Instant;
 
 use crate::{
     error::Exhausted,
-    quota::QuotaGuard,
     rule::{Deferred, Event, Op, Reply, Reservation},
     store::{EventSink, Store, StoreError, StoreFuture},
     AllowanceConfig,
@@ -44,7 +43,8 @@ pub(crate) struct Shared {
     /// Whether an untrusted `Date` has been warned about (once; later ones at debug).
     pub(crate) warned_date: std::sync::atomic::AtomicBool,
     /// The quota probe, when configured.
-    pub(crate) quota: Option<QuotaGuard>,
+    #[cfg(feature = "quota")]
+    pub(crate) quota: Option<crate::quota::QuotaGuard>,
     /// Itself, weakly (for work that outlives a borrow, such as timing a store call).
     pub(crate) me: std::sync::Weak<Shared>,
 }

@@ -9,7 +9,7 @@ use std::{
 };
 
 use super::metrics::Metrics;
-use crate::{error::AbandonReason, headers::RateLimitObservation, store::cell::Padded};
+use crate::{error::AbandonReason, store::cell::Padded, RateLimitObservation};
 
 /// Counters kept by this process (and, with the `metrics` feature, the metric handles).
 pub(crate) struct Stats {

@@ -7,32 +7,35 @@
 //! [`ReadContext`]), never panics on input, and allocates only what the reading holds.
 //!
 //! ```
-//! use std::time::{Duration, SystemTime};
+//! use std::time::Duration;
 //! use http::HeaderMap;
 //! use tower_allowance::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // GitHub's documented example: the primary limit is spent until 17:47:53 UTC.
+//! // A 429 asking for 30 s as an HTTP-date, measured against the response's own `Date`.
 //! let mut headers = HeaderMap::new();
 //! headers.insert("date", "Mon, 01 Jul 2013 17:27:06 GMT".parse()?);
-//! headers.insert("x-ratelimit-limit", "60".parse()?);
-//! headers.insert("x-ratelimit-remaining", "0".parse()?);
-//! headers.insert("x-ratelimit-reset", "1372700873".parse()?);
+//! headers.insert("retry-after", "Mon, 01 Jul 2013 17:27:36 GMT".parse()?);
 //!
 //! // The caller's wall clock, read once by the caller (here: 2 s behind the server).
 //! let now = httpdate::parse_http_date("Mon, 01 Jul 2013 17:27:04 GMT")?;
-//! let reading = Dialect::github().read(&headers, &ReadContext::new(now));
-//! assert_eq!(reading.wait, Some(Wait::For(Duration::from_secs(1247))));
-//! assert_eq!(reading.source, Some(Reader::Github));
-//! assert_eq!(reading.remaining, Some(0));
+//! let reading = Dialect::standard().read(&headers, &ReadContext::new(now));
+//! assert_eq!(reading.wait, Some(Wait::For(Duration::from_secs(30))));
+//! assert_eq!(reading.source, Some(Reader::RetryAfter));
 //! assert_eq!(reading.date, DateTrust::Trusted);
-//!
-//! // A positive remaining count never produces a wait.
-//! headers.insert("x-ratelimit-remaining", "1".parse()?);
-//! assert_eq!(Dialect::github().read(&headers, &ReadContext::new(now)).wait, None);
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Features
+//!
+//! Without the `dialects` feature, a dialect has two readers, [`RetryAfter`](Reader::RetryAfter)
+//! and [`RetryAfterMs`](Reader::RetryAfterMs), and [`Dialect::standard`] is those two. The
+//! `dialects` feature adds the providers' readers below (and `sfv`, for the IETF fields), their
+//! dialects (`Dialect::github()`, `openai()`, `anthropic()`, `ietf()`, `x_ratelimit()`), and the IETF
+//! and `X-RateLimit-*` readers to [`Dialect::standard`]; only they fill
+//! [`Reading::remaining`], [`limit`](Reading::limit), [`policy`](Reading::policy) and
+//! [`bucket`](Reading::bucket), which are `None` without it.
 //!
 //! # Readers and the headers they read
 //!
@@ -40,12 +43,12 @@
 //! | --- | --- | --- |
 //! | [`RetryAfter`](Reader::RetryAfter) | `Retry-After`: delay-seconds (`1*DIGIT`) or an HTTP-date (IMF-fixdate, RFC 850, asctime) | present |
 //! | [`RetryAfterMs`](Reader::RetryAfterMs) | `retry-after-ms`: milliseconds, `1*DIGIT ["." 1*DIGIT]` | present |
-//! | [`Ietf`](Reader::Ietf) | `RateLimit-Policy: "default";q=100;w=60`, `RateLimit: "default";r=0;t=30` (draft-ietf-httpapi-ratelimit-headers-10) | an item has `r=0` |
-//! | [`IetfLegacy`](Reader::IetfLegacy) | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds; drafts up to -06) | remaining is 0 |
-//! | [`Github`](Reader::Github) | `x-ratelimit-limit`, `-remaining`, `-reset` (epoch seconds), `-resource` (`-used` is not needed) | remaining is 0 |
-//! | [`OpenAi`](Reader::OpenAi) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go durations (`1s`, `6m0s`, `20ms`) | a remaining is 0 |
-//! | [`Anthropic`](Reader::Anthropic) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`, resets in RFC 3339 | a remaining is 0 |
-//! | [`Odds`](Reader::Odds) | `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and `-Reset` (epoch or delta, see below) | remaining is 0 |
+//! | `Ietf` (`dialects`) | `RateLimit-Policy: "default";q=100;w=60`, `RateLimit: "default";r=0;t=30` (draft-ietf-httpapi-ratelimit-headers-10) | an item has `r=0` |
+//! | `IetfLegacy` (`dialects`) | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds; drafts up to -06) | remaining is 0 |
+//! | `Github` (`dialects`) | `x-ratelimit-limit`, `-remaining`, `-reset` (epoch seconds), `-resource` (`-used` is not needed) | remaining is 0 |
+//! | `OpenAi` (`dialects`) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go durations (`1s`, `6m0s`, `20ms`) | a remaining is 0 |
+//! | `Anthropic` (`dialects`) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`, resets in RFC 3339 | a remaining is 0 |
+//! | `XRateLimit` (`dialects`) | `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and `-Reset` (epoch or delta, see below) | remaining is 0 |
 //!
 //! The status code is not considered: which responses to read is the caller's choice.
 //!
@@ -79,13 +82,12 @@
 //!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
-//! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the [`Odds`]
+//! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the `XRateLimit`
 //!   reader (the standard dialect) a generic `X-RateLimit-Reset` of at least
-//!   [`EPOCH_THRESHOLD`] (1,000,000,000: September 2001) is epoch seconds, and a smaller one
+//!   `EPOCH_THRESHOLD` (1,000,000,000: September 2001) is epoch seconds, and a smaller one
 //!   delta seconds: no API resets a window 31 years ahead, and no server's clock reads 2001.
 //!
 //! [`MAX_DELAY`]: crate::MAX_DELAY
-//! [`Odds`]: Reader::Odds
 //!
 //! # Cost
 //!
@@ -98,22 +100,29 @@ use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap};
 
-use crate::rule::MAX_DELAY;
+use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 
+#[cfg(feature = "dialects")]
 mod anthropic;
+#[cfg(feature = "dialects")]
 mod github;
+#[cfg(feature = "dialects")]
 mod ietf;
-mod odds;
+#[cfg(feature = "dialects")]
 mod openai;
 mod retry_after;
 mod values;
+#[cfg(feature = "dialects")]
+mod x_ratelimit;
 
 #[cfg(test)]
 mod tests;
 
 use values::Value;
 
-pub use odds::EPOCH_THRESHOLD;
+#[cfg(feature = "dialects")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
+pub use x_ratelimit::EPOCH_THRESHOLD;
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///
@@ -131,18 +140,30 @@ pub enum Reader {
     RetryAfter,
     /// `retry-after-ms`: a delay in milliseconds.
     RetryAfterMs,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit` and `RateLimit-Policy`.
     Ietf,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Earlier drafts: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
     IetfLegacy,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// GitHub: `x-ratelimit-*` with an epoch-seconds reset.
     Github,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// OpenAI: `x-ratelimit-*-requests` and `-tokens` with Go-duration resets.
     OpenAi,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Anthropic: `anthropic-ratelimit-*` with RFC 3339 resets.
     Anthropic,
-    /// The odds API shape: `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset`.
-    Odds,
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
+    /// The generic `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset` (the odds API's shape).
+    XRateLimit,
 }
 
 /// What a reading is measured against: the local wall clock, passed in, and how far a
@@ -233,6 +254,67 @@ pub enum Skew {
     Behind(Duration),
 }
 
+/// The delay a response's `Retry-After` asks for, measured now: the one `Retry-After`
+/// parser, the reader [`Reader::RetryAfter`] that the cooldown uses, for code outside an
+/// allowance (a test, a log line).
+///
+/// `Retry-After` (RFC 9110 §10.2.3) is delay-seconds (exactly `1*DIGIT`) or an HTTP-date
+/// (IMF-fixdate, RFC 850 or asctime). A date is measured against the response's `Date` when
+/// it is within [`ReadContext::DEFAULT_MAX_SKEW`] of the local wall clock, against the local
+/// clock otherwise; a date in the past is no wait (`Some(Duration::ZERO)`). An invalid value
+/// (`later`, `-1`, `1.5`, empty, not text) is ignored. When the header appears more than
+/// once, the longest valid delay wins, an unrepresentable one included.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use tower_allowance::signals::retry_after;
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(retry_after(&headers)?, None);
+/// headers.insert("retry-after", "30".parse()?);
+/// assert_eq!(retry_after(&headers)?, Some(Duration::from_secs(30)));
+/// headers.insert("retry-after", "later".parse()?);
+/// assert_eq!(retry_after(&headers)?, None);
+/// headers.insert("retry-after", "999999999999999999999".parse()?);
+/// assert!(retry_after(&headers).is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+///
+/// [`UnrepresentableDelay`] when a value exceeds [`MAX_DELAY`] (never clamped).
+pub fn retry_after(headers: &HeaderMap) -> Result<Option<Duration>, UnrepresentableDelay> {
+    if headers.is_empty() {
+        return Ok(None);
+    }
+    retry_after_in(headers, &ReadContext::new(wall_clock()))
+}
+
+/// [`retry_after`] against an explicit context, for tests.
+fn retry_after_in(
+    headers: &HeaderMap,
+    cx: &ReadContext,
+) -> Result<Option<Duration>, UnrepresentableDelay> {
+    match Dialect::none()
+        .with(Reader::RetryAfter)
+        .read(headers, cx)
+        .wait
+    {
+        None => Ok(None),
+        Some(Wait::For(delay)) => Ok(Some(delay)),
+        Some(Wait::TooLong { value }) => Err(UnrepresentableDelay::new(value)),
+    }
+}
+
+/// The one wall-clock read: absolute times in response headers (HTTP-dates, epoch seconds,
+/// RFC 3339) are measured against the response's `Date` when it can be trusted, and against
+/// this otherwise (see the [module docs](self)).
+#[allow(clippy::disallowed_methods)]
+pub(crate) fn wall_clock() -> SystemTime {
+    SystemTime::now()
+}
+
 // === impl Dialect ===
 
 impl Dialect {
@@ -241,22 +323,29 @@ impl Dialect {
         Self { readers: 0 }
     }
 
-    /// The default: `Retry-After`, `retry-after-ms`, the IETF fields (current and older
-    /// drafts) and the odds API's `X-RateLimit-*`.
+    /// The default: `Retry-After` and `retry-after-ms`; with the `dialects` feature, also
+    /// the IETF fields (current and older drafts) and the generic `X-RateLimit-*`.
     pub const fn standard() -> Self {
-        Self::none()
+        let d = Self::none()
             .with(Reader::RetryAfter)
-            .with(Reader::RetryAfterMs)
+            .with(Reader::RetryAfterMs);
+        #[cfg(feature = "dialects")]
+        let d = d
             .with(Reader::Ietf)
             .with(Reader::IetfLegacy)
-            .with(Reader::Odds)
+            .with(Reader::XRateLimit);
+        d
     }
 
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// GitHub's REST API: `Retry-After` (secondary limits) and `x-ratelimit-*`.
     pub const fn github() -> Self {
         Self::none().with(Reader::RetryAfter).with(Reader::Github)
     }
 
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// OpenAI's API: `Retry-After`, `retry-after-ms` and `x-ratelimit-*-{requests,tokens}`.
     pub const fn openai() -> Self {
         Self::none()
@@ -265,6 +354,8 @@ impl Dialect {
             .with(Reader::OpenAi)
     }
 
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Anthropic's API: `Retry-After` and `anthropic-ratelimit-*`.
     pub const fn anthropic() -> Self {
         Self::none()
@@ -272,11 +363,18 @@ impl Dialect {
             .with(Reader::Anthropic)
     }
 
-    /// The odds API shape this project started from: `Retry-After` and `X-RateLimit-*`.
-    pub const fn odds() -> Self {
-        Self::none().with(Reader::RetryAfter).with(Reader::Odds)
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
+    /// `Retry-After` and the generic `X-RateLimit-*` (the odds API's shape, which this
+    /// project started from).
+    pub const fn x_ratelimit() -> Self {
+        Self::none()
+            .with(Reader::RetryAfter)
+            .with(Reader::XRateLimit)
     }
 
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// The IETF fields only (current and older drafts), with `Retry-After`.
     pub const fn ietf() -> Self {
         Self::none()
@@ -326,12 +424,18 @@ impl Dialect {
             match reader {
                 Reader::RetryAfter => retry_after::read_seconds(&mut c),
                 Reader::RetryAfterMs => retry_after::read_millis(&mut c),
+                #[cfg(feature = "dialects")]
                 Reader::Ietf => ietf::read(&mut c),
+                #[cfg(feature = "dialects")]
                 Reader::IetfLegacy => ietf::read_legacy(&mut c),
+                #[cfg(feature = "dialects")]
                 Reader::Github => github::read(&mut c),
+                #[cfg(feature = "dialects")]
                 Reader::OpenAi => openai::read(&mut c),
+                #[cfg(feature = "dialects")]
                 Reader::Anthropic => anthropic::read(&mut c),
-                Reader::Odds => odds::read(&mut c),
+                #[cfg(feature = "dialects")]
+                Reader::XRateLimit => x_ratelimit::read(&mut c),
             }
         }
         reading
@@ -351,12 +455,18 @@ impl Reader {
     pub const ALL: &'static [Reader] = &[
         Reader::RetryAfter,
         Reader::RetryAfterMs,
+        #[cfg(feature = "dialects")]
         Reader::Ietf,
+        #[cfg(feature = "dialects")]
         Reader::IetfLegacy,
+        #[cfg(feature = "dialects")]
         Reader::Github,
+        #[cfg(feature = "dialects")]
         Reader::OpenAi,
+        #[cfg(feature = "dialects")]
         Reader::Anthropic,
-        Reader::Odds,
+        #[cfg(feature = "dialects")]
+        Reader::XRateLimit,
     ];
 
     const fn bit(self) -> u16 {
@@ -502,61 +612,9 @@ impl Collector<'_> {
         self.reference = Some(reference);
         reference
     }
-
-    /// Offers a remaining request count; the smallest is kept.
-    fn remaining(&mut self, remaining: u64) {
-        let r = &mut self.reading.remaining;
-        *r = Some(r.map_or(remaining, |r| r.min(remaining)));
-    }
-
-    /// Offers a request limit; the smallest is kept.
-    fn limit(&mut self, limit: u64) {
-        let l = &mut self.reading.limit;
-        *l = Some(l.map_or(limit, |l| l.min(limit)));
-    }
-
-    /// Offers an advertised policy; the most restrictive (lowest quota per window) is kept.
-    fn policy(&mut self, policy: Policy) {
-        let stricter = |a: &Policy, b: &Policy| {
-            u128::from(a.quota) * b.window.as_nanos() < u128::from(b.quota) * a.window.as_nanos()
-        };
-        if self
-            .reading
-            .policy
-            .as_ref()
-            .is_none_or(|current| stricter(&policy, current))
-        {
-            self.reading.policy = Some(policy);
-        }
-    }
-
-    /// Offers a bucket name; the first valid one is kept.
-    fn bucket(&mut self, name: &http::HeaderName) {
-        if self.reading.bucket.is_some() {
-            return;
-        }
-        self.reading.bucket = values::texts(self.headers, name)
-            .find(|v| v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
-            .map(str::to_owned);
-    }
-
-    /// The common "remaining 0 + reset" rule: when the smallest count of `remaining` is 0,
-    /// every valid value of `reset` (read by `parse`) is offered as a wait.
-    fn wait_when_spent(
-        &mut self,
-        reader: Reader,
-        remaining: &http::HeaderName,
-        reset: &http::HeaderName,
-        parse: impl Fn(&str) -> Option<Value>,
-    ) -> Option<u64> {
-        let left = values::smallest_count(self.headers, remaining);
-        if left == Some(0) {
-            for text in values::texts(self.headers, reset) {
-                if let Some(value) = parse(text) {
-                    self.wait(reader, value, text);
-                }
-            }
-        }
-        left
-    }
 }
+
+// The offers only the providers' readers make (remaining counts, limits, policies, buckets).
+#[cfg(feature = "dialects")]
+#[path = "collect_dialects.rs"]
+mod collect_dialects;

@@ -182,6 +182,29 @@ fn no_headers_no_reading() {
     assert_eq!(Dialect::standard().read(&h, &cx), Reading::default());
 }
 
+#[cfg(not(feature = "dialects"))]
+#[test]
+fn without_dialects_the_standard_set_is_retry_after_and_retry_after_ms() {
+    use Reader::*;
+    assert_eq!(Dialect::default(), Dialect::standard());
+    assert_eq!(
+        Dialect::standard().readers().collect::<Vec<_>>(),
+        [RetryAfter, RetryAfterMs]
+    );
+    assert_eq!(Reader::ALL, [RetryAfter, RetryAfterMs]);
+    assert!(!Dialect::standard()
+        .without(RetryAfterMs)
+        .contains(RetryAfterMs));
+    // What the providers' readers would read is not read.
+    let h = [
+        ("x-ratelimit-remaining", &b"0"[..]),
+        ("x-ratelimit-reset", b"30"),
+        ("ratelimit", br#""x";r=0;t=20"#),
+    ];
+    assert_eq!(read(Dialect::standard(), &h), Reading::default());
+}
+
+#[cfg(feature = "dialects")]
 #[test]
 fn dialects_are_the_documented_sets() {
     use Reader::*;
@@ -189,18 +212,19 @@ fn dialects_are_the_documented_sets() {
     assert_eq!(Dialect::default(), Dialect::standard());
     assert_eq!(
         set(Dialect::standard()),
-        [RetryAfter, RetryAfterMs, Ietf, IetfLegacy, Odds]
+        [RetryAfter, RetryAfterMs, Ietf, IetfLegacy, XRateLimit]
     );
     assert_eq!(set(Dialect::github()), [RetryAfter, Github]);
     assert_eq!(set(Dialect::openai()), [RetryAfter, RetryAfterMs, OpenAi]);
     assert_eq!(set(Dialect::anthropic()), [RetryAfter, Anthropic]);
-    assert_eq!(set(Dialect::odds()), [RetryAfter, Odds]);
+    assert_eq!(set(Dialect::x_ratelimit()), [RetryAfter, XRateLimit]);
     assert_eq!(set(Dialect::ietf()), [RetryAfter, Ietf, IetfLegacy]);
     assert!(Dialect::none().with(Github).contains(Github));
     assert!(!Dialect::github().without(Github).contains(Github));
     assert_eq!(set(dialect_of(u16::MAX)), Reader::ALL);
 }
 
+#[cfg(feature = "dialects")]
 #[test]
 fn a_reader_outside_the_dialect_never_waits() {
     let h = [
@@ -220,6 +244,7 @@ fn a_reader_outside_the_dialect_never_waits() {
     );
 }
 
+#[cfg(feature = "dialects")]
 #[test]
 fn the_longest_wait_wins_across_readers_and_ties_go_to_the_first() {
     let h = [

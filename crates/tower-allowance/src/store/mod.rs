@@ -36,7 +36,7 @@
 //! layers call it first, so the in-memory fast path allocates nothing and creates no future.
 //! The default returns `None` ("ask [`Store::apply`]"). Such a store also answers
 //! [`Store::is_settled`] from the state it holds ([`rule::is_settled`](crate::rule::is_settled)),
-//! which the [`keyed`](crate::keyed) registry asks before dropping a state that dies with its
+//! which the `keyed` (feature `keyed`) registry asks before dropping a state that dies with its
 //! store. Nothing else distinguishes stores.
 //!
 //! # Time
@@ -75,7 +75,7 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 ///
 /// A store that keeps the state in the handle (dropped with it) should also answer
 /// [`Store::is_settled`] with [`rule::is_settled`](crate::rule::is_settled); until it does,
-/// a [`keyed`](crate::keyed) registry never evicts its allowances.
+/// a `keyed` (feature `keyed`) registry never evicts its allowances.
 ///
 /// Stores shared by several processes should also publish the [`Event`] carried by replies
 /// (cooldowns, closures) and deliver other processes' events through [`Store::watch`], so that
@@ -104,9 +104,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// keeping it would not: no cooldown or closure running, every bucket full, no
     /// reservation pending, no retry budget spent, nothing learned by an adaptive rate.
     ///
-    /// The [`keyed`](crate::keyed) registry asks it, synchronously and under its lock, before
+    /// The `keyed` (feature `keyed`) registry asks it, synchronously and under its lock, before
     /// evicting an allowance whose state dies with its store (see
-    /// [`StoreFactory::state_outlives_store`](crate::keyed::StoreFactory::state_outlives_store)).
+    /// `keyed::StoreFactory::state_outlives_store` (feature `keyed`)).
     /// A store that holds its state in the handle answers it from that state with
     /// `rule::is_settled`; it never says `true` of a state the rule would not call settled.
     ///

@@ -1,5 +1,6 @@
-//! The odds API shape this project started from: `X-RateLimit-Limit`, `-Remaining`,
-//! `-Bucket`, and a generic `X-RateLimit-Reset` that may be epoch or delta seconds.
+//! The generic `X-RateLimit-*` shape (the odds API's, which this project started from):
+//! `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and an `X-RateLimit-Reset` that may be epoch
+//! or delta seconds.
 
 use http::HeaderName;
 
@@ -16,7 +17,7 @@ pub const EPOCH_THRESHOLD: u64 = 1_000_000_000;
 /// [`EPOCH_THRESHOLD`].
 pub(super) fn read(c: &mut Collector<'_>) {
     let left = c.wait_when_spent(
-        Reader::Odds,
+        Reader::XRateLimit,
         &X_RATELIMIT_REMAINING,
         &X_RATELIMIT_RESET,
         epoch_or_delta,
@@ -48,7 +49,7 @@ mod tests {
     fn todays_upstream() {
         // What allowance-sim's upstream sends on a 429 today.
         let r = read(
-            Dialect::odds(),
+            Dialect::x_ratelimit(),
             &[
                 ("retry-after", b"1"),
                 ("x-ratelimit-limit", b"2"),
@@ -59,9 +60,9 @@ mod tests {
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1))));
         assert_eq!((r.remaining, r.limit), (Some(0), Some(2)));
         assert_eq!(r.bucket.as_deref(), Some("odds"));
-        // As `headers::rate_limit` does: invalid numbers and buckets are dropped.
+        // Invalid numbers and buckets are dropped (`remaining: -1`, a bucket with a space).
         let r = read(
-            Dialect::odds(),
+            Dialect::x_ratelimit(),
             &[
                 ("x-ratelimit-limit", b"2"),
                 ("x-ratelimit-remaining", b"-1"),
@@ -70,10 +71,16 @@ mod tests {
         );
         assert_eq!((r.limit, r.remaining, r.bucket), (Some(2), None, None));
         let long = "b".repeat(129);
-        let r = read(Dialect::odds(), &[("x-ratelimit-bucket", long.as_bytes())]);
+        let r = read(
+            Dialect::x_ratelimit(),
+            &[("x-ratelimit-bucket", long.as_bytes())],
+        );
         assert_eq!(r.bucket, None);
         let ok = "b".repeat(128);
-        let r = read(Dialect::odds(), &[("x-ratelimit-bucket", ok.as_bytes())]);
+        let r = read(
+            Dialect::x_ratelimit(),
+            &[("x-ratelimit-bucket", ok.as_bytes())],
+        );
         assert_eq!(r.bucket, Some(ok));
     }
 
@@ -86,14 +93,14 @@ mod tests {
                 ("x-ratelimit-remaining", b"0"),
                 ("x-ratelimit-reset", reset.as_bytes()),
             ]);
-            Dialect::odds().read(&h, &cx)
+            Dialect::x_ratelimit().read(&h, &cx)
         };
         // Just below: delta seconds (almost 32 years, but representable).
         let r = read_reset("999999999");
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(999_999_999))));
         assert_eq!(
             (r.source, r.date),
-            (Some(Reader::Odds), DateTrust::NotNeeded)
+            (Some(Reader::XRateLimit), DateTrust::NotNeeded)
         );
         let r = read_reset("30");
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));
@@ -112,6 +119,6 @@ mod tests {
             ("x-ratelimit-remaining", b"1"),
             ("x-ratelimit-reset", b"30"),
         ]);
-        assert_eq!(Dialect::odds().read(&h, &cx).wait, None);
+        assert_eq!(Dialect::x_ratelimit().read(&h, &cx).wait, None);
     }
 }
