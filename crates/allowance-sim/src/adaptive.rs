@@ -43,8 +43,9 @@ const VIRTUAL: &[&str] = &[
     "1",
 ];
 
-/// The settings both real-time experiments share (before their own): a shorter run.
-const REAL: &[&str] = &[
+/// The settings both real-time experiments share (before their own): a shorter run. Public
+/// for the test that runs them as child processes (`tests/real_time.rs`, module `adaptive`).
+pub const REAL: &[&str] = &[
     "--real",
     "--mode",
     "shared",

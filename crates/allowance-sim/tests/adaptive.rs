@@ -10,6 +10,8 @@
 //! one rate with at most 5% 429s, while four processes with a controller each throttle
 //! more) is a real-time experiment: `real_time.rs`, module `adaptive`.
 
+mod common;
+
 use allowance_sim::{
     cli::{execute, Cli},
     report::RunReport,
@@ -18,6 +20,8 @@ use allowance_sim::{
 };
 use clap::Parser;
 use serde_json::Value;
+
+use common::num;
 
 const UPSTREAM: &[&str] = &[
     "run",
@@ -46,10 +50,6 @@ fn run_json(extra: &[&str]) -> Value {
     let mut out = Vec::new();
     execute(cli, &mut out).expect("runs");
     serde_json::from_slice(&out).expect("one JSON object")
-}
-
-fn num(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
 }
 
 /// The same run as `run_json(&["--initial-rate", initial, ...])`, through the library, for

@@ -2,32 +2,19 @@
 //! time. (`http` against `serve` agreeing with `run --real`, with no 429 in either, is a
 //! real-time experiment: `real_time.rs`, module `cli`.)
 
+mod common;
+
 use std::process::Command;
 
-use allowance_sim::{
-    cli::{execute, Cli},
-    scenario::{seed_table, seed_table_text},
-};
-use clap::Parser;
+use allowance_sim::scenario::{seed_table, seed_table_text};
 use serde_json::Value;
 
-fn run(args: &[&str]) -> String {
-    let cli = Cli::try_parse_from(std::iter::once("allowance-sim").chain(args.iter().copied()))
-        .expect("valid arguments");
-    let mut out = Vec::new();
-    execute(cli, &mut out).expect("runs");
-    String::from_utf8(out).expect("utf-8")
-}
+use common::{figures, run};
 
 fn run_json(args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.push("--json");
     serde_json::from_str(&run(&all)).expect("one JSON object")
-}
-
-fn figures(v: &Value) -> (u64, u64, u64, u64) {
-    let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-    (n("attempts"), n("rejected"), n("completed"), n("abandoned"))
 }
 
 #[test]

@@ -8,47 +8,26 @@
 //! against a matching upstream or compare store calls with admissions are real-time
 //! experiments: `real_time.rs`, module `multi_process`.
 
-use std::{
-    path::Path,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
+mod common;
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
 };
 
 use allowance_sim::{
     live::StoreChoice,
-    multi::{run_name, run_processes, run_processes_with, Spawn},
+    multi::{run_processes_with, Spawn},
     scenario::{Mode, Scenario},
-    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    upstream::{RetryAfterMode, Upstream, UpstreamConfig},
 };
 use tower_allowance_redis::test_util::TestRedis;
 
-const PROCESSES: usize = 4;
-const RATE: u32 = 40;
-const BURST: u32 = 4;
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_allowance-sim"))
-}
-
-fn key_header() -> Vec<String> {
-    vec![format!("{API_KEY_HEADER}: {DEFAULT_KEY}")]
-}
-
-fn scenario(workers: usize, jobs: usize) -> Scenario {
-    Scenario {
-        workers,
-        jobs,
-        // The upstream's rate; one token less of burst as headroom for delivery jitter: a
-        // request admitted 25 ms after another can arrive a few ms sooner than that when its
-        // process was scheduled late, and the upstream forgives only 1/10 of a token.
-        burst: BURST - 1,
-        rate_per_sec: RATE,
-        max_attempts: 10,
-        ..Scenario::seed(Mode::Shared)
-    }
-}
+use common::{
+    exe, key_header,
+    multi_process::{scenario, BURST, PROCESSES, RATE},
+    redis_store, run_against,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_budget_of_k_is_exact_across_processes() {
@@ -77,22 +56,7 @@ async fn budget_of_k_across_processes(mode: Mode) {
         mode,
         ..scenario(16, 16)
     };
-    let store = StoreChoice::Redis {
-        url: redis.url().to_owned(),
-        name: run_name(),
-    };
-    let report = run_processes(
-        exe(),
-        &s,
-        &upstream.snapshot_url("e{job}"),
-        &key_header(),
-        &store,
-        PROCESSES,
-    )
-    .await
-    .expect("runs");
-    let seen = upstream.log();
-    upstream.shutdown().await;
+    let (report, seen) = run_against(upstream, &s, &redis_store(&redis), PROCESSES).await;
     eprintln!(
         "always-429 upstream, {mode} budget {K}: {} attempts for 16 jobs; abandoned {:?}",
         seen.len(),

@@ -17,7 +17,9 @@
 //!
 //! A real-time experiment (`--features experiments`, tests/README.md): run one at a time.
 
-use std::{path::Path, time::Duration};
+mod common;
+
+use std::time::Duration;
 
 use allowance_sim::{
     live::StoreChoice,
@@ -30,6 +32,8 @@ use allowance_sim::{
 use tokio::time::Instant;
 use tower_allowance_redis::test_util::TestRedis;
 
+use common::{exe, script_calls};
+
 const PROCESSES: usize = 4;
 const WORKERS: usize = 32;
 const JOBS: usize = 300;
@@ -41,10 +45,6 @@ const FAULT_AFTER: usize = 80;
 /// One real-time run at a time: the upstream forgives 5 ms of delivery jitter (a tenth of a
 /// token), and four runs of four processes each on two cores make more than that.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_allowance-sim"))
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fault {
@@ -232,19 +232,7 @@ async fn fail_fast_failures_are_counted_and_shown() {
     let run = tokio::spawn(run);
     // Stop Redis once the run has made some admissions there.
     loop {
-        let stats = redis.command(&["INFO", "commandstats"]).await;
-        let calls: u64 = stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum();
+        let calls = script_calls(&redis.command(&["INFO", "commandstats"]).await);
         if calls >= 30 {
             break;
         }

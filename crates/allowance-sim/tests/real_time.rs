@@ -1,7 +1,9 @@
 //! Real-time runs whose verdicts count 429s, compare rates or match a real-time run's
 //! figures: moved here from `adaptive`, `multi_process`, `quota`, `cli` and `serve`, whose
 //! deterministic tests stay in the default suite (tests/README.md, "where each test went").
-//! Each module keeps its original test's content; where the test has the upstream's log,
+//! Each module keeps its original test's content (the helpers and settings it shares with
+//! its deterministic half are in `common`, the arguments of `adaptive`'s run are
+//! `allowance_sim::adaptive::REAL`); where the test has the upstream's log,
 //! every 429 it did not expect is printed with its cause (`allowance_sim::scale::stray_429s`:
 //! delivery jitter, named and not a failure, or sent early, which fails); where the upstream
 //! runs inside the binary (`cli`, `serve`), every 429 fails the test and the run's report is
@@ -10,48 +12,23 @@
 //! A real-time experiment (`--features experiments`): `cargo test -p allowance-sim
 //! --features experiments --test real_time -- --test-threads=1`.
 
-use std::path::Path;
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_allowance-sim"))
-}
+mod common;
 
 /// From `adaptive.rs`: four processes on one adaptive controller in Redis, against one each.
 mod adaptive {
     use std::{path::Path, process::Command};
 
+    use allowance_sim::adaptive::REAL;
     use serde_json::Value;
     use tower_allowance_redis::test_util::TestRedis;
 
-    fn num(v: &Value, key: &str) -> f64 {
-        v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
-    }
+    use crate::common::{exe, num};
 
-    /// The real-time run: `--processes 4` with and without a Redis allowance, as a child.
+    /// The real-time run: `--processes 4` with and without a Redis allowance, as a child
+    /// (`allowance-sim adaptive`'s real-time experiments, `REAL`).
     fn real_run(bin: &Path, redis: Option<&str>) -> Value {
         let mut cmd = Command::new(bin);
-        cmd.args([
-            "run",
-            "--real",
-            "--mode",
-            "shared",
-            "--adaptive",
-            "--initial-rate",
-            "10",
-            "--rate",
-            "20",
-            "--burst",
-            "4",
-            "--workers",
-            "8",
-            "--jobs",
-            "200",
-            "--retry-after",
-            "1",
-            "--processes",
-            "4",
-            "--json",
-        ]);
+        cmd.arg("run").args(REAL).arg("--json");
         if let Some(url) = redis {
             cmd.args(["--redis", url]);
         }
@@ -67,7 +44,7 @@ mod adaptive {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn four_processes_on_redis_find_one_rate_and_split_controllers_throttle_more() {
         let redis = TestRedis::start().await;
-        let bin = Path::new(env!("CARGO_BIN_EXE_allowance-sim"));
+        let bin = exe();
         let url = redis.url().to_owned();
         let shared = tokio::task::spawn_blocking({
             let bin = bin.to_owned();
@@ -142,37 +119,15 @@ mod adaptive {
 mod multi_process {
     use allowance_sim::{
         live::StoreChoice,
-        multi::{run_name, run_processes},
         scale::{print_strays, stray_429s},
-        scenario::{Mode, Scenario},
-        upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+        upstream::{Upstream, UpstreamConfig},
     };
     use tower_allowance_redis::test_util::TestRedis;
 
-    use super::exe;
-
-    const PROCESSES: usize = 4;
-    const RATE: u32 = 40;
-    const BURST: u32 = 4;
-
-    fn key_header() -> Vec<String> {
-        vec![format!("{API_KEY_HEADER}: {DEFAULT_KEY}")]
-    }
-
-    fn scenario(workers: usize, jobs: usize) -> Scenario {
-        Scenario {
-            workers,
-            jobs,
-            // The upstream's rate; one token less of burst as headroom for delivery jitter:
-            // a request admitted 25 ms after another can arrive a few ms sooner than that
-            // when its process was scheduled late, and the upstream forgives only 1/10 of a
-            // token.
-            burst: BURST - 1,
-            rate_per_sec: RATE,
-            max_attempts: 10,
-            ..Scenario::seed(Mode::Shared)
-        }
-    }
+    use crate::common::{
+        multi_process::{scenario, BURST, PROCESSES, RATE},
+        redis_store, run_against, script_calls,
+    };
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn one_redis_allowance_for_four_processes_vs_one_allowance_each() {
@@ -182,16 +137,7 @@ mod multi_process {
         let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
             .await
             .expect("upstream");
-        let redis_store = StoreChoice::Redis {
-            url: redis.url().to_owned(),
-            name: run_name(),
-        };
-        let template = upstream.snapshot_url("e{job}");
-        let shared = run_processes(exe(), &s, &template, &key_header(), &redis_store, PROCESSES)
-            .await
-            .expect("runs");
-        let seen = upstream.log();
-        upstream.shutdown().await;
+        let (shared, seen) = run_against(upstream, &s, &redis_store(&redis), PROCESSES).await;
         let rejected = seen.iter().filter(|r| r.status == 429).count();
         eprintln!(
             "one Redis allowance, {PROCESSES} processes x 8 workers: {} attempts, {rejected} 429s, {} completed, {} ms",
@@ -203,19 +149,7 @@ mod multi_process {
         let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
             .await
             .expect("upstream");
-        let template = upstream.snapshot_url("e{job}");
-        let split = run_processes(
-            exe(),
-            &s,
-            &template,
-            &key_header(),
-            &StoreChoice::Memory,
-            PROCESSES,
-        )
-        .await
-        .expect("runs");
-        let split_seen = upstream.log();
-        upstream.shutdown().await;
+        let (split, split_seen) = run_against(upstream, &s, &StoreChoice::Memory, PROCESSES).await;
         let split_rejected = split_seen.iter().filter(|r| r.status == 429).count();
         eprintln!(
             "one in-memory allowance per process: {} attempts, {split_rejected} 429s, {} completed, {} ms",
@@ -248,42 +182,16 @@ mod multi_process {
         let upstream = Upstream::start(UpstreamConfig::new(BURST, RATE))
             .await
             .expect("upstream");
-        let store = StoreChoice::Redis {
-            url: redis.url().to_owned(),
-            name: run_name(),
-        };
+        let store = redis_store(&redis);
         assert_eq!(redis.command(&["CONFIG", "RESETSTAT"]).await, "+OK");
-        let report = run_processes(
-            exe(),
-            &scenario(32, 120),
-            &upstream.snapshot_url("e{job}"),
-            &key_header(),
-            &store,
-            PROCESSES,
-        )
-        .await
-        .expect("runs");
-        let seen = upstream.log();
-        upstream.shutdown().await;
+        let (report, seen) = run_against(upstream, &scenario(32, 120), &store, PROCESSES).await;
         // Each 429 (with its retry) costs store calls beyond one per admission: printed with
         // its cause.
         print_strays(
             "store calls",
             &stray_429s(&seen, &report.timeline, BURST, RATE, None),
         );
-        let stats = redis.command(&["INFO", "commandstats"]).await;
-        let counted: u64 = stats
-            .lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| {
-                l.split("calls=")
-                    .nth(1)?
-                    .split(',')
-                    .next()?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .sum();
+        let counted = script_calls(&redis.command(&["INFO", "commandstats"]).await);
         let (calls, admissions) = (
             report.store_calls.expect("store_calls with Redis"),
             report.admissions.expect("admissions"),
@@ -310,13 +218,11 @@ mod quota {
         report::RunReport,
         scale::{print_strays, stray_429s},
         scenario::{Mode, Scenario},
-        upstream::{
-            SeenRequest, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY, USAGE_PATH,
-        },
+        upstream::{SeenRequest, Upstream, UpstreamConfig, DEFAULT_KEY, USAGE_PATH},
     };
     use tower_allowance_redis::test_util::TestRedis;
 
-    use super::exe;
+    use crate::common::{exe, key_header};
 
     const QUOTA: u64 = 20;
     const JOBS: usize = 64;
@@ -425,7 +331,7 @@ mod quota {
             exe(),
             &scenario(),
             &upstream.snapshot_url("e{job}"),
-            &[format!("{API_KEY_HEADER}: {DEFAULT_KEY}")],
+            &key_header(),
             &store,
             processes,
             &spawn,
@@ -469,28 +375,15 @@ mod cli {
         process::{Command, Stdio},
     };
 
-    use allowance_sim::cli::{execute, Cli};
-    use clap::Parser;
     use serde_json::Value;
 
-    fn run(args: &[&str]) -> String {
-        let cli = Cli::try_parse_from(std::iter::once("allowance-sim").chain(args.iter().copied()))
-            .expect("valid arguments");
-        let mut out = Vec::new();
-        execute(cli, &mut out).expect("runs");
-        String::from_utf8(out).expect("utf-8")
-    }
-
-    fn figures(v: &Value) -> (u64, u64, u64, u64) {
-        let n = |k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k} in {v}"));
-        (n("attempts"), n("rejected"), n("completed"), n("abandoned"))
-    }
+    use crate::common::{exe, figures, run};
 
     /// `serve` in a child process, then `http` against it and `run --real`, both with the same
     /// settings: the same counts.
     #[test]
     fn http_against_serve_matches_run_real() {
-        let bin = env!("CARGO_BIN_EXE_allowance-sim");
+        let bin = exe();
         let mut server = Command::new(bin)
             .args(["serve", "--burst", "2", "--rate", "10"])
             .stdout(Stdio::piped())
@@ -533,75 +426,13 @@ mod cli {
 /// waits for each reset it is told of and sees no 429 (the other half, the same client
 /// reading OpenAI's headers running into 429s, stays in `serve.rs`).
 mod serve {
-    use std::{
-        io::{BufRead, BufReader},
-        process::{Child, Command, Stdio},
-    };
-
-    /// `serve` in a child process: its URL, and the child (killed on drop).
-    struct Served {
-        url: String,
-        child: Child,
-    }
-
-    impl Served {
-        fn start(args: &[&str]) -> Self {
-            let mut child = Command::new(env!("CARGO_BIN_EXE_allowance-sim"))
-                .arg("serve")
-                .args(args)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("serve starts");
-            let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-            let mut url = String::new();
-            out.read_line(&mut url).expect("prints its URL");
-            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-            Self {
-                url: url.trim().to_owned(),
-                child,
-            }
-        }
-    }
-
-    impl Drop for Served {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    use crate::common::http_against_github_serve;
 
     /// `http --dialect github`: against a GitHub-shaped upstream at 1/s, a client reading
     /// GitHub's headers waits for each reset it is told of (`remaining: 0`) and sees no 429,
     /// although its own allowance is set far too fast (20/s).
     #[test]
     fn http_reads_the_github_dialect_and_sees_no_429() {
-        let bin = env!("CARGO_BIN_EXE_allowance-sim");
-        let run = |client_dialect: &str| {
-            let served = Served::start(&["--dialect", "github", "--burst", "2", "--rate", "1"]);
-            let url = format!("{}/v1/events/e{{job}}/odds/snapshot", served.url);
-            let out = Command::new(bin)
-                .args(["http", "--url", &url, "--header", "X-API-Key: sim-key"])
-                .args(["--dialect", client_dialect, "--mode", "shared"])
-                .args([
-                    "--rate",
-                    "20",
-                    "--burst",
-                    "2",
-                    "--workers",
-                    "2",
-                    "--jobs",
-                    "6",
-                    "--json",
-                ])
-                .output()
-                .expect("http runs");
-            assert!(out.status.success(), "{out:?}");
-            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-            eprintln!("http --dialect {client_dialect}: {v}");
-            assert_eq!(v["completed"], 6, "{v}");
-            v["rejected"].as_u64().expect("a count")
-        };
-        assert_eq!(run("github"), 0);
+        assert_eq!(http_against_github_serve("github"), 0);
     }
 }

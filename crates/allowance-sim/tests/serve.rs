@@ -2,9 +2,10 @@
 //! 429s over real HTTP (read back by the matching client dialect), a rate that changes
 //! during the run, and `--token-rate` (requests and tokens per key at once).
 
+mod common;
+
 use std::{
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, SystemTime},
 };
 
@@ -18,6 +19,8 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::Empty;
 use tower_allowance::signals::{ReadContext, Wait};
+
+use common::{http_against_github_serve, Served};
 
 async fn get(client: &HttpClient, url: &str, headers: &[(&str, &str)]) -> (StatusCode, HeaderMap) {
     let mut req = Request::get(url);
@@ -34,39 +37,6 @@ async fn get(client: &HttpClient, url: &str, headers: &[(&str, &str)]) -> (Statu
 #[allow(clippy::disallowed_methods)] // the client's wall clock, as the library reads it
 fn wall() -> SystemTime {
     SystemTime::now()
-}
-
-/// `serve` in a child process: its URL, and the child (killed on drop by the caller).
-struct Served {
-    url: String,
-    child: Child,
-}
-
-impl Served {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_allowance-sim"))
-            .arg("serve")
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("serve starts");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut url = String::new();
-        out.read_line(&mut url).expect("prints its URL");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        Self {
-            url: url.trim().to_owned(),
-            child,
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -223,30 +193,5 @@ async fn serve_with_a_token_rate_limits_requests_and_tokens_at_once() {
 /// counts 429s in real time: `real_time.rs`, `serve::http_reads_the_github_dialect_and_sees_no_429`.)
 #[test]
 fn http_reads_the_dialect_it_is_given() {
-    let bin = env!("CARGO_BIN_EXE_allowance-sim");
-    let run = |client_dialect: &str| {
-        let served = Served::start(&["--dialect", "github", "--burst", "2", "--rate", "1"]);
-        let url = format!("{}/v1/events/e{{job}}/odds/snapshot", served.url);
-        let out = Command::new(bin)
-            .args(["http", "--url", &url, "--header", "X-API-Key: sim-key"])
-            .args(["--dialect", client_dialect, "--mode", "shared"])
-            .args([
-                "--rate",
-                "20",
-                "--burst",
-                "2",
-                "--workers",
-                "2",
-                "--jobs",
-                "6",
-                "--json",
-            ])
-            .output()
-            .expect("http runs");
-        assert!(out.status.success(), "{out:?}");
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        assert_eq!(v["completed"], 6, "{v}");
-        v["rejected"].as_u64().expect("a count")
-    };
-    assert!(run("openai") > 0);
+    assert!(http_against_github_serve("openai") > 0);
 }
