@@ -153,8 +153,10 @@
 //! [`StoreUnavailable`](tower_allowance::error::StoreUnavailable)) or fall back to a
 //! conservative in-process allowance. The connection reconnects by itself, and a
 //! `SCRIPT FLUSH` or a Redis restart only costs a transparent script reload. A restart of a
-//! Redis without persistence (or an eviction of the key) forgets the state: the next
-//! admissions see a full bucket, no cooldown and a full retry budget.
+//! Redis without persistence (or an eviction of the key) forgets the state: no cooldown, a
+//! full retry budget, and a new generation that the processes holding the old state hear of;
+//! their holders ask again and their bucket starts empty (only a process that knew no state
+//! finds it full), so the group does not send a burst on top of the lost slots.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

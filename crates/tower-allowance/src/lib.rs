@@ -46,8 +46,10 @@
 //! # Time
 //!
 //! Every wait uses `tokio::time`, so `#[tokio::test(start_paused = true)]` drives the whole
-//! stack exactly. The only wall-clock read is for an HTTP-date `Retry-After` on a response
-//! without a `Date` header.
+//! stack exactly. The only wall-clock read (one `SystemTime::now()` per response that has
+//! headers) is for absolute times in those headers: HTTP-dates and epoch resets are measured
+//! against the response's `Date` when it is within `max_date_skew` of this clock, else
+//! against this clock.
 //!
 //! # Feature flags
 //!

@@ -30,8 +30,10 @@ use crate::{
 pub enum Outcome {
     /// The server answered with success (as the classifier sees it: 2xx and 3xx by default).
     Completed,
-    /// The server's final answer was a failure status (a 404, a 401, a 503 after the last
-    /// attempt...): the request ended, unsuccessfully.
+    /// The server's final answer was a failure status that is not retried (a 404, a 401...):
+    /// the request ended, unsuccessfully. A retryable one (a 429, a 503) that ran out of
+    /// attempts is [`Abandoned`](Self::Abandoned) with reason `MaxAttempts` instead, the last
+    /// response kept.
     Unsuccessful(StatusCode),
     /// Given up on, and why. A response may still be present (the last 429, say).
     Abandoned(AbandonReason),

@@ -4,8 +4,10 @@
 //! Nothing here reads a clock, locks, allocates or does I/O. Time is a count of microseconds
 //! on the store's own clock (`now`). A [`Store`](crate::store::Store) only applies these
 //! functions atomically: [`MemoryStore`](crate::store::MemoryStore) under a compare-and-swap
-//! or a lock, the Redis store in a Lua script that mirrors this file function for function,
-//! with the same names in the same order. [`apply`] is the one entry point; a third-party
+//! or a lock, the Redis store in a Lua script that transcribes these decisions, most
+//! functions under the same names (not in the same order, and with a few helpers of each
+//! side's own); the differential property test, not the layout, holds the two to identical
+//! answers. [`apply`] is the one entry point; a third-party
 //! store that can hold a [`State`] under a lock or in a transaction calls it and is done.
 //!
 //! ```

@@ -1,6 +1,9 @@
--- tower_allowance::rule in Lua: the same functions, with the same names, in the same order
--- as crates/tower-allowance/src/rule.rs. Each one is a transcription; the differential
--- property test replays random operations against both and requires identical answers.
+-- tower_allowance::rule (crates/tower-allowance/src/rule.rs) in Lua: each decision
+-- transcribed, most functions under the Rust names, not in the Rust order. Lua's own
+-- helpers: sat_sub, units, later, event; the Rust side's entry point (apply) is apply.lua
+-- here, and its memory-only parts (schedule_one, is_settled) have no counterpart. The
+-- differential property test replays random operations against both and requires
+-- identical answers.
 -- `s` is the state, `P` the parameters, `now` the clock (state.lua, clock.lua).
 
 local function sat_sub(a, b) return math.max(a - b, 0) end

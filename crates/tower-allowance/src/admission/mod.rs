@@ -2,8 +2,10 @@
 //!
 //! An attempt waits first until the shared cooldown has passed, then for a token, in
 //! arrival order. The token is taken in `call`, never in `poll_ready`, so a balancer probing
-//! readiness spends nothing; it is taken at the moment the request is handed to the inner
-//! service, so a token is only ever spent by an attempt that is actually sent.
+//! readiness spends nothing. A caller that must wait has its slot reserved when it asks; if
+//! it gives up while it waits (its future dropped), the slot goes back only when it is still
+//! the latest one reserved, otherwise that one slot is lost to everyone (a bounded cost:
+//! one slot per cancelled waiter).
 //!
 //! Requests may carry a [`Deadline`](crate::Deadline): if admission cannot happen by then,
 //! the call fails at once with [`Abandoned`](crate::error::Abandoned) (reason `Deadline`).
