@@ -176,7 +176,7 @@ pub(crate) fn metrics_route(prometheus: PrometheusHandle, allowance: Allowance) 
         get(move || async move {
             // The gauges (cooldown left, retry budget, waiting callers) are set by a read of
             // the shared state; counters and histograms are recorded as things happen.
-            if let Err(e) = allowance.store_state().await {
+            if let Err(e) = allowance.refresh().await {
                 eprintln!("metrics: the allowance's store did not answer: {e}");
             }
             (

@@ -32,8 +32,8 @@ use hyper_util::{
 };
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
-    classify::StatusClassifier, retry::RetryConfig, rule::Unit, Allowance, AllowanceConfig,
-    AllowanceLayer, AllowanceService, BoxError, Cost, OutagePolicy, Outcome, RetryBudgetConfig,
+    classify::StatusClassifier, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
+    AllowanceService, BoxError, Cost, OutagePolicy, Outcome, RetryBudgetConfig,
 };
 use tower_allowance_redis::{RedisStore, RedisStoreOptions};
 
@@ -210,10 +210,7 @@ pub(crate) fn summary(built: &Built, api: &Api) -> String {
         .limits()
         .iter()
         .map(|l| {
-            let unit = match l.unit() {
-                Unit::Cost => " cost units",
-                Unit::Requests => "",
-            };
+            let unit = if l.counts_cost() { " cost units" } else { "" };
             format!(
                 "{}{unit} per {} (burst {})",
                 l.rate(),
@@ -316,11 +313,7 @@ pub(crate) fn stand_in(api: &Api) -> UpstreamConfig {
 /// Makes [`CALLS`] calls at once through `built`'s stack to a local stand-in for `api`.
 pub(crate) async fn call(built: &Built, api: &Api) -> Result<Calls, BoxError> {
     let upstream = Upstream::start(stand_in(api)).await?;
-    let counts_cost = api
-        .allowance
-        .limits()
-        .iter()
-        .any(|l| l.unit() == Unit::Cost);
+    let counts_cost = api.allowance.limits().iter().any(|l| l.counts_cost());
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for i in 0..CALLS {

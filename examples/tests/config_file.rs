@@ -54,7 +54,7 @@ fn the_shipped_file_says_what_its_comments_say() {
     let llm = &file.apis["llm"];
     assert_eq!(llm.allowance.dialect(), Dialect::openai());
     let tokens = llm.allowance.limits()[1];
-    assert_eq!(tokens.unit(), tower_allowance::rule::Unit::Cost);
+    assert!(tokens.counts_cost());
     assert_eq!((tokens.rate(), tokens.burst()), (60_000, 4_000));
     let StoreConfig::Redis(options) = &llm.store else {
         panic!("llm is kept in Redis: {:?}", llm.store);

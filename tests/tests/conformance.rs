@@ -16,8 +16,9 @@ use proptest::{
     test_runner::{Config as ProptestConfig, TestRunner},
 };
 use tower_allowance::{
+    rule::AdmitRequest,
     rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply},
-    store::{conformance, AdmitRequest, MemoryStore, Store},
+    store::{conformance, MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };
 use tower_allowance_redis::{

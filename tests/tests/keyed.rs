@@ -298,12 +298,12 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
         .expect("valid");
     let keyed2 = eager(closing);
     let closed = keyed2.get("closed").expect("live");
-    let deferred = closed
+    closed
         .allowance()
         .defer(Duration::from_secs(86_400 * 400))
         .await
         .expect("defer");
-    assert!(deferred.closed.is_some(), "closed");
+    assert!(closed.allowance().snapshot().closed.is_some(), "closed");
     drop(closed);
     tokio::time::advance(Duration::from_secs(29)).await;
     assert_eq!(sweep(&keyed), 0, "still cooling down");

@@ -97,7 +97,10 @@ async fn exhausted_quota_probes_once_and_abandons_every_job() {
         .expect_err("closed");
     let closed = err.downcast_ref::<Exhausted>().expect("typed");
     assert!(closed.until().is_some_and(|u| u > Instant::now()));
-    assert_eq!(closed.closed_by(), tower_allowance::rule::ClosedBy::Quota);
+    assert_eq!(
+        closed.reason(),
+        tower_allowance::error::AbandonReason::QuotaExhausted
+    );
     let snapshot = allowance.snapshot();
     assert!(snapshot.closed.is_some(), "visible in the snapshot");
     assert_eq!(upstream.calls(), seen_at_verdict);

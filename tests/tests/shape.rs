@@ -30,8 +30,9 @@ use tower_allowance::{
     cost::CostLayer,
     error::AbandonReason,
     retry::RetryConfig,
+    rule::AdmitRequest,
     rule::{Admission, Op, Reply},
-    store::{AdmitRequest, MemoryStore, Store},
+    store::{MemoryStore, Store},
     AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Limit, Outcome,
 };
 use tower_allowance_redis::{
@@ -387,11 +388,11 @@ async fn a_cooldown_and_a_release_move_every_limit<S: Store>(store: S) {
     // Slots: 500 ms (tokens), 1,000 ms (tokens), 1,100 ms (tokens: 10 more; requests fine).
     tokio::time::sleep(100 * MS).await;
     // A server asks for 1 s: every pending slot moves past it, on both limits, in order.
-    let d = allowance
+    let extended = allowance
         .defer(Duration::from_secs(1))
         .await
         .expect("defer");
-    assert!(d.extended);
+    assert!(extended);
     let mut at = vec![];
     for w in waiting {
         at.push(w.await.expect("task").expect("admitted").as_millis());

@@ -34,7 +34,7 @@ use std::{
 
 use tokio::time::Instant;
 use tower_allowance::{
-    rule::{Op, Params, Reply},
+    store::{Op, Params, Reply},
     store::{Store, StoreError, StoreFuture, Watcher},
 };
 

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_allowance::{
+    rule::AdmitRequest,
     rule::{Admission, Op, Reply},
-    store::{AdmitRequest, Store},
+    store::Store,
     Allowance, AllowanceConfig, BoxError,
 };
 use tower_allowance_redis::{

@@ -294,14 +294,16 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             _ => return Err(BadReply),
         },
         Op::Read { .. } => match *reply {
-            [blocked, is_closed @ (0 | 1), closed_for, left, probes, epoch, rate, generation] => {
+            [blocked, closed_by @ (0 | 1 | 2), closed_for, left, probes, epoch, rate, generation] =>
+            {
+                let closed_by = ClosedBy::from_code(n(closed_by)?);
                 Reply::State(StoreState {
                     blocked_for: us(blocked)?,
-                    closed: if is_closed == 1 {
-                        Some(maybe(closed_for)?.map(Duration::from_micros))
-                    } else {
-                        None
+                    closed: match closed_by {
+                        Some(_) => Some(maybe(closed_for)?.map(Duration::from_micros)),
+                        None => None,
                     },
+                    closed_by,
                     retries_remaining: maybe(left)?,
                     probes: n(probes)?,
                     epoch: n(epoch)?,

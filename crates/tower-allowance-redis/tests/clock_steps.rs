@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_allowance::{
+    rule::AdmitRequest,
     rule::{self, Admission, Op, Reply, State},
-    store::{AdmitRequest, Store},
+    store::Store,
     Allowance, AllowanceConfig,
 };
 use tower_allowance_redis::{

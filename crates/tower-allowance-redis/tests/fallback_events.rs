@@ -10,8 +10,9 @@ use std::{
 
 use tokio::time::Instant;
 use tower_allowance::{
+    rule::AdmitRequest,
     rule::{Admission, Op, Reply},
-    store::{AdmitRequest, Store, StoreError},
+    store::{Store, StoreError},
     AllowanceConfig,
 };
 use tower_allowance_redis::{

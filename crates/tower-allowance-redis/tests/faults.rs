@@ -16,8 +16,9 @@ use std::{error::Error, num::NonZeroU32, time::Duration};
 use tokio::time::Instant;
 use tower_allowance::{
     error::AcquireError,
+    rule::AdmitRequest,
     rule::{Admission, Op, Reply},
-    store::{AdmitRequest, Store, StoreError, StoreErrorKind},
+    store::{Store, StoreError, StoreErrorKind},
     Allowance, AllowanceConfig, OutagePolicy,
 };
 use tower_allowance_redis::{

@@ -208,9 +208,10 @@ impl Limit {
         self.burst.get()
     }
 
-    /// What the limit counts.
-    pub fn unit(&self) -> Unit {
-        self.unit
+    /// Whether the limit counts each request's [`Cost`](crate::Cost) (set by
+    /// [`Limit::counting_cost`]) rather than one per request.
+    pub fn counts_cost(&self) -> bool {
+        self.unit == Unit::Cost
     }
 
     /// Time per unit: `period / rate`, rounded up to the microsecond.
@@ -406,7 +407,7 @@ impl AllowanceConfig {
     ///
     /// # Errors
     ///
-    /// More than [`MAX_LIMITS`](crate::rule::MAX_LIMITS) limits in all.
+    /// More than 4 limits in all.
     pub fn with_limit(mut self, limit: Limit) -> Result<Self, ConfigError> {
         if self.limits.len() >= MAX_LIMITS {
             return Err(ConfigError::new("an allowance holds at most 4 limits"));

@@ -51,6 +51,14 @@ pub enum AbandonReason {
 }
 
 impl AbandonReason {
+    /// What a caller refused by an allowance closed `by` this is told.
+    pub(crate) fn closed_by(by: ClosedBy) -> Self {
+        match by {
+            ClosedBy::Quota => Self::QuotaExhausted,
+            ClosedBy::ServerDelay => Self::CooldownTooLong,
+        }
+    }
+
     /// How many reasons there are (for counters).
     pub(crate) const COUNT: usize = 8;
 
@@ -230,17 +238,11 @@ impl Exhausted {
         self.until
     }
 
-    /// Why it closed.
-    pub fn closed_by(&self) -> ClosedBy {
-        self.by
-    }
-
-    /// The abandonment reason it stands for.
+    /// Why it closed: [`AbandonReason::QuotaExhausted`] (a quota probe found the quota
+    /// spent) or [`AbandonReason::CooldownTooLong`] (a server asked for a wait beyond
+    /// `max_cooldown`, or too long to represent).
     pub fn reason(&self) -> AbandonReason {
-        match self.by {
-            ClosedBy::Quota => AbandonReason::QuotaExhausted,
-            ClosedBy::ServerDelay => AbandonReason::CooldownTooLong,
-        }
+        AbandonReason::closed_by(self.by)
     }
 }
 

@@ -17,7 +17,7 @@
 //! [`Store`](crate::store::Store): in this process ([`MemoryStore`](crate::store::MemoryStore),
 //! the default) or in Redis (`tower-allowance-redis`), where every process using the same name
 //! shares it. Every decision is one pure function of (state, the store's clock, the
-//! configuration) applied atomically by the store ([`rule`](crate::rule)); the memory store and
+//! configuration) applied atomically by the store ([`store::apply`](crate::store::apply)); the memory store and
 //! the Redis script apply the same rule, and one conformance suite checks both.
 //! [`AllowanceLayer`](crate::AllowanceLayer) stacks Retry → Cooldown → Admission around your
 //! client, so every attempt, first or retried, is admitted, and every response is read.
@@ -261,14 +261,14 @@
 //! - [`Allowance::snapshot`](crate::Allowance::snapshot): this process's counters (admitted,
 //!   waited, retries, abandonments by reason) and what it last learned of the shared state
 //!   (cooldown left, closed), without asking the store. `Serialize` with the `serde` feature.
-//! - [`Allowance::store_state`](crate::Allowance::store_state): the shared state, asked of the
-//!   store (cooldown left, closed, retries remaining, the adaptive rate).
+//! - [`Allowance::refresh`](crate::Allowance::refresh): the same snapshot with the shared
+//!   state asked of the store (cooldown left, closed, retries remaining, the adaptive rate).
 //! - The `metrics` feature records, through the [`metrics`](https://docs.rs/metrics) facade,
 //!   the metrics below, each labelled `allowance` with the allowance's
 //!   [name](crate::AllowanceBuilder::name); any exporter (Prometheus, StatsD...) can
 //!   publish them. The handles are registered when the allowance is built, so install the
 //!   recorder first. The counters and histograms are recorded as things happen; the gauges
-//!   of the shared state are set by each [`store_state`](crate::Allowance::store_state) call
+//!   of the shared state are set by each [`refresh`](crate::Allowance::refresh) call
 //!   (the cooldown's also by each raise), so call it before a scrape or on a timer.
 //!
 //! | metric | kind | more labels | what |
@@ -281,10 +281,10 @@
 //! | `tower_allowance_store_errors_total` | counter | `kind` (`unavailable`, `rejected`, `protocol`) | store calls that failed |
 //! | `tower_allowance_wait_seconds` | histogram | | time an admitted attempt waited for its slot |
 //! | `tower_allowance_store_call_duration_seconds` | histogram | | store calls answered asynchronously (a Redis round trip) |
-//! | `tower_allowance_cooldown_remaining_seconds` | gauge | | cooldown left, at the last raise or `store_state` |
-//! | `tower_allowance_retry_budget_remaining` | gauge | | retries left in a limited budget, at the last `store_state` |
-//! | `tower_allowance_waiting` | gauge | | callers waiting in this process, at the last `store_state` |
-//! | `tower_allowance_rate_per_second` | gauge | | the adaptive rate, at the last `store_state` |
+//! | `tower_allowance_cooldown_remaining_seconds` | gauge | | cooldown left, at the last raise or `refresh` |
+//! | `tower_allowance_retry_budget_remaining` | gauge | | retries left in a limited budget, at the last `refresh` |
+//! | `tower_allowance_waiting` | gauge | | callers waiting in this process, at the last `refresh` |
+//! | `tower_allowance_rate_per_second` | gauge | | the adaptive rate, at the last `refresh` |
 //!
 //! [`AbandonReason`]: crate::error::AbandonReason
 //! [`AbandonReason::TooCostly`]: crate::error::AbandonReason::TooCostly

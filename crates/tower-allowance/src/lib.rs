@@ -58,7 +58,7 @@
 //! | `hyper` | yes | [`Replayable`](body::Replayable) for hyper's `Incoming`, so a proxy can forward a hyper server's request body: sent once, never retried (it cannot be rebuilt) | `hyper` without features (the types only) |
 //! | `axum` | | [`Replayable`](body::Replayable) for axum's `Body` | `axum-core` (not the router) |
 //! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` | `tonic` without default features (no transport, codegen or router) |
-//! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`], [`StoreState`](rule::StoreState) and the rule's state | `serde`, `humantime-serde` |
+//! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`] and the store's [`State`](store::State) | `serde`, `humantime-serde` |
 //! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
 //! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock); `quota` (the suite checks the probe's lease) |
 //! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
@@ -99,7 +99,11 @@ pub mod keyed;
 #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
 pub mod quota;
 pub mod retry;
+#[cfg(feature = "rule")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rule")))]
 pub mod rule;
+#[cfg(not(feature = "rule"))]
+mod rule;
 pub mod signals;
 pub mod store;
 

@@ -70,6 +70,10 @@
 //! gives scripts no monotonic clock, so this bound is the best a wall-clock store can do,
 //! and it errs long, never short.
 
+// Public with the `rule` feature (for stores that mirror the rule); otherwise the `store`
+// module re-exports the part of it every store needs, and the rest is crate-private.
+#![cfg_attr(not(feature = "rule"), allow(unreachable_pub))]
+
 use std::time::Duration;
 
 /// The largest delay any store accepts: 2^53 microseconds (about 285 years).
@@ -403,14 +407,15 @@ impl AdmitRequest {
     }
 
     /// A retry: spends one unit of the retry budget in the same step, or is refused with
-    /// [`Admission::BudgetExhausted`].
+    /// `Admission::BudgetExhausted`.
     pub const fn retry() -> Self {
         let mut r = Self::first();
         r.retry = true;
         r
     }
 
-    /// The request's cost, charged to limits counted in [`Unit::Cost`].
+    /// The request's cost, charged to limits that count cost
+    /// ([`Limit::counting_cost`](crate::Limit::counting_cost)).
     pub const fn cost(mut self, cost: u32) -> Self {
         self.cost = cost;
         self
@@ -866,6 +871,8 @@ pub struct StoreState {
     /// while, `{ "for": null }` when closed until cleared.
     #[cfg_attr(feature = "serde", serde(serialize_with = "closed_json"))]
     pub closed: Option<Option<Duration>>,
+    /// Why it is closed; `None` when open.
+    pub closed_by: Option<ClosedBy>,
     /// Retries that could be spent now; `None` for an unlimited budget.
     pub retries_remaining: Option<u64>,
     /// Quota probes granted so far (across every process).
@@ -989,8 +996,9 @@ pub enum Reply {
 
 /// Applies one operation at `now`, changing `state` as the rule says.
 ///
-/// The one entry point every store mirrors. Every operation first absorbs a backward clock
-/// step ([`rebase`]).
+/// The one entry point every store mirrors: a store that holds a [`State`] under a lock or
+/// in a transaction calls it with its clock's reading in microseconds and is done. Every
+/// operation first absorbs a backward clock step (the state's instants move back by it).
 pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     rebase(state, now, params);
     // A read creates nothing (its answer then says generation 0: no state). Only a first
@@ -1543,6 +1551,8 @@ pub fn read(state: &mut State, now: u64, params: &Params) -> StoreState {
         blocked_for: us(state.blocked_until.saturating_sub(now)),
         closed: (now < state.closed_until)
             .then(|| (state.closed_until != FOREVER).then(|| us(state.closed_until - now))),
+        closed_by: (now < state.closed_until)
+            .then(|| ClosedBy::from_code(state.closed_by).unwrap_or(ClosedBy::ServerDelay)),
         retries_remaining: (left != u64::MAX).then_some(left),
         probes: state.probes,
         epoch: state.epoch,

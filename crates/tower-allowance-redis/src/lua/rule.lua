@@ -347,16 +347,16 @@ local function finish_probe(token, outcome, retry_in)
   return {0}
 end
 
--- {blocked for, closed (0/1), closed for or -1, retries remaining or -1, probes, epoch, rate,
--- generation}.
+-- {blocked for, closed by (0: open, else 1 quota / 2 server delay), closed for or -1, retries
+-- remaining or -1, probes, epoch, rate, generation}.
 local function read()
   load(PROBE)
   local left = remaining()
   local is_closed, closed_for = 0, 0
-  if s.cl == FOREVER then
-    is_closed, closed_for = 1, -1
-  elseif now < s.cl then
-    is_closed, closed_for = 1, s.cl - now
+  if s.cl == FOREVER or now < s.cl then
+    is_closed, closed_for = 2, -1
+    if s.cb == 1 then is_closed = 1 end
+    if s.cl ~= FOREVER then closed_for = s.cl - now end
   end
   return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0, s.gn}
 end

@@ -134,8 +134,10 @@ pub async fn a_cooldown_moves_a_slot_held_elsewhere(
     // A, another process, hears a Retry-After of 2 s.
     let a_allowance = Allowance::with_store(config, a);
     let deferred_at = Instant::now();
-    let deferred = a_allowance.defer(2_000 * MS).await.expect("defer");
-    assert!(deferred.extended);
+    assert!(
+        a_allowance.defer(2_000 * MS).await.expect("defer"),
+        "extended"
+    );
 
     let sent_at = holder.await.expect("holder task");
     let after = sent_at.saturating_duration_since(deferred_at);

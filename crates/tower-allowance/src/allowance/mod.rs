@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    error::{DeferError, UnrepresentableDelay},
+    error::{AbandonReason, DeferError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
     store::{StoreError, WrongReply},
@@ -154,7 +154,17 @@ impl Allowance {
     ///
     /// [`UnrepresentableDelay`] when `delay` exceeds [`MAX_DELAY`](crate::MAX_DELAY)
     /// (nothing is changed), or the store's error.
-    pub async fn defer(&self, delay: Duration) -> Result<Deferred, DeferError> {
+    ///
+    /// Returns whether anything changed: `true` when the cooldown moved later or the
+    /// allowance closed. [`Allowance::snapshot`] shows the cooldown and closure that hold now.
+    pub async fn defer(&self, delay: Duration) -> Result<bool, DeferError> {
+        self.raise_cooldown(delay)
+            .await
+            .map(|d| d.extended || d.closed.is_some())
+    }
+
+    /// [`Allowance::defer`], with the rule's whole answer.
+    pub(crate) async fn raise_cooldown(&self, delay: Duration) -> Result<Deferred, DeferError> {
         let delay_us = rule::micros_ceil(delay).ok_or_else(|| {
             DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
         })?;
@@ -195,12 +205,58 @@ impl Allowance {
         }
     }
 
-    /// Reads the store's shared state: cooldown, closed state, retry budget, quota probes.
+    /// Reads the store's shared state (every process's cooldown, closure, retry budget and
+    /// adaptive rate), learns the cooldown here, refreshes the gauges (feature `metrics`), and
+    /// returns the [`Snapshot`] with the store's view in it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_allowance::{Allowance, AllowanceConfig, RetryBudgetConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// let config = AllowanceConfig::per_second(10, 5)?.with_retry_budget(RetryBudgetConfig::fixed(3));
+    /// let allowance = Allowance::new(config);
+    /// allowance.defer(Duration::from_secs(2)).await?; // what a 429's Retry-After: 2 does
+    /// let snapshot = allowance.refresh().await?;
+    /// assert_eq!(snapshot.cooling_for, Some(Duration::from_secs(2)));
+    /// assert_eq!(snapshot.retries_remaining, Some(3));
+    /// assert!(snapshot.closed.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
     /// The store's error.
+    pub async fn refresh(&self) -> Result<Snapshot, StoreError> {
+        let state = self.read_store().await?;
+        let mut snapshot = self.snapshot();
+        snapshot.cooling_for = (!state.blocked_for.is_zero()).then_some(state.blocked_for);
+        snapshot.closed = match (state.closed, state.closed_by) {
+            (Some(reopens_in), Some(by)) => Some(ClosedState {
+                reopens_in,
+                reason: AbandonReason::closed_by(by),
+            }),
+            _ => None,
+        };
+        snapshot.retries_remaining = state.retries_remaining;
+        snapshot.adaptive_rate = (state.rate_milli > 0).then(|| state.rate_milli as f64 / 1000.0);
+        Ok(snapshot)
+    }
+
+    /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;
+    /// [`Allowance::refresh`] is the stable view).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    #[cfg(any(test, feature = "rule", feature = "conformance"))]
     pub async fn store_state(&self) -> Result<StoreState, StoreError> {
+        self.read_store().await
+    }
+
+    async fn read_store(&self) -> Result<StoreState, StoreError> {
         let deposits = self.shared.take_deposits();
         match self.shared.apply_async(Op::Read { deposits }).await {
             Ok(Reply::State(state)) => {

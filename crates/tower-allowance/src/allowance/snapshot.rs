@@ -2,12 +2,15 @@ use std::{sync::atomic::Ordering, sync::PoisonError, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{error::AbandonReason, rule::ClosedBy, shared::Shared};
+use crate::{error::AbandonReason, shared::Shared};
 
-/// A point-in-time copy of an allowance's counters in this process, and of what this process
-/// last learned of the shared state. Synchronous: it asks the store nothing (see
-/// [`Allowance::store_state`](crate::Allowance::store_state) for that).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// A point-in-time copy of an allowance's counters in this process, and of the shared state.
+///
+/// [`Allowance::snapshot`](crate::Allowance::snapshot) is synchronous: it asks the store
+/// nothing, and gives the shared state as this process last learned it.
+/// [`Allowance::refresh`](crate::Allowance::refresh) reads the store first (every process's
+/// cooldown, closure, retry budget and adaptive rate).
+#[derive(Clone, Debug, Default, PartialEq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Snapshot {
@@ -32,6 +35,13 @@ pub struct Snapshot {
     pub closed: Option<ClosedState>,
     /// The last `X-RateLimit-*` headers seen on a response, if any.
     pub rate_limit: Option<RateLimitObservation>,
+    /// Retries the shared budget could pay for now; `None` for an unlimited budget, and in
+    /// [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store knows).
+    pub retries_remaining: Option<u64>,
+    /// The adaptive rate now, in requests per second; `None` when the allowance is not
+    /// adaptive, and in [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store
+    /// knows).
+    pub adaptive_rate: Option<f64>,
 }
 
 /// The provider's own view, from the last response's `X-RateLimit-Limit`,
@@ -61,8 +71,9 @@ pub struct ClosedState {
     /// Time until it reopens by itself; `None`: until cleared.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub reopens_in: Option<Duration>,
-    /// Why.
-    pub by: ClosedBy,
+    /// Why: [`AbandonReason::QuotaExhausted`] or [`AbandonReason::CooldownTooLong`], what
+    /// every caller refused while it stays closed is told.
+    pub reason: AbandonReason,
 }
 
 impl Snapshot {
@@ -89,13 +100,15 @@ impl Snapshot {
                 .filter(|c| c.until().is_none_or(|u| u > now))
                 .map(|c| ClosedState {
                     reopens_in: c.until().map(|u| u.saturating_duration_since(now)),
-                    by: c.closed_by(),
+                    reason: c.reason(),
                 }),
             rate_limit: s
                 .rate_limit
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone(),
+            retries_remaining: None,
+            adaptive_rate: None,
         }
     }
 }

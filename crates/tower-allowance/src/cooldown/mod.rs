@@ -36,7 +36,7 @@
 //!
 //! let res = service.oneshot(Request::new(())).await?;
 //! assert_eq!(*res.body(), "slow down"); // untouched
-//! assert_eq!(allowance.store_state().await?.blocked_for, Duration::from_secs(30));
+//! assert_eq!(allowance.snapshot().cooling_for, Some(Duration::from_secs(30)));
 //! # Ok(())
 //! # }
 //! ```

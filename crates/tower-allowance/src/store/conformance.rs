@@ -42,8 +42,8 @@ use crate::{
     error::AbandonReason,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
+    rule::AdmitRequest,
     rule::{Admission, ClosedBy, Op, Reply},
-    store::AdmitRequest,
     AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, BoxError, Cost, Deadline, Limit,
     Outcome, ReplenishingBudget, RetryBudgetConfig,
 };
@@ -142,7 +142,7 @@ async fn max_wait_reserves_nothing<S: Store>(store: S) {
 
 async fn cooldown_then_metered_restart<S: Store>(store: S) {
     let a = allowance(per_second(10, 2), store);
-    let d = a.defer(300 * MS).await.expect("defer");
+    let d = a.raise_cooldown(300 * MS).await.expect("defer");
     assert!(d.extended);
     assert_eq!(d.blocked_for, 300 * MS);
     let mut at = vec![];
@@ -169,7 +169,9 @@ async fn cooldown_moves_waiting_callers<S: Store>(store: S) {
     tokio::time::sleep(200 * MS).await;
     // A server asks everyone to wait 1 s: the pending slots (500 ms to 2 s) move by the
     // second added, in order and keeping their spacing (see `rule::cooldown_shift`).
-    a.defer(Duration::from_secs(1)).await.expect("defer");
+    a.raise_cooldown(Duration::from_secs(1))
+        .await
+        .expect("defer");
     let mut at = vec![];
     for w in waiting {
         at.push(w.await.expect("task").expect("admitted").as_millis());
@@ -179,13 +181,24 @@ async fn cooldown_moves_waiting_callers<S: Store>(store: S) {
 
 async fn cooldown_never_shortens<S: Store>(store: S) {
     let a = allowance(per_second(2, 2), store);
-    assert!(a.defer(5 * 1000 * MS).await.expect("defer").extended);
+    assert!(
+        a.raise_cooldown(5 * 1000 * MS)
+            .await
+            .expect("defer")
+            .extended
+    );
     tokio::time::advance(100 * MS).await;
-    let d = a.defer(Duration::from_secs(1)).await.expect("defer");
+    let d = a
+        .raise_cooldown(Duration::from_secs(1))
+        .await
+        .expect("defer");
     assert!(!d.extended);
     assert_eq!(d.blocked_for, 4900 * MS);
     tokio::time::advance(900 * MS).await;
-    let d = a.defer(Duration::from_secs(8)).await.expect("defer");
+    let d = a
+        .raise_cooldown(Duration::from_secs(8))
+        .await
+        .expect("defer");
     assert!(d.extended);
     assert_eq!(d.blocked_for, Duration::from_secs(8));
 }
@@ -309,7 +322,10 @@ async fn absurd_delay_closes_until_cleared<S: Store>(store: S) {
         .expect("valid");
     let a = allowance(config, store);
     assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
-    let d = a.defer(Duration::from_secs(3_600)).await.expect("defer");
+    let d = a
+        .raise_cooldown(Duration::from_secs(3_600))
+        .await
+        .expect("defer");
     assert_eq!(d.closed, Some(Some(Duration::from_secs(3_600))));
     assert_eq!(
         admit(&a, AdmitRequest::first()).await,

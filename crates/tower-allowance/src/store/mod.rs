@@ -1,43 +1,69 @@
-//! The one seam between the layers and an allowance's state.
+//! The one seam between the layers and an allowance's state, and the contract a store keeps.
 //!
-//! A [`Store`] keeps one allowance's [`State`](crate::rule::State) and applies the
-//! [`rule`](crate::rule) to it atomically against its own clock. The layers never ask which
-//! store they talk to: everything goes through [`Store::apply`] (and its synchronous twin,
-//! [`Store::try_apply`]). [`MemoryStore`] keeps the state in this process and is what
-//! [`Allowance::new`](crate::Allowance::new) uses; a shared store (the
-//! `tower-allowance-redis` crate) lets several processes spend one allowance.
+//! A [`Store`] keeps one allowance's [`State`] and applies the rule to it atomically against
+//! its own clock. The layers never ask which store they talk to: everything goes through
+//! [`Store::apply`] (and its synchronous twin, [`Store::try_apply`]). [`MemoryStore`] keeps
+//! the state in this process and is what [`Allowance::new`](crate::Allowance::new) uses; a
+//! shared store (the `tower-allowance-redis` crate) lets several processes spend one allowance.
+//!
+//! # The contract
+//!
+//! Everything a store needs is here: the [`Op`] to apply, the [`Params`] of the allowance's
+//! configuration, the [`State`] to keep, the [`Reply`] to return, the [`Event`] to publish to
+//! other processes, and the rule itself as [`apply`] (plus [`is_settled`], for a store that
+//! holds its state in the handle). A store that can hold a [`State`] under a lock or in a
+//! transaction calls [`apply`] and is done; the values pass through it unread. A store that
+//! re-implements the rule elsewhere (the Redis crate's Lua script) needs the rule's insides:
+//! they are the `rule` module, public with the `rule` feature and outside semver.
 //!
 //! ```
+//! use std::sync::Mutex;
+//! use tokio::time::Instant;
 //! use tower_allowance::{
-//!     rule::{Admission, Op, Reply},
-//!     store::{AdmitRequest, MemoryStore, Store},
-//!     AllowanceConfig,
+//!     store::{self, Op, Params, Reply, State, Store, StoreFuture},
+//!     Allowance, AllowanceConfig,
 //! };
+//!
+//! /// A store that keeps the state under a lock, on tokio's clock.
+//! #[derive(Debug)]
+//! struct Locked {
+//!     state: Mutex<State>,
+//!     epoch: Instant,
+//! }
+//!
+//! impl Store for Locked {
+//!     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+//!         // The store's clock, in microseconds since its epoch.
+//!         let now = self.epoch.elapsed().as_micros() as u64;
+//!         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+//!         let reply = store::apply(&mut state, now, params, &op);
+//!         Box::pin(std::future::ready(Ok(reply)))
+//!     }
+//! }
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
-//! let config = AllowanceConfig::per_second(2, 1)?;
-//! let store = MemoryStore::new();
-//! let reply = store.apply(config.params(), Op::Admit(AdmitRequest::first())).await?;
-//! assert_eq!(reply, Reply::Admit(Admission::Admitted));
+//! let store = Locked { state: Mutex::new(State::default()), epoch: Instant::now() };
+//! let allowance = Allowance::with_store(AllowanceConfig::per_second(2, 1)?, store);
+//! allowance.acquire().await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
+//! Run the `store::conformance` suite (feature `conformance`) against your store: it replays
+//! the same operations against any store and checks the replies.
+//!
 //! # Why one method and a synchronous twin
 //!
 //! Every operation is one atomic step of the rule, so one method, `apply(op)`, is the whole
-//! contract: a store that can hold a [`State`](crate::rule::State) under a lock or in a
-//! transaction implements it by calling [`rule::apply`](crate::rule::apply), and the
-//! conformance suite (`store::conformance`, feature `conformance`) replays the same operations
-//! against any store. I/O stores return a boxed future (one allocation on an I/O path).
+//! contract. I/O stores return a boxed future (one allocation on an I/O path).
 //!
 //! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
 //! layers call it first, so the in-memory fast path allocates nothing and creates no future.
 //! The default returns `None` ("ask [`Store::apply`]"). Such a store also answers
-//! [`Store::is_settled`] from the state it holds ([`rule::is_settled`](crate::rule::is_settled)),
-//! which the `keyed` (feature `keyed`) registry asks before dropping a state that dies with its
-//! store. Nothing else distinguishes stores.
+//! [`Store::is_settled`] from the state it holds ([`is_settled`]), which the `keyed` (feature
+//! `keyed`) registry asks before dropping a state that dies with its store. Nothing else
+//! distinguishes stores.
 //!
 //! # Time
 //!
@@ -49,17 +75,14 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
 use tokio::time::Instant;
 
-use crate::{
-    rule::{Event, Op, Params, Reply},
-    BoxError,
-};
+use crate::BoxError;
 
 pub(crate) mod cell;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod memory;
 
-pub use crate::rule::{AdmitRequest, StoreState};
+pub use crate::rule::{apply, is_settled, Event, Op, Params, Reply, State};
 pub use memory::MemoryStore;
 
 /// A boxed future returned by a [`Store`]; stores that do I/O box their futures.
@@ -68,13 +91,13 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// A place to keep one allowance's state and apply the rule to it atomically.
 ///
 /// Implement [`Store::apply`] as one atomic step: load the state, call
-/// [`rule::apply`](crate::rule::apply) with the store's current time in microseconds, save
+/// [`apply`] with the store's current time in microseconds, save
 /// the state, return the reply. Run the `store::conformance` suite (feature `conformance`) against
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///
 /// A store that keeps the state in the handle (dropped with it) should also answer
-/// [`Store::is_settled`] with [`rule::is_settled`](crate::rule::is_settled); until it does,
+/// [`Store::is_settled`] with [`is_settled`]; until it does,
 /// a `keyed` (feature `keyed`) registry never evicts its allowances.
 ///
 /// Stores shared by several processes should also publish the [`Event`] carried by replies
@@ -99,7 +122,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Whether the state is settled at `now` (the caller's reading of tokio's clock):
-    /// [`rule::is_settled`](crate::rule::is_settled) of the state it holds, on its own clock.
+    /// [`is_settled`] of the state it holds, on its own clock.
     /// Dropping a settled state and starting over from a fresh one lets nothing through that
     /// keeping it would not: no cooldown or closure running, every bucket full, no
     /// reservation pending, no retry budget spent, nothing learned by an adaptive rate.
@@ -108,7 +131,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// evicting an allowance whose state dies with its store (see
     /// `keyed::StoreFactory::state_outlives_store` (feature `keyed`)).
     /// A store that holds its state in the handle answers it from that state with
-    /// `rule::is_settled`; it never says `true` of a state the rule would not call settled.
+    /// [`is_settled`]; it never says `true` of a state the rule would not call settled.
     ///
     /// The default is `false` ("cannot tell without I/O"): the registry then never evicts the
     /// allowance for being settled, only because its factory says the state outlives the
