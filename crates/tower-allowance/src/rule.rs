@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_allowance::{rule::{self, Admission, Op, Reply, State}, store::AdmitRequest, AllowanceConfig};
+//! use tower_allowance::{rule::{self, Admission, AdmitRequest, Op, Reply, State}, AllowanceConfig};
 //!
 //! let config = AllowanceConfig::per_second(2, 1)?;
 //! let mut state = State::default();
@@ -377,7 +377,7 @@ impl State {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_allowance::store::AdmitRequest;
+/// use tower_allowance::rule::AdmitRequest;
 ///
 /// let retry = AdmitRequest::retry().cost(3).not_before(Duration::from_secs(1)).max_wait(Duration::from_secs(10));
 /// assert!(retry.is_retry());

@@ -194,6 +194,8 @@ mod tests {
         assert_eq!(snapshot["cooling_for"], json!("30s"));
         assert_eq!(snapshot["closed"], json!(null));
         assert_eq!(snapshot["rate_limit"], json!(null));
+        // Only the store knows these: asked by `refresh`, not by `snapshot`.
+        assert_eq!(snapshot["retries_remaining"], json!(null));
 
         let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
             .expect("serializes");
@@ -212,8 +214,17 @@ mod tests {
         let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
         assert_eq!(
             snapshot["closed"],
-            json!({ "reopens_in": "2m", "by": "server_delay" })
+            json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })
         );
+        // The store's view: the same shape, with what only the store knows.
+        let refreshed = serde_json::to_value(allowance.refresh().await.expect("reads"))
+            .expect("serializes");
+        assert_eq!(
+            refreshed["closed"],
+            json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })
+        );
+        assert_eq!(refreshed["retries_remaining"], 3);
+        assert_eq!(refreshed["adaptive_rate"], json!(null));
         let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
             .expect("serializes");
         assert_eq!(state["closed"], json!({ "for": "2m" }));
