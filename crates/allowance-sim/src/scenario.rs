@@ -19,7 +19,7 @@ use tower::{retry::Retry, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, AdaptiveRate, Allowance,
     AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline, OutagePolicy, Outcome,
-    RetryBudgetConfig, DEFAULT_MAX_OUTAGE_WAIT,
+    RetryBudgetConfig,
 };
 
 use crate::{
@@ -28,6 +28,9 @@ use crate::{
     fake::{FakeConfig, FakeUpstream, Seen, VIRTUAL_MAX_DATE_SKEW, WORKER_HEADER},
     report::JobEnd,
 };
+
+/// The library's default outage wait (`OutagePolicy::default()`: one minute).
+const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 
 /// How workers coordinate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +112,7 @@ pub enum OnStoreOutage {
 }
 
 impl Default for OnStoreOutage {
-    /// Wait, up to [`DEFAULT_MAX_OUTAGE_WAIT`] (60 s).
+    /// Wait, up to the library's default (60 s).
     fn default() -> Self {
         Self::Wait(DEFAULT_MAX_OUTAGE_WAIT)
     }

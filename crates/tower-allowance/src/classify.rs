@@ -89,7 +89,7 @@ pub trait Classify: Clone + Send + Sync + 'static {
     ///
     /// The default calls [`classify`](Self::classify) and reads no wait: the allowance's
     /// dialect reads the waits servers state in headers (`Retry-After`, `retry-after-ms`,
-    /// a provider's reset times; see [`signals`](crate::signals)), once, and the longest of
+    /// a provider's reset times; see `signals`, feature `dialects`), once, and the longest of
     /// the classifier's and the dialect's wins. Override it when the server states its wait
     /// where no dialect looks, as `grpc::GrpcClassifier` (feature `grpc`) does with
     /// `grpc-retry-pushback-ms`.

@@ -77,23 +77,11 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Default bound on the number of callers waiting for admission in one process.
-pub const DEFAULT_MAX_WAITERS: usize = 1024;
-
-/// Default [`AllowanceConfig::max_cooldown`]: one hour.
-///
-/// # Why one hour
-///
-/// Providers ask for seconds to minutes between short-window retries; the longest common
-/// `Retry-After` values (GitHub's secondary limits, hourly quotas) stay within an hour. A
-/// longer delay is almost always a quota (a day, a month) or a bug (a `Date` of 1970, twenty
-/// digits), and parking every worker for it silently is the worst answer. Beyond the bound the
-/// allowance closes visibly instead ([`Exhausted`](crate::error::Exhausted), with `until`),
-/// which an operator can see in the snapshot and clear.
-pub const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
-
-/// Default longest wait for a store that is not answering: one minute.
-pub const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
+// The defaults, documented where they are set (`with_max_waiters`, `with_max_cooldown`,
+// `OutagePolicy::default`).
+pub(crate) const DEFAULT_MAX_WAITERS: usize = 1024;
+pub(crate) const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
 ///
@@ -264,7 +252,7 @@ pub struct AllowanceConfig {
 /// (a slow start), then is cut to 85% (70% when throttling persists within 2.5 s) and grows by
 /// 1% of its value per second (additive increase, multiplicative decrease), always within
 /// `floor..=ceiling` and never above a rate the server advertised (see
-/// [`signals`](crate::signals)). The state lives in the store: every process sharing the
+/// `signals` (feature `dialects`)). The state lives in the store: every process sharing the
 /// allowance follows one rate.
 ///
 /// ```
@@ -335,8 +323,8 @@ impl Eq for AdaptiveRate {}
 pub enum OutagePolicy {
     /// Wait for the store (probing with backoff) until it answers, the request's
     /// [`Deadline`](crate::Deadline) passes, or `max` has passed; only then fail with
-    /// [`StoreUnavailable`](crate::error::StoreUnavailable). The default, with
-    /// [`DEFAULT_MAX_OUTAGE_WAIT`].
+    /// [`StoreUnavailable`](crate::error::StoreUnavailable). The default, with `max` one
+    /// minute.
     Wait {
         /// The longest one admission waits for the store.
         max: Duration,
@@ -418,7 +406,7 @@ impl AllowanceConfig {
     }
 
     /// Bounds the number of callers that may wait for admission at once in this process
-    /// (default [`DEFAULT_MAX_WAITERS`]). Past it, calls that would wait fail at once with
+    /// (default 1024). Past it, calls that would wait fail at once with
     /// [`Overloaded`](crate::error::Overloaded). Zero means "never wait".
     pub fn with_max_waiters(mut self, max_waiters: usize) -> Self {
         self.max_waiters = max_waiters;
@@ -432,9 +420,18 @@ impl AllowanceConfig {
         self
     }
 
-    /// The longest cooldown a server may impose (default [`DEFAULT_MAX_COOLDOWN`]). A longer
-    /// delay, or one too long to represent, closes the allowance until that time (or until
-    /// cleared) instead: every call fails at once with [`Exhausted`](crate::error::Exhausted).
+    /// The longest cooldown a server may impose (default one hour). A longer delay, or one
+    /// too long to represent, closes the allowance until that time (or until cleared)
+    /// instead: every call fails at once with [`Exhausted`](crate::error::Exhausted).
+    ///
+    /// # Why one hour
+    ///
+    /// Providers ask for seconds to minutes between short-window retries; the longest common
+    /// `Retry-After` values (GitHub's secondary limits, hourly quotas) stay within an hour. A
+    /// longer delay is almost always a quota (a day, a month) or a bug (a `Date` of 1970,
+    /// twenty digits), and parking every worker for it silently is the worst answer. Beyond
+    /// the bound the allowance closes visibly instead, which an operator can see in the
+    /// snapshot and clear.
     ///
     /// # Errors
     ///
@@ -451,7 +448,7 @@ impl AllowanceConfig {
     }
 
     /// What an admission does while the store does not answer (default: wait up to
-    /// [`DEFAULT_MAX_OUTAGE_WAIT`]).
+    /// one minute).
     pub fn with_outage_policy(mut self, policy: OutagePolicy) -> Self {
         self.outage = policy;
         self
@@ -474,6 +471,8 @@ impl AllowanceConfig {
     /// `Retry-After`, `retry-after-ms`, and with the `dialects` feature the IETF
     /// `RateLimit`/`RateLimit-Policy` fields, the older `RateLimit-*` trio and
     /// `X-RateLimit-*`); see [`signals`](crate::signals).
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
         self.dialect = dialect;
         self
@@ -488,7 +487,14 @@ impl AllowanceConfig {
     }
 
     /// The header dialect.
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// What the cooldown reads responses with, in every build.
+    pub(crate) fn readers(&self) -> Dialect {
         self.dialect
     }
 

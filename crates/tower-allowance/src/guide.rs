@@ -200,7 +200,7 @@
 //! ## `max_waiters`
 //!
 //! The most callers that may wait at once in one process (default
-//! [`DEFAULT_MAX_WAITERS`](crate::DEFAULT_MAX_WAITERS), 1024). Past it, a call that would
+//! 1024). Past it, a call that would
 //! have to wait fails at once with [`Overloaded`](crate::error::Overloaded) (one admitted
 //! without waiting still goes): a backlog that can never drain in time is shed at the door
 //! instead of growing memory and latency. Size it as the rate times the longest wait you
@@ -209,7 +209,7 @@
 //! ## `max_cooldown`
 //!
 //! The longest cooldown a server may impose (default
-//! [`DEFAULT_MAX_COOLDOWN`](crate::DEFAULT_MAX_COOLDOWN), one hour). Beyond it the allowance
+//! one hour). Beyond it the allowance
 //! closes visibly instead of parking every worker: raise it for a provider whose hourly or
 //! daily windows you do want to wait out, lower it for interactive traffic.
 //!
@@ -242,7 +242,7 @@
 //!
 //! ## Dialects
 //!
-//! A [`Dialect`](crate::signals::Dialect) says which rate-limit headers responses are read
+//! A `signals::Dialect` (feature `dialects`) says which rate-limit headers responses are read
 //! with: `standard` (the default: `Retry-After`, `retry-after-ms`, the IETF fields and
 //! `X-RateLimit-*`), `github`, `openai`, `anthropic`, `ietf`, `odds`. Choosing the provider's
 //! own makes its reset headers count: a 429 without `Retry-After` still gets a cooldown from

@@ -63,12 +63,14 @@
 //! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock); `quota` (the suite checks the probe's lease) |
 //! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
 //! | `keyed` | | `keyed`: one allowance per key (API key, tenant), created on first use, evicted when settled, store names derived from the key under a secret | `blake3` |
-//! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in [`signals`]: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill [`Snapshot::rate_limit`] and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
+//! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill [`Snapshot::rate_limit`] and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
+//! | `cost` | | `cost`: `CostLayer`, which sets each request's [`Cost`] from a header, the body size or a function (without it, insert [`Cost`] yourself) | nothing |
+//! | `rule` | | `rule`: the rule's internals (every op, reply, parameter, constant and step function), for stores that re-implement it rather than call [`store::apply`] (the Redis crate's Lua); outside semver | nothing |
 //! | `quota` | | `quota`: the quota-exhaustion probe (`AllowanceBuilder::quota_probe`), one lease per group through the store | nothing |
 //!
 //! The default build is the core: admission, cooldown, retry, the stores' rule, the adaptive
 //! rate (woven into the rule, and into the Redis script, so not optional), and `Retry-After`
-//! and `retry-after-ms` ([`signals::retry_after`] is the one `Retry-After` parser).
+//! and `retry-after-ms` ([`retry_after`] is the one `Retry-After` parser).
 //!
 //! The Redis store is a separate crate, `tower-allowance-redis`.
 
@@ -86,6 +88,8 @@ pub mod admission;
 pub mod body;
 pub mod classify;
 pub mod cooldown;
+#[cfg(feature = "cost")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cost")))]
 pub mod cost;
 pub mod error;
 #[cfg(feature = "grpc")]
@@ -104,7 +108,14 @@ pub mod retry;
 pub mod rule;
 #[cfg(not(feature = "rule"))]
 mod rule;
+// The header readers: public with `dialects` (the providers' readers, `Dialect`, `Reading`);
+// without it the cooldown reads `Retry-After` and `retry-after-ms` through them, and
+// `retry_after` is the one public piece.
+#[cfg(feature = "dialects")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
 pub mod signals;
+#[cfg(not(feature = "dialects"))]
+mod signals;
 pub mod store;
 
 pub use crate::{
@@ -114,12 +125,13 @@ pub use crate::{
     },
     config::{
         AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget,
-        RetryBudgetConfig, DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
+        RetryBudgetConfig,
     },
     extensions::{Attempt, Cost, Deadline},
     layer::{AllowanceFuture, AllowanceLayer, AllowanceService},
     outcome::Outcome,
     rule::MAX_DELAY,
+    signals::retry_after,
 };
 
 /// The boxed error type the layers return, as in tower.

@@ -46,7 +46,7 @@ pub struct Snapshot {
 
 /// The provider's own view, from the last response's `X-RateLimit-Limit`,
 /// `X-RateLimit-Remaining` and `X-RateLimit-Bucket` (or whatever the allowance's
-/// [`Dialect`](crate::signals::Dialect) reads as a limit, a remaining count and a bucket),
+/// `signals::Dialect` (feature `dialects`) reads as a limit, a remaining count and a bucket),
 /// in a [`Snapshot`].
 ///
 /// `remaining` is approximate and shared by everyone using the key: it is an observation,
@@ -217,8 +217,8 @@ mod tests {
             json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })
         );
         // The store's view: the same shape, with what only the store knows.
-        let refreshed = serde_json::to_value(allowance.refresh().await.expect("reads"))
-            .expect("serializes");
+        let refreshed =
+            serde_json::to_value(allowance.refresh().await.expect("reads")).expect("serializes");
         assert_eq!(
             refreshed["closed"],
             json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })

@@ -99,7 +99,7 @@ pub(crate) fn read_response<C: Classify>(
         };
     }
     let cx = ReadContext::new(signals::wall_clock()).with_max_skew(config.max_date_skew());
-    let reading = config.dialect().read(response_headers, &cx);
+    let reading = config.readers().read(response_headers, &cx);
     let dialect_delay = reading.wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),
         Wait::TooLong { .. } => ServerDelay::TooLong,

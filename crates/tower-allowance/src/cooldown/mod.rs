@@ -2,7 +2,7 @@
 //!
 //! The layer observes every response, reading it once: its classification (429 and 503 are
 //! throttling by default, see [`Classify`](crate::classify::Classify)) and its rate-limit
-//! headers, in the allowance's [dialect](crate::signals) (`Retry-After` and
+//! headers, in the allowance's dialect (`signals`, feature `dialects`) (`Retry-After` and
 //! `retry-after-ms` by default). On a throttling response with a valid wait, it raises the
 //! allowance's "blocked until" deadline, with max semantics: a later, shorter delay never
 //! moves it earlier, and responses to requests already in flight extend it rather than

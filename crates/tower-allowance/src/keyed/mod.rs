@@ -81,7 +81,7 @@
 //! # Recipes
 //!
 //! **An LLM API**: requests per minute *and* tokens per minute, each request charged the
-//! tokens it declares (a [`CostLayer`](crate::cost::CostLayer) above the keyed layer), one
+//! tokens it declares (a `cost::CostLayer`, feature `cost`, above the keyed layer), one
 //! allowance per API key:
 //!
 //! ```

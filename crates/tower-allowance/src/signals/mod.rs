@@ -96,6 +96,9 @@
 //! holds (a bucket name, the text of a `TooLong` value), and inside `sfv` for an escaped
 //! policy name or a byte-sequence parameter.
 
+// Without `dialects` the module is private: its items serve the cooldown only.
+#![cfg_attr(not(feature = "dialects"), allow(unreachable_pub, dead_code))]
+
 use std::time::{Duration, SystemTime};
 
 use http::{header, HeaderMap};
@@ -255,12 +258,12 @@ pub enum Skew {
 }
 
 /// The delay a response's `Retry-After` asks for, measured now: the one `Retry-After`
-/// parser, the reader [`Reader::RetryAfter`] that the cooldown uses, for code outside an
-/// allowance (a test, a log line).
+/// parser, the one the cooldown reads responses with, for code outside an allowance (a test,
+/// a log line).
 ///
 /// `Retry-After` (RFC 9110 §10.2.3) is delay-seconds (exactly `1*DIGIT`) or an HTTP-date
 /// (IMF-fixdate, RFC 850 or asctime). A date is measured against the response's `Date` when
-/// it is within [`ReadContext::DEFAULT_MAX_SKEW`] of the local wall clock, against the local
+/// it is within five minutes of the local wall clock, against the local
 /// clock otherwise; a date in the past is no wait (`Some(Duration::ZERO)`). An invalid value
 /// (`later`, `-1`, `1.5`, empty, not text) is ignored. When the header appears more than
 /// once, the longest valid delay wins, an unrepresentable one included.
@@ -268,7 +271,7 @@ pub enum Skew {
 /// ```
 /// use std::time::Duration;
 /// use http::HeaderMap;
-/// use tower_allowance::signals::retry_after;
+/// use tower_allowance::retry_after;
 ///
 /// let mut headers = HeaderMap::new();
 /// assert_eq!(retry_after(&headers)?, None);
