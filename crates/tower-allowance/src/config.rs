@@ -264,6 +264,7 @@ pub struct AllowanceConfig {
 /// # Ok::<(), tower_allowance::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
 pub struct AdaptiveRate {
     initial: f64,
     floor: f64,
@@ -271,6 +272,7 @@ pub struct AdaptiveRate {
     adopt: bool,
 }
 
+#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
 impl AdaptiveRate {
     /// Starts at `initial` requests per second, never below `floor` or above `ceiling`.
     ///
@@ -456,6 +458,8 @@ impl AllowanceConfig {
 
     /// Lets the main limit's rate adapt (see [`AdaptiveRate`]); its configured rate is then
     /// only the starting point's fallback, and its burst is kept.
+    #[cfg(any(test, feature = "adaptive"))]
+    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
     pub fn with_adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
         self.adaptive = Some(adaptive);
         self.derive();
@@ -463,6 +467,8 @@ impl AllowanceConfig {
     }
 
     /// The adaptive rate, if any.
+    #[cfg(feature = "adaptive")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
     pub fn adaptive_rate(&self) -> Option<AdaptiveRate> {
         self.adaptive
     }
@@ -870,10 +876,21 @@ mod serde_impl {
                 config = config.with_max_date_skew(skew);
             }
             if let Some(a) = raw.adaptive {
-                let adaptive = AdaptiveRate::new(a.initial, a.floor, a.ceiling)
-                    .map_err(|e| e.at("adaptive"))?
-                    .adopt_advertised(a.adopt_advertised);
-                config = config.with_adaptive_rate(adaptive);
+                #[cfg(feature = "adaptive")]
+                {
+                    let adaptive = AdaptiveRate::new(a.initial, a.floor, a.ceiling)
+                        .map_err(|e| e.at("adaptive"))?
+                        .adopt_advertised(a.adopt_advertised);
+                    config = config.with_adaptive_rate(adaptive);
+                }
+                #[cfg(not(feature = "adaptive"))]
+                {
+                    let _ = a;
+                    return Err(ConfigError::new(
+                        "an adaptive rate needs tower-allowance's `adaptive` feature",
+                    )
+                    .at("adaptive"));
+                }
             }
             Ok(config)
         }

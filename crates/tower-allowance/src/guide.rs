@@ -232,11 +232,11 @@
 //! ## Adaptive rate
 //!
 //! When nobody states the limit, or it changes,
-//! [`with_adaptive_rate`](crate::AllowanceConfig::with_adaptive_rate) lets the main limit
+//! `AllowanceConfig::with_adaptive_rate` (feature `adaptive`) lets the main limit
 //! find it: doubling every second from `initial` until the first throttling response, then
 //! cut to 85% (70% when throttling persists within 2.5 s) and grown by 1% per second, always
 //! within `floor..=ceiling` and never above a rate the server advertises (see
-//! [`AdaptiveRate`](crate::AdaptiveRate)). The rate lives in the store: every process follows
+//! `AdaptiveRate`, feature `adaptive`). The rate lives in the store: every process follows
 //! one. Expect a few throttling responses while it searches; prefer a fixed rate when the
 //! provider documents one.
 //!

@@ -66,6 +66,7 @@
 //! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill [`Snapshot::rate_limit`] and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
 //! | `cost` | | `cost`: `CostLayer`, which sets each request's [`Cost`] from a header, the body size or a function (without it, insert [`Cost`] yourself) | nothing |
 //! | `rule` | | `rule`: the rule's internals (every op, reply, parameter, constant and step function), for stores that re-implement it rather than call [`store::apply`] (the Redis crate's Lua); outside semver | nothing |
+//! | `adaptive` | | `AdaptiveRate` and `AllowanceConfig::with_adaptive_rate`: a rate found and followed when nobody states the limit (the rule and the Redis script carry it in every build; this is its configuration) | nothing |
 //! | `quota` | | `quota`: the quota-exhaustion probe (`AllowanceBuilder::quota_probe`), one lease per group through the store | nothing |
 //!
 //! The default build is the core: admission, cooldown, retry, the stores' rule, the adaptive
@@ -118,14 +119,16 @@ pub mod signals;
 mod signals;
 pub mod store;
 
+#[cfg(feature = "adaptive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
+pub use crate::config::AdaptiveRate;
 pub use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
     allowance::{
         AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, RateLimitObservation, Snapshot,
     },
     config::{
-        AdaptiveRate, AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget,
-        RetryBudgetConfig,
+        AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
     },
     extensions::{Attempt, Cost, Deadline},
     layer::{AllowanceFuture, AllowanceLayer, AllowanceService},
