@@ -113,7 +113,7 @@ pub use crate::{
         RetryBudgetConfig, DEFAULT_MAX_COOLDOWN, DEFAULT_MAX_OUTAGE_WAIT, DEFAULT_MAX_WAITERS,
     },
     extensions::{Attempt, Cost, Deadline},
-    layer::{AllowanceFuture, AllowanceLayer, AllowanceService},
+    layer::AllowanceLayer,
     outcome::Outcome,
     rule::MAX_DELAY,
 };
