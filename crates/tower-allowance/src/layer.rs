@@ -147,4 +147,6 @@ impl<S, C> Layer<S> for AllowanceLayer<C> {
 }
 
 #[cfg(test)]
+mod pairs;
+#[cfg(test)]
 mod tests;
