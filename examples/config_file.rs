@@ -33,7 +33,7 @@ use hyper_util::{
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
     classify::StatusClassifier, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
-    AllowanceService, BoxError, Cost, OutagePolicy, Outcome, RetryBudgetConfig,
+    BoxError, Cost, OutagePolicy, Outcome, RetryBudgetConfig,
 };
 use tower_allowance_redis::{RedisStore, RedisStoreOptions};
 
@@ -140,7 +140,7 @@ impl RedisChoice {
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
 
 /// One API's stack: Retry → Cooldown → Admission → hyper's client, read by its classifier.
-pub(crate) type Stack = AllowanceService<HttpClient, StatusClassifier>;
+pub(crate) type Stack = <AllowanceLayer<StatusClassifier> as Layer<HttpClient>>::Service;
 
 /// One API, built.
 #[derive(Debug)]

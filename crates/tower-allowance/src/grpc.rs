@@ -96,14 +96,16 @@ use std::{
 
 use http::{header::CONTENT_TYPE, HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use tower::retry::Retry;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::{
+    admission::Admission,
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
-    cooldown::raise_detached,
-    retry::RetryConfig,
-    rule, Allowance, AllowanceLayer, AllowanceService, MAX_DELAY,
+    cooldown::{raise_detached, Cooldown},
+    retry::{Prepare, RetryConfig, RetryPolicy},
+    rule, Allowance, AllowanceLayer, MAX_DELAY,
 };
 
 const GRPC_STATUS: &str = "grpc-status";
@@ -616,7 +618,9 @@ impl GrpcLayer {
 }
 
 impl<S> Layer<S> for GrpcLayer {
-    type Service = AllowanceService<Trailers<S>, GrpcClassifier>;
+    type Service = Prepare<
+        Retry<RetryPolicy<GrpcClassifier>, Cooldown<Admission<Trailers<S>>, GrpcClassifier>>,
+    >;
 
     fn layer(&self, inner: S) -> Self::Service {
         self.allowance.layer(self.trailers.layer(inner))

@@ -131,7 +131,7 @@ pub use crate::{
         AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
     },
     extensions::{Attempt, Cost, Deadline},
-    layer::{AllowanceFuture, AllowanceLayer, AllowanceService},
+    layer::AllowanceLayer,
     outcome::Outcome,
     rule::MAX_DELAY,
     signals::retry_after,

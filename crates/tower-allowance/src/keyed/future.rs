@@ -14,14 +14,14 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::{registry::Entry, KeyedError};
-use crate::{AllowanceService, BoxError};
+use crate::{layer::Stack, BoxError};
 
 pin_project! {
     /// Runs a request through its key's allowance stack; holds the key's allowance so that it
     /// is not evicted while the request (its admission, its retries) is in flight.
     pub struct ResponseFuture<S, B>
     where
-        AllowanceService<S>: Service<Request<B>>,
+        Stack<S>: Service<Request<B>>,
     {
         #[pin]
         state: State<S, B>,
@@ -32,11 +32,11 @@ pin_project! {
     #[project = StateProj]
     enum State<S, B>
     where
-        AllowanceService<S>: Service<Request<B>>,
+        Stack<S>: Service<Request<B>>,
     {
         Running {
             #[pin]
-            fut: Oneshot<AllowanceService<S>, Request<B>>,
+            fut: Oneshot<Stack<S>, Request<B>>,
             entry: Arc<Entry>,
         },
         Failed {
@@ -47,12 +47,9 @@ pin_project! {
 
 impl<S, B> ResponseFuture<S, B>
 where
-    AllowanceService<S>: Service<Request<B>>,
+    Stack<S>: Service<Request<B>>,
 {
-    pub(crate) fn running(
-        fut: Oneshot<AllowanceService<S>, Request<B>>,
-        entry: Arc<Entry>,
-    ) -> Self {
+    pub(crate) fn running(fut: Oneshot<Stack<S>, Request<B>>, entry: Arc<Entry>) -> Self {
         Self {
             state: State::Running { fut, entry },
         }
@@ -67,7 +64,7 @@ where
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
 where
-    AllowanceService<S>: Service<Request<B>>,
+    Stack<S>: Service<Request<B>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
@@ -82,7 +79,7 @@ where
 
 impl<S, B, RB> Future for ResponseFuture<S, B>
 where
-    AllowanceService<S>: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
+    Stack<S>: Service<Request<B>, Response = Response<RB>, Error = BoxError>,
 {
     type Output = Result<Response<RB>, BoxError>;
 

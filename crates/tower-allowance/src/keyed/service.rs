@@ -55,7 +55,7 @@ where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     K: KeyFn<B>,
-    B: Replayable,
+    B: Replayable + 'static,
     RB: Send + 'static,
 {
     type Response = Response<RB>;

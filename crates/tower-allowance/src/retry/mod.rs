@@ -25,8 +25,9 @@
 //! default) while the first attempt sends it, and a retry replays that copy. A body longer
 //! than the cap is sent once: a throttling answer to it is returned, marked abandoned with
 //! [`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable).
-//! [`AllowanceLayer`](crate::AllowanceLayer) does all of this itself; under
-//! `tower::retry::Retry`, pass each request through [`RetryPolicy::prepare`] first.
+//! [`AllowanceLayer`](crate::AllowanceLayer) does all of this with a [`Prepare`] over
+//! tower's `Retry`; put a [`Prepare`] over your own `Retry` (or pass each request through
+//! [`RetryPolicy::prepare`] first).
 //!
 //! # Budget and stack order
 //!
@@ -85,11 +86,13 @@
 
 mod config;
 pub(crate) mod policy;
+mod prepare;
 pub(crate) mod ticket;
 
 pub use self::{
     config::RetryConfig,
     policy::{RetryPolicy, RetryWait},
+    prepare::Prepare,
 };
 
 #[cfg(test)]

@@ -1,5 +1,4 @@
 use std::{
-    any::Any,
     fmt,
     future::Future,
     pin::Pin,
@@ -14,10 +13,9 @@ use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
 
 use super::{
-    ticket::{RetryTicket, Ticket},
+    ticket::{RetryTicket, Stash, Ticket},
     RetryConfig,
 };
-use crate::cooldown::service::CooldownShared;
 use crate::{
     acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
     body::{Replay, Replayable},
@@ -73,11 +71,9 @@ impl<C: fmt::Debug> fmt::Debug for RetryPolicy<C> {
 #[derive(Debug)]
 pub(crate) struct PolicyShared<C> {
     pub(crate) allowance: Allowance,
-    pub(crate) config: RetryConfig,
+    /// Shared with the [`Prepare`](super::Prepare) services made for this policy.
+    pub(crate) config: Arc<RetryConfig>,
     pub(crate) classifier: C,
-    /// In an `AllowanceLayer`: the cooldown layer's shared part, to rebuild the inner stack
-    /// for a retry (only then), so a request pays for one handle, not three.
-    pub(crate) cooldown: Option<Arc<CooldownShared<C>>>,
 }
 
 /// What the policy decided for one response.
@@ -108,9 +104,8 @@ impl<C: Classify> RetryPolicy<C> {
     pub fn with_classifier(allowance: Allowance, config: RetryConfig, classifier: C) -> Self {
         Self::from_shared(Arc::new(PolicyShared {
             allowance,
-            config,
+            config: Arc::new(config),
             classifier,
-            cooldown: None,
         }))
     }
 }
@@ -126,6 +121,11 @@ impl<C> RetryPolicy<C> {
 
     pub(crate) fn shared(&self) -> &PolicyShared<C> {
         &self.shared
+    }
+
+    /// The configuration, shared (for [`Prepare`](super::Prepare)).
+    pub(crate) fn config_handle(&self) -> &Arc<RetryConfig> {
+        &self.shared.config
     }
 
     pub(crate) fn config(&self) -> &RetryConfig {
@@ -252,12 +252,14 @@ impl<C: Classify> RetryPolicy<C> {
             Err(e) => {
                 // A retry the store refused while the policy waited: end with the response
                 // that prompted it, marked abandoned.
-                if let Some((reason, stash)) = extensions
+                if let Some(reason) = extensions
                     .get::<RetryTicket>()
                     .and_then(RetryTicket::refused)
                 {
-                    if let Ok(response) = stash.downcast::<Response<RB>>() {
-                        let mut response = *response;
+                    if let Some(mut response) = extensions
+                        .get::<Stash<Response<RB>>>()
+                        .and_then(Stash::take)
+                    {
                         response.extensions_mut().insert(Abandoned::new(reason));
                         *result = Ok(response);
                     }
@@ -323,15 +325,18 @@ impl<C: Classify> RetryPolicy<C> {
                     Some((progress, step)) => (progress, Some(step)),
                     None => (Progress::default(), None),
                 };
-                let ticket = match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
+                match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
                     Ok(response) => {
-                        RetryTicket::with_stash(Box::new(response) as Box<dyn Any + Send>)
+                        extensions.insert(Stash::new(response));
                     }
                     Err(e) => {
                         *result = Err(e);
-                        RetryTicket::default()
+                        // Nothing to end with but the error: no stale response from an
+                        // earlier retry either.
+                        extensions.remove::<Stash<Response<RB>>>();
                     }
-                };
+                }
+                let ticket = RetryTicket::default();
                 let next = self.attempts.saturating_add(1);
                 extensions.insert(Attempt(next));
                 extensions.insert(ticket.clone());
@@ -355,28 +360,35 @@ impl<C: Classify> RetryPolicy<C> {
     /// be over the cap) is marked so that a throttling answer to it is reported as
     /// abandoned, with the reason.
     pub fn prepare<B: Replayable + 'static>(&self, request: Request<B>) -> Request<B> {
-        let config = self.config();
-        let (mut parts, body) = request.into_parts();
-        let (body, last) = if !config.replayable_parts(&parts) {
-            (body, Some(AbandonReason::NotReplayable))
-        } else if config.max_attempts.get() <= 1 {
-            (body, Some(AbandonReason::MaxAttempts))
-        } else if body.try_clone(config.replay_cap).is_some() {
-            (body, None)
-        } else {
-            match body.prepare(config.replay_cap) {
-                (body, Some(replay)) => {
-                    parts.extensions.insert(replay);
-                    (body, None)
-                }
-                (body, None) => (body, Some(AbandonReason::NotReplayable)),
-            }
-        };
-        if let Some(reason) = last {
-            parts.extensions.insert(FinalAttempt(reason));
-        }
-        Request::from_parts(parts, body)
+        prepare(self.config(), request)
     }
+}
+
+/// [`RetryPolicy::prepare`], from the policy's configuration alone.
+pub(crate) fn prepare<B: Replayable + 'static>(
+    config: &RetryConfig,
+    request: Request<B>,
+) -> Request<B> {
+    let (mut parts, body) = request.into_parts();
+    let (body, last) = if !config.replayable_parts(&parts) {
+        (body, Some(AbandonReason::NotReplayable))
+    } else if config.max_attempts.get() <= 1 {
+        (body, Some(AbandonReason::MaxAttempts))
+    } else if body.try_clone(config.replay_cap).is_some() {
+        (body, None)
+    } else {
+        match body.prepare(config.replay_cap) {
+            (body, Some(replay)) => {
+                parts.extensions.insert(replay);
+                (body, None)
+            }
+            (body, None) => (body, Some(AbandonReason::NotReplayable)),
+        }
+    };
+    if let Some(reason) = last {
+        parts.extensions.insert(FinalAttempt(reason));
+    }
+    Request::from_parts(parts, body)
 }
 
 /// A copy of `req`'s head around `body`.
