@@ -39,11 +39,14 @@ use http_body::{Body, Frame};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_allowance::{
-    body::{ReplayBody, Replayable, DEFAULT_REPLAY_CAP},
+    body::{ReplayBody, Replayable},
     classify::StatusClassifier,
     retry::RetryConfig,
     Allowance, AllowanceConfig, AllowanceLayer, Attempt, BoxError, Outcome,
 };
+
+/// The library's default replay cap (`RetryConfig::replay_cap`).
+const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 
 const BODY: usize = 16 * 1024;
 const FRAME: usize = 1024;

@@ -156,7 +156,12 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
     } else {
         100 * MS
     };
-    let blocked_for = b.refresh().await.expect("read").cooling_for.unwrap_or_default();
+    let blocked_for = b
+        .refresh()
+        .await
+        .expect("read")
+        .cooling_for
+        .unwrap_or_default();
     assert!(blocked_for > left, "{blocked_for:?}");
 }
 

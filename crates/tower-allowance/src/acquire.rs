@@ -529,7 +529,7 @@ pin_project! {
     /// [`Acquire`] that owns a handle to the allowance (`'static`, for spawning); returned by
     /// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned).
     #[must_use = "futures do nothing unless polled"]
-    pub struct OwnedAcquire {
+    pub(crate) struct OwnedAcquire {
         #[pin]
         inner: OwnedAdmit,
     }

@@ -109,27 +109,17 @@ impl AbandonReason {
     }
 }
 
+/// The reason named by [`AbandonReason::as_str`]; any other string is a
+/// [`ConfigError`](crate::ConfigError) (a reason read from a file or a flag).
 impl std::str::FromStr for AbandonReason {
-    type Err = UnknownReason;
+    type Err = crate::ConfigError;
 
-    /// The reason named by [`AbandonReason::as_str`].
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::each().find(|r| r.as_str() == s).ok_or(UnknownReason)
+        Self::each()
+            .find(|r| r.as_str() == s)
+            .ok_or(crate::ConfigError::new("names no abandonment reason"))
     }
 }
-
-/// A string that names no [`AbandonReason`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UnknownReason;
-
-impl fmt::Display for UnknownReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("unknown abandonment reason")
-    }
-}
-
-impl std::error::Error for UnknownReason {}
 
 impl fmt::Display for AbandonReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

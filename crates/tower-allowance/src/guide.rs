@@ -17,7 +17,7 @@
 //! [`Store`](crate::store::Store): in this process ([`MemoryStore`](crate::store::MemoryStore),
 //! the default) or in Redis (`tower-allowance-redis`), where every process using the same name
 //! shares it. Every decision is one pure function of (state, the store's clock, the
-//! configuration) applied atomically by the store ([`store::apply`](crate::store::apply)); the memory store and
+//! configuration) applied atomically by the store ([`State::apply`](crate::store::State::apply)); the memory store and
 //! the Redis script apply the same rule, and one conformance suite checks both.
 //! [`AllowanceLayer`](crate::AllowanceLayer) stacks Retry → Cooldown → Admission around your
 //! client, so every attempt, first or retried, is admitted, and every response is read.

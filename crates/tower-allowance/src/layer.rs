@@ -137,7 +137,7 @@ pub(crate) type Stack<S, C = StatusClassifier> =
 /// # }
 /// ```
 impl<S, C> Layer<S> for AllowanceLayer<C> {
-    type Service = Prepare<Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>>;
+    type Service = Stack<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let admission = Admission::new(inner, self.policy.shared().allowance.clone());

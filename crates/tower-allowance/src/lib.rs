@@ -63,9 +63,9 @@
 //! | `conformance` | | `store::conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock); `quota` (the suite checks the probe's lease) |
 //! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
 //! | `keyed` | | `keyed`: one allowance per key (API key, tenant), created on first use, evicted when settled, store names derived from the key under a secret | `blake3` |
-//! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill [`Snapshot::rate_limit`] and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
+//! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill `Snapshot::rate_limit` and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
 //! | `cost` | | `cost`: `CostLayer`, which sets each request's [`Cost`] from a header, the body size or a function (without it, insert [`Cost`] yourself) | nothing |
-//! | `rule` | | `rule`: the rule's internals (every op, reply, parameter, constant and step function), for stores that re-implement it rather than call [`store::apply`] (the Redis crate's Lua); outside semver | nothing |
+//! | `rule` | | `rule`: the rule's internals (every op, reply, parameter, constant and step function), for stores that re-implement it rather than call [`State::apply`](store::State::apply) (the Redis crate's Lua); outside semver | nothing |
 //! | `adaptive` | | `AdaptiveRate` and `AllowanceConfig::with_adaptive_rate`: a rate found and followed when nobody states the limit (the rule and the Redis script carry it in every build; this is its configuration) | nothing |
 //! | `quota` | | `quota`: the quota-exhaustion probe (`AllowanceBuilder::quota_probe`), one lease per group through the store | nothing |
 //!
@@ -119,14 +119,15 @@ pub mod signals;
 mod signals;
 pub mod store;
 
+#[cfg(feature = "dialects")]
+#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
+pub use crate::allowance::RateLimitObservation;
 #[cfg(feature = "adaptive")]
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub use crate::config::AdaptiveRate;
 pub use crate::{
-    acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    allowance::{
-        AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, RateLimitObservation, Snapshot,
-    },
+    acquire::{Acquire, AcquireOptions},
+    allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
         AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
     },

@@ -350,6 +350,20 @@ pub struct State {
 }
 
 impl State {
+    /// Applies one operation at `now` (the store's clock, in microseconds): the whole rule,
+    /// one atomic step. A store that keeps a `State` under a lock or in a transaction calls
+    /// this and is done.
+    pub fn apply(&mut self, now: u64, params: &Params, op: &Op) -> Reply {
+        apply(self, now, params, op)
+    }
+
+    /// Whether dropping this state and starting over from a fresh one would let nothing
+    /// through that keeping it would not: no cooldown or closure running, every bucket full,
+    /// no reservation pending, no retry budget spent, nothing learned by an adaptive rate.
+    pub fn is_settled(&self, now: u64, params: &Params) -> bool {
+        is_settled(self, now, params)
+    }
+
     /// The cooldown deadline.
     pub fn blocked_until(&self) -> u64 {
         self.blocked_until
@@ -550,7 +564,7 @@ impl ReservationParts {
 
 impl Reservation {
     /// Its fields.
-    pub fn to_parts(&self) -> ReservationParts {
+    pub fn to_parts(self) -> ReservationParts {
         ReservationParts {
             slot: self.slot,
             tat: self.tat,

@@ -1,6 +1,7 @@
 //! The shared handle: one allowance, however many clones.
 
 use std::{
+    future::Future,
     sync::{atomic::Ordering, Arc},
     time::Duration,
 };
@@ -9,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    error::{AbandonReason, DeferError, UnrepresentableDelay},
+    error::{AbandonReason, AcquireError, DeferError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
     store::{StoreError, WrongReply},
@@ -19,9 +20,11 @@ use crate::{
 mod builder;
 mod snapshot;
 
+#[cfg(feature = "dialects")]
+pub use self::snapshot::RateLimitObservation;
 pub use self::{
     builder::AllowanceBuilder,
-    snapshot::{AbandonedCounts, ClosedState, RateLimitObservation, Snapshot},
+    snapshot::{AbandonedCounts, ClosedState, Snapshot},
 };
 
 /// One shared allowance: what one credential (one API key, one provider bucket) may spend.
@@ -139,7 +142,10 @@ impl Allowance {
     /// [`Allowance::acquire_with`], as a `'static` future that holds a clone of the handle
     /// (to spawn, or to keep in a struct). [`Allowance::acquire`] borrows instead, and is
     /// a reference-count increment cheaper.
-    pub fn acquire_owned(&self, options: AcquireOptions) -> OwnedAcquire {
+    pub fn acquire_owned(
+        &self,
+        options: AcquireOptions,
+    ) -> impl Future<Output = Result<(), AcquireError>> + Send + std::fmt::Debug + 'static {
         OwnedAcquire::new(self.shared.clone(), options)
     }
 

@@ -1,4 +1,4 @@
-use std::{sync::atomic::Ordering, sync::PoisonError, time::Duration};
+use std::{sync::atomic::Ordering, time::Duration};
 
 use tokio::time::Instant;
 
@@ -34,6 +34,8 @@ pub struct Snapshot {
     /// The closed (exhausted) state, as last learned here.
     pub closed: Option<ClosedState>,
     /// The last `X-RateLimit-*` headers seen on a response, if any.
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     pub rate_limit: Option<RateLimitObservation>,
     /// Retries the shared budget could pay for now; `None` for an unlimited budget, and in
     /// [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store knows).
@@ -54,6 +56,7 @@ pub struct Snapshot {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
+#[cfg_attr(not(feature = "dialects"), allow(unreachable_pub, dead_code))]
 pub struct RateLimitObservation {
     /// `X-RateLimit-Limit`.
     pub limit: Option<u64>,
@@ -102,10 +105,11 @@ impl Snapshot {
                     reopens_in: c.until().map(|u| u.saturating_duration_since(now)),
                     reason: c.reason(),
                 }),
+            #[cfg(feature = "dialects")]
             rate_limit: s
                 .rate_limit
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
             retries_remaining: None,
             adaptive_rate: None,

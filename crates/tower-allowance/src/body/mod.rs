@@ -5,12 +5,12 @@
 //! hyper's `Incoming`, ...) and gives back a body of the *same* type for each attempt, so
 //! the inner service never sees a new body type. Bodies that cannot simply be cloned go
 //! through a [`ReplayBody`]: the first attempt streams while a copy of up to a cap
-//! ([`DEFAULT_REPLAY_CAP`], 64 KiB) is kept, and a retry replays the copy byte for byte.
+//! (64 KiB by default, [`RetryConfig::replay_cap`](crate::retry::RetryConfig::replay_cap)) is kept, and a retry replays the copy byte for byte.
 //!
 //! ```
 //! use bytes::Bytes;
 //! use http_body_util::{combinators::BoxBody, BodyExt, Full};
-//! use tower_allowance::{body::{Replayable, DEFAULT_REPLAY_CAP}, BoxError};
+//! use tower_allowance::{body::Replayable, BoxError};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), BoxError> {
@@ -18,7 +18,7 @@
 //!     Full::new(Bytes::from_static(b"{\"order\":42}")).map_err(Into::into).boxed();
 //!
 //! // Once per request: the body for the first attempt, and a handle for the retries.
-//! let (first, replay) = body.prepare(DEFAULT_REPLAY_CAP);
+//! let (first, replay) = body.prepare(64 * 1024);
 //! let replay = replay.ok_or("not replayable")?;
 //! assert_eq!(first.collect().await?.to_bytes(), "{\"order\":42}");
 //!
@@ -44,9 +44,10 @@ mod error;
 mod replay;
 mod replayable;
 
+pub(crate) use self::replay::DEFAULT_REPLAY_CAP;
 pub use self::{
     error::{ReplayError, ReplayRefused},
-    replay::{ReplayBody, DEFAULT_REPLAY_CAP},
+    replay::ReplayBody,
     replayable::{Replay, Replayable},
 };
 

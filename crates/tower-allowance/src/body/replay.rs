@@ -13,8 +13,8 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::{ReplayError, ReplayRefused};
 
-/// The default cap on the copy a [`ReplayBody`] keeps: 64 KiB.
-pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
+/// The default cap on the copy a [`ReplayBody`] keeps (`RetryConfig::replay_cap`): 64 KiB.
+pub(crate) const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 
 /// Wraps a request body so that a retry can send it again, without `B: Clone`.
 ///
@@ -44,11 +44,11 @@ pub const DEFAULT_REPLAY_CAP: usize = 64 * 1024;
 /// ```
 /// use bytes::Bytes;
 /// use http_body_util::{BodyExt, Full};
-/// use tower_allowance::body::{ReplayBody, DEFAULT_REPLAY_CAP};
+/// use tower_allowance::body::ReplayBody;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_allowance::BoxError> {
-/// let body = ReplayBody::new(Full::new(Bytes::from_static(b"order=42")), DEFAULT_REPLAY_CAP);
+/// let body = ReplayBody::new(Full::new(Bytes::from_static(b"order=42")), 64 * 1024);
 /// let retry = body.clone();
 /// assert_eq!(body.collect().await?.to_bytes(), "order=42");
 /// assert_eq!(retry.collect().await?.to_bytes(), "order=42");

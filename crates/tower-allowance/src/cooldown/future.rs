@@ -1,7 +1,7 @@
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, PoisonError},
+    sync::Arc,
     task::{ready, Context, Poll},
 };
 
@@ -10,6 +10,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::service::CooldownShared;
+#[cfg(feature = "dialects")]
+use crate::RateLimitObservation;
 use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
@@ -18,7 +20,7 @@ use crate::{
     shared::Applying,
     signals::{self, ReadContext, Reader, Wait},
     store::{StoreError, StoreFuture},
-    Allowance, AllowanceConfig, BoxError, RateLimitObservation,
+    Allowance, AllowanceConfig, BoxError,
 };
 
 pin_project! {
@@ -74,6 +76,7 @@ pub(crate) struct Read {
     pub(crate) spent_until: Option<ServerDelay>,
     /// A rate the server advertised, in thousandths per second.
     pub(crate) advertised_milli: Option<u64>,
+    #[cfg(feature = "dialects")]
     pub(crate) observation: Option<RateLimitObservation>,
     pub(crate) untrusted_date: bool,
 }
@@ -94,6 +97,7 @@ pub(crate) fn read_response<C: Classify>(
             classified: base,
             spent_until: None,
             advertised_milli: None,
+            #[cfg(feature = "dialects")]
             observation: None,
             untrusted_date: false,
         };
@@ -122,6 +126,7 @@ pub(crate) fn read_response<C: Classify>(
             .filter(|w| *w > 0)?;
         Some(p.quota.saturating_mul(1_000_000_000) / window_us)
     });
+    #[cfg(feature = "dialects")]
     let observation =
         (reading.limit.is_some() || reading.remaining.is_some() || reading.bucket.is_some())
             .then_some(RateLimitObservation {
@@ -133,6 +138,7 @@ pub(crate) fn read_response<C: Classify>(
         classified,
         spent_until,
         advertised_milli,
+        #[cfg(feature = "dialects")]
         observation,
         untrusted_date: reading.date.should_warn(),
     }
@@ -170,13 +176,14 @@ where
             &parts.headers,
         );
         let classified = read.classified;
+        #[cfg(feature = "dialects")]
         if let Some(seen) = read.observation {
             *allowance
                 .shared
                 .stats
                 .rate_limit
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(seen);
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(seen);
         }
         if read.untrusted_date {
             allowance.shared.warn_untrusted_date();

@@ -155,8 +155,7 @@ impl RetryConfig {
         self
     }
 
-    /// The most bytes of a streamed request body kept for a retry (default
-    /// [`DEFAULT_REPLAY_CAP`], 64 KiB).
+    /// The most bytes of a streamed request body kept for a retry (default 64 KiB).
     ///
     /// The first attempt streams the body while a copy of it is kept; a body that turns out
     /// longer than this is sent once and not retried: its response is the answer, marked

@@ -667,7 +667,7 @@ fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Param
     *AllowanceConfig::per_second(20, 4)
         .expect("valid")
         .with_adaptive_rate(
-            crate::AdaptiveRate::new(initial, floor, ceiling)
+            crate::config::AdaptiveRate::new(initial, floor, ceiling)
                 .expect("valid")
                 .adopt_advertised(adopt),
         )

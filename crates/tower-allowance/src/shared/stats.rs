@@ -9,7 +9,9 @@ use std::{
 };
 
 use super::metrics::Metrics;
-use crate::{error::AbandonReason, store::cell::Padded, RateLimitObservation};
+#[cfg(feature = "dialects")]
+use crate::RateLimitObservation;
+use crate::{error::AbandonReason, store::cell::Padded};
 
 /// Counters kept by this process (and, with the `metrics` feature, the metric handles).
 pub(crate) struct Stats {
@@ -18,6 +20,7 @@ pub(crate) struct Stats {
     pub(crate) admissions: Admissions,
     pub(crate) deferred: AtomicU64,
     pub(crate) abandoned: [AtomicU64; AbandonReason::COUNT],
+    #[cfg(feature = "dialects")]
     pub(crate) rate_limit: Mutex<Option<RateLimitObservation>>,
     pub(crate) metrics: Metrics,
 }
@@ -138,6 +141,7 @@ impl Stats {
             admissions: Admissions::default(),
             deferred: AtomicU64::new(0),
             abandoned: Default::default(),
+            #[cfg(feature = "dialects")]
             rate_limit: Mutex::new(None),
         }
     }

@@ -339,7 +339,7 @@ mod tests {
                 config = config.with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost()).expect("two");
             }
             if adaptive {
-                config = config.with_adaptive_rate(crate::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
+                config = config.with_adaptive_rate(crate::config::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
             }
             let p = *config.params();
             let cell = Cell::new();

@@ -11,7 +11,7 @@ use crate::rule::{Deferred, Event, Op, Params, Reply};
 /// lock-free (one compare-and-swap on a word holding the token bucket and the event epoch,
 /// two loads) and allocates nothing; everything else (retries against a budget, several
 /// limits, cooldowns, releases, quota probes) takes one short lock and applies
-/// [`rule::apply`](crate::rule::apply). See `cell.rs` for why the two agree.
+/// [`State::apply`](super::State::apply). See `cell.rs` for why the two agree.
 ///
 /// Several allowances in one process (one per Tokio runtime, say) can share one memory store
 /// through an `Arc`: each hears the others' cooldowns and closures through

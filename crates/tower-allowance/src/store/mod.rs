@@ -10,9 +10,9 @@
 //!
 //! Everything a store needs is here: the [`Op`] to apply, the [`Params`] of the allowance's
 //! configuration, the [`State`] to keep, the [`Reply`] to return, the [`Event`] to publish to
-//! other processes, and the rule itself as [`apply`] (plus [`is_settled`], for a store that
-//! holds its state in the handle). A store that can hold a [`State`] under a lock or in a
-//! transaction calls [`apply`] and is done; the values pass through it unread. A store that
+//! other processes, and the rule itself as [`State::apply`] (plus [`State::is_settled`], for a
+//! store that holds its state in the handle). A store that can hold a [`State`] under a lock
+//! or in a transaction calls [`State::apply`] and is done; the values pass through it unread. A store that
 //! re-implements the rule elsewhere (the Redis crate's Lua script) needs the rule's insides:
 //! they are the `rule` module, public with the `rule` feature and outside semver.
 //!
@@ -20,7 +20,7 @@
 //! use std::sync::Mutex;
 //! use tokio::time::Instant;
 //! use tower_allowance::{
-//!     store::{self, Op, Params, Reply, State, Store, StoreFuture},
+//!     store::{Op, Params, Reply, State, Store, StoreFuture},
 //!     Allowance, AllowanceConfig,
 //! };
 //!
@@ -36,7 +36,7 @@
 //!         // The store's clock, in microseconds since its epoch.
 //!         let now = self.epoch.elapsed().as_micros() as u64;
 //!         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-//!         let reply = store::apply(&mut state, now, params, &op);
+//!         let reply = state.apply(now, params, &op);
 //!         Box::pin(std::future::ready(Ok(reply)))
 //!     }
 //! }
@@ -61,7 +61,7 @@
 //! A store that decides without I/O also answers [`Store::try_apply`] synchronously; the
 //! layers call it first, so the in-memory fast path allocates nothing and creates no future.
 //! The default returns `None` ("ask [`Store::apply`]"). Such a store also answers
-//! [`Store::is_settled`] from the state it holds ([`is_settled`]), which the `keyed` (feature
+//! [`Store::is_settled`] from the state it holds ([`State::is_settled`]), which the `keyed` (feature
 //! `keyed`) registry asks before dropping a state that dies with its store. Nothing else
 //! distinguishes stores.
 //!
@@ -82,7 +82,7 @@ pub(crate) mod cell;
 pub mod conformance;
 mod memory;
 
-pub use crate::rule::{apply, is_settled, Event, Op, Params, Reply, State};
+pub use crate::rule::{Event, Op, Params, Reply, State};
 pub use memory::MemoryStore;
 
 /// A boxed future returned by a [`Store`]; stores that do I/O box their futures.
@@ -91,13 +91,13 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 /// A place to keep one allowance's state and apply the rule to it atomically.
 ///
 /// Implement [`Store::apply`] as one atomic step: load the state, call
-/// [`apply`] with the store's current time in microseconds, save
+/// [`State::apply`] with the store's current time in microseconds, save
 /// the state, return the reply. Run the `store::conformance` suite (feature `conformance`) against
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///
 /// A store that keeps the state in the handle (dropped with it) should also answer
-/// [`Store::is_settled`] with [`is_settled`]; until it does,
+/// [`Store::is_settled`] with [`State::is_settled`]; until it does,
 /// a `keyed` (feature `keyed`) registry never evicts its allowances.
 ///
 /// Stores shared by several processes should also publish the [`Event`] carried by replies
@@ -122,7 +122,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Whether the state is settled at `now` (the caller's reading of tokio's clock):
-    /// [`is_settled`] of the state it holds, on its own clock.
+    /// [`State::is_settled`] of the state it holds, on its own clock.
     /// Dropping a settled state and starting over from a fresh one lets nothing through that
     /// keeping it would not: no cooldown or closure running, every bucket full, no
     /// reservation pending, no retry budget spent, nothing learned by an adaptive rate.
@@ -131,7 +131,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// evicting an allowance whose state dies with its store (see
     /// `keyed::StoreFactory::state_outlives_store` (feature `keyed`)).
     /// A store that holds its state in the handle answers it from that state with
-    /// [`is_settled`]; it never says `true` of a state the rule would not call settled.
+    /// [`State::is_settled`]; it never says `true` of a state the rule would not call settled.
     ///
     /// The default is `false` ("cannot tell without I/O"): the registry then never evicts the
     /// allowance for being settled, only because its factory says the state outlives the
