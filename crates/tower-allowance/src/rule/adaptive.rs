@@ -1,0 +1,170 @@
+//! The adaptive rate: slow start, then additive increase and multiplicative decrease, capped by what a server advertises.
+
+use super::{extend_cooldown, us, Deferred, LimitParams, Params, State, MAX_DELAY_US, MAX_LIMITS};
+
+/// The adaptive rate's derived parameters: rates in thousandths of a request per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AdaptiveParams {
+    pub(crate) initial_milli: u64,
+    pub(crate) floor_milli: u64,
+    pub(crate) ceiling_milli: u64,
+    /// The main limit's burst: the tolerance is `burst` intervals at whatever rate.
+    pub(crate) burst: u64,
+    /// Take the rate a server advertises (not only cap at it).
+    pub(crate) adopt: bool,
+}
+
+impl AdaptiveParams {
+    /// The rate it starts at.
+    pub fn initial_milli(&self) -> u64 {
+        self.initial_milli
+    }
+
+    /// The lowest rate.
+    pub fn floor_milli(&self) -> u64 {
+        self.floor_milli
+    }
+
+    /// The highest rate.
+    pub fn ceiling_milli(&self) -> u64 {
+        self.ceiling_milli
+    }
+
+    /// The main limit's burst.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Whether an advertised rate is adopted.
+    pub fn adopts(&self) -> bool {
+        self.adopt
+    }
+}
+
+/// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
+///
+/// Before the first throttling response it doubles every second from the initial rate (a
+/// slow start: an unknown limit is found in a few seconds from far below it). After a cut it
+/// grows by 1% of the rate at the cut per second (additive increase: it stays near the limit,
+/// probing it rarely). Always within the floor and the ceiling, and never above a rate the
+/// server advertised.
+pub fn adaptive_rate(state: &State, now: u64, params: &Params) -> Option<u64> {
+    let a = params.adaptive?;
+    let base = if state.rate_at_cut == 0 {
+        a.initial_milli
+    } else {
+        state.rate_at_cut
+    };
+    let rate = if state.cut_at == 0 {
+        // Doubling each whole second since the first admission.
+        let since = if state.started_at == 0 {
+            0
+        } else {
+            now.saturating_sub(state.started_at)
+        };
+        let doublings = since / SLOW_START_DOUBLING_US;
+        if doublings >= 40 {
+            u64::MAX
+        } else {
+            base.saturating_mul(1 << doublings)
+        }
+    } else {
+        // base * since / period, computed so that no product exceeds 2^53 (exact in Lua).
+        let since = now.saturating_sub(state.cut_at);
+        let (q, r) = (
+            since / ADDITIVE_INCREASE_PERIOD_US,
+            since % ADDITIVE_INCREASE_PERIOD_US,
+        );
+        base.saturating_add(
+            base.saturating_mul(q)
+                .saturating_add(base.saturating_mul(r) / ADDITIVE_INCREASE_PERIOD_US),
+        )
+    };
+    let mut ceiling = a.ceiling_milli;
+    if state.advertised != 0 {
+        ceiling = ceiling.min(state.advertised);
+    }
+    Some(rate.min(ceiling).max(a.floor_milli))
+}
+
+/// A slow start doubles the adaptive rate this often (one second).
+pub const SLOW_START_DOUBLING_US: u64 = 1_000_000;
+
+/// After a cut the adaptive rate grows by its value at the cut every this long (100 s: 1% per
+/// second).
+pub const ADDITIVE_INCREASE_PERIOD_US: u64 = 100_000_000;
+
+/// A cut keeps this many thousandths of the rate (0.85).
+pub const CUT_PER_MILLE: u64 = 850;
+
+/// A cut within [`FAST_CUT_WINDOW_US`] of the previous one keeps this many thousandths (0.7):
+/// throttling that persists after a cut means the limit dropped, and it is found faster.
+pub const FAST_CUT_PER_MILLE: u64 = 700;
+
+/// See [`FAST_CUT_PER_MILLE`] (2.5 s).
+pub const FAST_CUT_WINDOW_US: u64 = 2_500_000;
+
+/// The limits as they stand at `now`: the configured ones, with the main limit's interval
+/// from the adaptive rate when it adapts.
+pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
+    let mut limits = params.limits;
+    if let (Some(rate), Some(a)) = (adaptive_rate(state, now, params), params.adaptive) {
+        let interval_us = 1_000_000_000u64.div_ceil(rate.max(1)).max(1);
+        limits[0].interval_us = interval_us;
+        limits[0].tolerance_us = interval_us.saturating_mul(a.burst).min(MAX_DELAY_US);
+    }
+    limits
+}
+
+/// A throttling response: cuts the adaptive rate (unless the throttled request was sent
+/// before the last cut: one cut per round of requests in flight), then raises the cooldown
+/// as [`extend_cooldown`] does when the response asked for a delay.
+pub fn throttle(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    delay_us: Option<u64>,
+    age_us: u64,
+) -> Deferred {
+    if let Some(rate) = adaptive_rate(state, now, params) {
+        let sent = now.saturating_sub(age_us);
+        if state.cut_at == 0 || sent > state.cut_at {
+            let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
+            let keep = if fast {
+                FAST_CUT_PER_MILLE
+            } else {
+                CUT_PER_MILLE
+            };
+            let floor = params.adaptive.map_or(1, |a| a.floor_milli.max(1));
+            state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
+            state.cut_at = now.max(1);
+        }
+    }
+    match delay_us {
+        Some(0) => Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: None,
+            event: None,
+        },
+        delay => extend_cooldown(state, now, params, delay),
+    }
+}
+
+/// A server advertised its rate: the adaptive rate is capped at it from now on and, when
+/// configured to adopt it, restarts from it. Returns the adaptive rate now (0: not adaptive).
+pub fn advertise(state: &mut State, now: u64, params: &Params, rate_milli: u64) -> u64 {
+    let Some(a) = params.adaptive else {
+        return 0;
+    };
+    if rate_milli == 0 {
+        return adaptive_rate(state, now, params).unwrap_or(0);
+    }
+    state.advertised = rate_milli;
+    if a.adopt {
+        state.rate_at_cut = rate_milli.min(a.ceiling_milli).max(a.floor_milli);
+        state.cut_at = now.max(1);
+    }
+    adaptive_rate(state, now, params).unwrap_or(0)
+}

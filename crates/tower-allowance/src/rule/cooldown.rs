@@ -1,0 +1,138 @@
+//! The cooldown and the closed state: raised, never shortened; closed, cleared.
+
+use super::{
+    us, Admission, ClosedBy, Deferred, Event, EventKind, Params, State, FOREVER, MAX_DELAY_US,
+    MAX_LIMITS, PENDING_GRACE_US,
+};
+
+/// Whether the allowance is closed at `now`: the admission's answer if it is.
+pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> {
+    (now < closed_until).then(|| Admission::Closed {
+        until: (closed_until != FOREVER).then(|| us(closed_until - now)),
+        by: ClosedBy::from_code(closed_by).unwrap_or(ClosedBy::ServerDelay),
+    })
+}
+
+/// Raises the cooldown to `now + delay` (max semantics) and translates pending reservations
+/// past it (see the module docs); a delay beyond `max_cooldown` (or unrepresentable) closes
+/// the allowance instead.
+pub fn extend_cooldown(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    delay_us: Option<u64>,
+) -> Deferred {
+    let too_long = delay_us.is_none_or(|d| d > params.max_cooldown_us);
+    if too_long {
+        let event = close(state, now, delay_us, ClosedBy::ServerDelay);
+        return Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: Some(
+                (state.closed_until != FOREVER).then(|| us(state.closed_until.saturating_sub(now))),
+            ),
+            event: Some(event),
+        };
+    }
+    let until = now.saturating_add(delay_us.unwrap_or(0));
+    if until <= state.blocked_until {
+        return Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: None,
+            event: None,
+        };
+    }
+    let shift = cooldown_shift(state, now, until, params);
+    for (l, s) in shift.iter().enumerate().take(params.limit_count) {
+        state.tat[l] = state.tat[l].saturating_add(*s);
+    }
+    if shift.iter().any(|s| *s > 0) {
+        // The last reservation's new slot: where every limit conforms again.
+        let mut last = until;
+        for (l, limit) in params.limits().iter().enumerate() {
+            last = last.max(state.tat[l].saturating_sub(limit.tolerance_us));
+        }
+        state.reserved_until = state.reserved_until.max(last);
+    }
+    state.blocked_until = until;
+    state.epoch += 1;
+    Deferred {
+        extended: true,
+        blocked_for: us(until - now),
+        closed: None,
+        event: Some(Event {
+            generation: state.generation,
+            epoch: state.epoch,
+            rebased: state.rebased,
+            kind: EventKind::Cooldown { until, shift },
+        }),
+    }
+}
+
+/// How far each limit's pending schedule moves when the cooldown is raised to `until` at
+/// `now`.
+///
+/// - Nothing pending (no reservation due later than `PENDING_GRACE_US` ago): nothing moves;
+///   the bucket refills while blocked, and callers arriving later get the recovered burst.
+/// - Otherwise the pending schedule translates rigidly by the time added,
+///   `until - max(now, previous deadline)`, on every limit: each holder keeps its place and
+///   its spacing, and the bucket's accounting moves with them (as if time stood still
+///   during the cooldown). Holders do not also get the burst that recovers meanwhile: which
+///   of the pending slots that burst could absorb depends on how many are pending, which the
+///   state does not know, and granting it on a guess sent more than burst + rate x window
+///   (a property test found it: a cooldown raised while the previous one's burst was still
+///   pending).
+pub fn cooldown_shift(state: &State, now: u64, until: u64, params: &Params) -> [u64; MAX_LIMITS] {
+    let mut shift = [0; MAX_LIMITS];
+    if pending(state, now) {
+        let rigid = until.saturating_sub(now.max(state.blocked_until));
+        shift[..params.limit_count].fill(rigid);
+    }
+    shift
+}
+
+/// Whether a reservation counts as pending at `now`: one was made, due no longer than
+/// [`PENDING_GRACE_US`] ago.
+pub(crate) fn pending(state: &State, now: u64) -> bool {
+    state.reserved_until != 0 && state.reserved_until.saturating_add(PENDING_GRACE_US) > now
+}
+
+/// Closes the allowance for `delay_us` from now (`None`: until cleared); a longer closure
+/// wins over a shorter one.
+pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -> Event {
+    let until = match delay_us {
+        Some(d) if d <= MAX_DELAY_US => now.saturating_add(d),
+        _ => FOREVER,
+    };
+    if until > state.closed_until {
+        state.closed_until = until;
+        state.closed_by = by.code();
+    }
+    state.epoch += 1;
+    Event {
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind: EventKind::Closed {
+            until: state.closed_until,
+            by: ClosedBy::from_code(state.closed_by).unwrap_or(by),
+        },
+    }
+}
+
+/// Lifts the cooldown, the closed state and the probe backoff.
+pub fn clear(state: &mut State, now: u64) -> Event {
+    state.blocked_until = state.blocked_until.min(now);
+    state.closed_until = 0;
+    state.closed_by = 0;
+    state.next_probe_at = 0;
+    state.probe_failures = 0;
+    state.epoch += 1;
+    Event {
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind: EventKind::Cleared,
+    }
+}

@@ -1,0 +1,623 @@
+//! The operations a store applies, their replies, and the events and reservations they carry.
+
+use super::{micros_ceil, micros_floor, Params, MAX_DELAY_US, MAX_LIMITS};
+use std::time::Duration;
+
+/// What an admission asks for.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_allowance::rule::AdmitRequest;
+///
+/// let retry = AdmitRequest::retry().cost(3).not_before(Duration::from_secs(1)).max_wait(Duration::from_secs(10));
+/// assert!(retry.is_retry());
+/// assert_eq!(retry.cost_units(), 3);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdmitRequest {
+    pub(crate) cost: u32,
+    pub(crate) retry: bool,
+    pub(crate) not_before_us: u64,
+    pub(crate) max_wait_us: u64,
+    pub(crate) deposits: u64,
+    pub(crate) known_generation: u64,
+}
+
+impl AdmitRequest {
+    /// A first attempt of cost 1, willing to wait however long.
+    pub const fn first() -> Self {
+        Self {
+            cost: 1,
+            retry: false,
+            not_before_us: 0,
+            max_wait_us: u64::MAX,
+            deposits: 0,
+            known_generation: 0,
+        }
+    }
+
+    /// A retry: spends one unit of the retry budget in the same step, or is refused with
+    /// `Admission::BudgetExhausted`.
+    pub const fn retry() -> Self {
+        let mut r = Self::first();
+        r.retry = true;
+        r
+    }
+
+    /// The request's cost, charged to limits that count cost
+    /// ([`Limit::counting_cost`](crate::Limit::counting_cost)).
+    pub const fn cost(mut self, cost: u32) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// Not before `delay` from now, rounded up.
+    ///
+    /// Meant for delays that hold for the whole allowance anyway (a server's `Retry-After`,
+    /// which the cooldown normally already covers): the slot is reserved in the schedule, so
+    /// callers arriving later queue behind it. A caller's private backoff is better slept
+    /// before asking.
+    pub fn not_before(mut self, delay: Duration) -> Self {
+        self.not_before_us = micros_ceil(delay).unwrap_or(MAX_DELAY_US);
+        self
+    }
+
+    /// Reserve nothing when the admission would be later than `max_wait` from now.
+    /// `Duration::ZERO` means "only now".
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.max_wait_us = micros_floor(max_wait);
+        self
+    }
+
+    /// Record `n` successful requests (for a replenishing budget) first, in the same step.
+    pub const fn deposits(mut self, n: u64) -> Self {
+        self.deposits = n;
+        self
+    }
+
+    /// The generation of the state the caller last heard of (0: none). When the store has
+    /// lost that state, the new one it creates for this request starts with an empty bucket
+    /// rather than a full one: the provider's bucket was likely being used, and the holders
+    /// of the lost reservations are about to ask again.
+    pub const fn known_generation(mut self, generation: u64) -> Self {
+        self.known_generation = generation;
+        self
+    }
+
+    /// See [`AdmitRequest::known_generation`].
+    pub fn known_generation_of(&self) -> u64 {
+        self.known_generation
+    }
+
+    /// Whether this is a retry.
+    pub fn is_retry(&self) -> bool {
+        self.retry
+    }
+
+    /// The cost.
+    pub fn cost_units(&self) -> u32 {
+        self.cost
+    }
+
+    /// Not before this many microseconds from now.
+    pub fn not_before_us(&self) -> u64 {
+        self.not_before_us
+    }
+
+    /// At most this many microseconds from now (`u64::MAX`: unbounded).
+    pub fn max_wait_us(&self) -> u64 {
+        self.max_wait_us
+    }
+
+    /// Successes to record first.
+    pub fn deposit_count(&self) -> u64 {
+        self.deposits
+    }
+}
+
+/// A slot reserved for a caller: what it needs to apply later events and to give the slot
+/// back ([`Op::Release`]) if it leaves before using it. All times are on the store's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) slot: u64,
+    pub(crate) tat: [u64; MAX_LIMITS],
+    pub(crate) generation: u64,
+    pub(crate) epoch: u64,
+    pub(crate) rebased: u64,
+    pub(crate) cost: u32,
+    pub(crate) retry: bool,
+    pub(crate) budget_slot: u64,
+}
+
+/// A [`Reservation`]'s fields, for stores that carry it over the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReservationParts {
+    /// The reserved instant.
+    pub slot: u64,
+    /// Each limit's theoretical arrival time after the reservation.
+    pub tat: [u64; MAX_LIMITS],
+    /// The state's generation (see [`State::generation`](super::State::generation)); 0 when the store holds no state
+    /// (never used, or lost and not yet recreated: a read creates none).
+    pub generation: u64,
+    /// The event epoch the reservation has seen.
+    pub epoch: u64,
+    /// The store's total backward clock steps when it was made.
+    pub rebased: u64,
+    /// The request's cost.
+    pub cost: u32,
+    /// Whether it spent a unit of retry budget.
+    pub retry: bool,
+    /// The budget slot it was recorded in.
+    pub budget_slot: u64,
+}
+
+impl ReservationParts {
+    /// The parts of a reservation made for a request of `cost` (`retry`: spending budget).
+    #[allow(clippy::too_many_arguments, reason = "one per field, for decoders")]
+    pub fn new(
+        slot: u64,
+        tat: [u64; MAX_LIMITS],
+        generation: u64,
+        epoch: u64,
+        rebased: u64,
+        cost: u32,
+        retry: bool,
+        budget_slot: u64,
+    ) -> Self {
+        Self {
+            slot,
+            tat,
+            generation,
+            epoch,
+            rebased,
+            cost,
+            retry,
+            budget_slot,
+        }
+    }
+}
+
+impl Reservation {
+    /// Its fields.
+    pub fn to_parts(self) -> ReservationParts {
+        ReservationParts {
+            slot: self.slot,
+            tat: self.tat,
+            generation: self.generation,
+            epoch: self.epoch,
+            rebased: self.rebased,
+            cost: self.cost,
+            retry: self.retry,
+            budget_slot: self.budget_slot,
+        }
+    }
+
+    /// A reservation from its fields (as a store decoded them).
+    pub fn from_parts(p: ReservationParts) -> Self {
+        Self {
+            slot: p.slot,
+            tat: p.tat,
+            generation: p.generation,
+            epoch: p.epoch,
+            rebased: p.rebased,
+            cost: p.cost,
+            retry: p.retry,
+            budget_slot: p.budget_slot,
+        }
+    }
+
+    /// The reserved instant, on the store's clock.
+    pub fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    /// The event epoch the reservation has seen.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The generation of the state it was made in.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Applies an event the store published after this reservation was made.
+    ///
+    /// Events apply in epoch order, each once: one already seen changes nothing
+    /// ([`Applied::Seen`]); one beyond the next expected epoch is not applied
+    /// ([`Applied::Gap`]) until the events in between have been. An event of another
+    /// generation of the state ([`Applied::Lost`]) means the state this reservation was made
+    /// in is gone: its schedule, and so this slot's place in it, are unknown to the store.
+    pub fn apply(&mut self, event: &Event, params: &Params) -> Applied {
+        if event.generation != self.generation {
+            return Applied::Lost;
+        }
+        if event.epoch <= self.epoch {
+            return Applied::Seen;
+        }
+        if event.epoch > self.epoch + 1 {
+            return Applied::Gap;
+        }
+        self.epoch = event.epoch;
+        // A clock step since the reservation: move our instants into the store's new frame.
+        let step = event.rebased.saturating_sub(self.rebased);
+        if step > 0 {
+            self.rebased = event.rebased;
+            self.slot = self.slot.saturating_sub(step);
+            for t in &mut self.tat {
+                *t = t.saturating_sub(step);
+            }
+        }
+        match event.kind {
+            EventKind::Cooldown { until, shift } => {
+                // The store moved each limit's schedule; the slot is the earliest instant at
+                // which every limit conforms again, never before the cooldown's end and never
+                // earlier than it was.
+                let old = self.slot;
+                let n = params.limit_count;
+                let least = shift[..n].iter().copied().min().unwrap_or(0);
+                let mut slot = old.saturating_add(least).max(until);
+                if params.adaptive.is_none() {
+                    for (l, limit) in params.limits().iter().enumerate() {
+                        slot = slot.max(
+                            self.tat[l]
+                                .saturating_add(shift[l])
+                                .saturating_sub(limit.tolerance_us),
+                        );
+                    }
+                }
+                for (t, s) in self.tat[..n].iter_mut().zip(shift) {
+                    *t = t.saturating_add(s);
+                }
+                self.slot = slot;
+                Applied::Moved(slot - old)
+            }
+            EventKind::Closed { .. } => Applied::Closed,
+            EventKind::Cleared | EventKind::Created => Applied::Moved(0),
+        }
+    }
+}
+
+/// What [`Reservation::apply`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// The event was already applied (or older).
+    Seen,
+    /// An earlier event is missing: apply that one first.
+    Gap,
+    /// Applied: the slot is now this many microseconds later (zero: unchanged).
+    Moved(u64),
+    /// The allowance closed: the reservation cannot be used.
+    Closed,
+    /// The store lost the state the reservation was made in (and made a new one): ask
+    /// again, no earlier than the slot, so the new state schedules it.
+    Lost,
+}
+
+/// Words in an encoded [`Event`]: generation, epoch, rebased, kind, and five per kind.
+pub const EVENT_WORDS: usize = 9;
+
+/// Something every holder of a reservation must hear of, published by the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub(crate) generation: u64,
+    pub(crate) epoch: u64,
+    pub(crate) rebased: u64,
+    pub(crate) kind: EventKind,
+}
+
+impl Event {
+    /// The event's epoch: events are applied in epoch order, each once.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// What happened.
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    /// The generation of the state that published it.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Encodes the event as integers (for a store that publishes it, such as Redis).
+    pub fn to_words(&self) -> [u64; EVENT_WORDS] {
+        let mut w = [0; EVENT_WORDS];
+        w[0] = self.generation;
+        w[1] = self.epoch;
+        w[2] = self.rebased;
+        match self.kind {
+            EventKind::Cooldown { until, shift } => {
+                w[3] = 1;
+                w[4] = until;
+                w[5..].copy_from_slice(&shift);
+            }
+            EventKind::Closed { until, by } => {
+                w[3] = 2;
+                w[4] = until;
+                w[5] = by as u64;
+            }
+            EventKind::Cleared => w[3] = 3,
+            EventKind::Created => w[3] = 4,
+        }
+        w
+    }
+
+    /// Decodes [`Event::to_words`]; `None` for anything else.
+    pub fn from_words(w: &[u64]) -> Option<Self> {
+        if w.len() != EVENT_WORDS {
+            return None;
+        }
+        let kind = match w[3] {
+            1 => {
+                let mut shift = [0; MAX_LIMITS];
+                shift.copy_from_slice(&w[5..]);
+                EventKind::Cooldown { until: w[4], shift }
+            }
+            2 => EventKind::Closed {
+                until: w[4],
+                by: ClosedBy::from_code(w[5])?,
+            },
+            3 => EventKind::Cleared,
+            4 => EventKind::Created,
+            _ => return None,
+        };
+        Some(Self {
+            generation: w[0],
+            epoch: w[1],
+            rebased: w[2],
+            kind,
+        })
+    }
+}
+
+/// What an [`Event`] says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// The cooldown was extended to `until`; each limit's pending schedule moved by its shift.
+    Cooldown {
+        /// The new cooldown deadline, on the store's clock.
+        until: u64,
+        /// Per limit, microseconds the pending schedule moved (zeros when none was pending).
+        shift: [u64; MAX_LIMITS],
+    },
+    /// The allowance closed until `until` ([`FOREVER`](super::FOREVER): until cleared).
+    Closed {
+        /// On the store's clock.
+        until: u64,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// An operator cleared the cooldown and the closed state.
+    Cleared,
+    /// The state was created: first use, or the store lost the previous one (a Redis
+    /// `FLUSHALL`, a restart without persistence). Published by stores that can lose their
+    /// state, so every holder of a reservation in a lost one asks again at once.
+    Created,
+}
+
+/// Why an allowance is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum ClosedBy {
+    /// A quota probe found the provider's quota spent.
+    Quota = 1,
+    /// A server asked for a wait longer than `max_cooldown` (or too long to represent).
+    ServerDelay = 2,
+}
+
+impl ClosedBy {
+    /// The numeric code stores keep.
+    pub fn code(self) -> u64 {
+        self as u64
+    }
+
+    /// From [`ClosedBy::code`].
+    pub fn from_code(code: u64) -> Option<Self> {
+        match code {
+            1 => Some(Self::Quota),
+            2 => Some(Self::ServerDelay),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to an admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted now: a token (and, for a retry, a unit of budget) was spent.
+    Admitted,
+    /// A slot was reserved `wait` from now; the token (and budget) is spent. Sleep, then send
+    /// without asking again; if the caller leaves first, [`Op::Release`] gives it back.
+    Reserved {
+        /// Time until the slot.
+        wait: Duration,
+        /// The slot, for events and release.
+        reservation: Reservation,
+    },
+    /// The admission would be `wait` from now, later than the request's `max_wait`: nothing
+    /// was spent or reserved.
+    Refused {
+        /// Time until an admission could happen.
+        wait: Duration,
+        /// The shared cooldown is (part of) the reason.
+        cooldown: bool,
+    },
+    /// A retry was refused: the shared retry budget is spent. Nothing was spent.
+    BudgetExhausted,
+    /// The allowance is closed (exhausted). Nothing was spent.
+    Closed {
+        /// Time until it reopens; `None`: until an operator clears it.
+        until: Option<Duration>,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// The request's cost exceeds some limit's burst: it can never be admitted.
+    TooCostly,
+}
+
+/// The answer to a cooldown raise ([`Op::Defer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deferred {
+    /// Whether the cooldown moved later (it never moves earlier).
+    pub extended: bool,
+    /// Time from now until the (possibly unchanged) cooldown deadline.
+    pub blocked_for: Duration,
+    /// Set when the delay closed the allowance instead (longer than `max_cooldown`).
+    pub closed: Option<Option<Duration>>,
+    /// What reservation holders must apply, when anything changed.
+    pub event: Option<Event>,
+}
+
+/// What a quota probe found, reported with [`Op::FinishProbe`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Quota remains.
+    Available,
+    /// The quota is spent until `retry_in` from now.
+    Exhausted {
+        /// Time until it renews.
+        retry_in: Duration,
+    },
+    /// The probe failed (an error, a panic, a cancellation): back off before the next one.
+    Failed,
+}
+
+/// A read of the shared state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct StoreState {
+    /// Time until the cooldown ends; zero when not cooling down.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub blocked_for: Duration,
+    /// `Some(Some(d))`: closed for `d`; `Some(None)`: closed until cleared; `None`: open.
+    ///
+    /// In JSON (feature `serde`): `null` when open, `{ "for": "2s" }` when closed for a
+    /// while, `{ "for": null }` when closed until cleared.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "closed_json"))]
+    pub closed: Option<Option<Duration>>,
+    /// Why it is closed; `None` when open.
+    pub closed_by: Option<ClosedBy>,
+    /// Retries that could be spent now; `None` for an unlimited budget.
+    pub retries_remaining: Option<u64>,
+    /// Quota probes granted so far (across every process).
+    pub probes: u64,
+    /// The event epoch.
+    pub epoch: u64,
+    /// The state's generation (see [`State::generation`](super::State::generation)); 0 when the store holds no state
+    /// (never used, or lost and not yet recreated: a read creates none).
+    pub generation: u64,
+    /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
+    pub rate_milli: u64,
+}
+
+/// [`StoreState::closed`] without the ambiguity of a nested `Option` (which serde would
+/// write as `null` both when open and when closed until cleared).
+#[cfg(feature = "serde")]
+fn closed_json<S: serde::Serializer>(
+    closed: &Option<Option<Duration>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    match closed {
+        None => serializer.serialize_none(),
+        Some(d) => {
+            let mut map = serializer.serialize_map(Some(1))?;
+            map.serialize_entry("for", &d.map(humantime_serde::Serde::from))?;
+            map.end()
+        }
+    }
+}
+
+/// One operation on an allowance's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Admit (or reserve for) one attempt.
+    Admit(AdmitRequest),
+    /// Give a reserved slot back (its holder left before using it).
+    Release(Reservation),
+    /// Raise the cooldown to `delay` from now; `None`: a delay too long to represent.
+    Defer {
+        /// Microseconds, or `None` when unrepresentable.
+        delay_us: Option<u64>,
+    },
+    /// A throttling response arrived (to a request sent `age_us` ago), asking for
+    /// `delay_us` (`Some(0)`: no delay; `None`: one too long to represent): the adaptive rate
+    /// is cut (once per round of requests), and the cooldown raised as [`Op::Defer`] does.
+    Throttle {
+        /// Microseconds, `Some(0)` for none, or `None` when unrepresentable.
+        delay_us: Option<u64>,
+        /// How long ago the throttled request was sent.
+        age_us: u64,
+    },
+    /// A server advertised its rate (thousandths of a request per second): the adaptive rate
+    /// never goes above it, and adopts it when configured to.
+    Advertise {
+        /// The advertised rate, in thousandths per second.
+        rate_milli: u64,
+    },
+    /// Close the allowance for `delay_us` (`None`: until cleared).
+    Close {
+        /// Microseconds, or `None` for until cleared.
+        delay_us: Option<u64>,
+        /// Why.
+        by: ClosedBy,
+    },
+    /// Lift the cooldown, the closed state and the probe backoff (an operator's decision).
+    Clear,
+    /// Take the quota probe's single-flight lease for `ttl_us`, as `token`.
+    Lease {
+        /// How long the lease lasts unless finished (a dead prober's lease expires).
+        ttl_us: u64,
+        /// The prober's token.
+        token: u64,
+    },
+    /// Report a quota probe's outcome and release the lease held as `token`.
+    FinishProbe {
+        /// The prober's token.
+        token: u64,
+        /// What it found.
+        outcome: ProbeOutcome,
+    },
+    /// Read the state (recording `deposits` successes first).
+    Read {
+        /// Successes to record first.
+        deposits: u64,
+    },
+}
+
+/// The answer to an [`Op`], variant for variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// To [`Op::Admit`].
+    Admit(Admission),
+    /// To [`Op::Release`]: whether the slot went back to the schedule (it was still the latest).
+    Release {
+        /// The slot was the latest on every limit and was given back.
+        released: bool,
+    },
+    /// To [`Op::Defer`] and [`Op::Throttle`].
+    Defer(Deferred),
+    /// To [`Op::Advertise`]: the adaptive rate now, in thousandths per second (0 when the
+    /// allowance's rate does not adapt).
+    Rate {
+        /// Thousandths of a request per second.
+        rate_milli: u64,
+    },
+    /// To [`Op::Close`] and [`Op::Clear`]: the event holders must apply.
+    Changed(Event),
+    /// To [`Op::Lease`].
+    Lease {
+        /// Whether this caller holds the lease now and should probe.
+        granted: bool,
+    },
+    /// To [`Op::FinishProbe`]: the event when the probe closed the allowance.
+    ProbeFinished(Option<Event>),
+    /// To [`Op::Read`].
+    State(StoreState),
+}

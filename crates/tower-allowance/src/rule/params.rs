@@ -1,0 +1,126 @@
+//! The parameters: a validated configuration as the rule reads it.
+
+use super::{AdaptiveParams, MAX_LIMITS};
+
+/// What one limit counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum Unit {
+    /// Every request counts one.
+    Requests,
+    /// Every request counts its cost (for example, the tokens an LLM request carries).
+    Cost,
+}
+
+/// One limit's derived parameters: a read-only view of a validated configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct LimitParams {
+    pub(crate) interval_us: u64,
+    pub(crate) tolerance_us: u64,
+    pub(crate) unit: Unit,
+}
+
+impl LimitParams {
+    /// Microseconds between two units (period / rate, rounded up so the admitted rate never
+    /// exceeds the configured one).
+    pub fn interval_us(&self) -> u64 {
+        self.interval_us
+    }
+
+    /// `burst * interval_us`: how far ahead of now the limit's theoretical arrival time may run
+    /// before an admission has to wait.
+    pub fn tolerance_us(&self) -> u64 {
+        self.tolerance_us
+    }
+
+    /// What the limit counts.
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// The units a request of `cost` takes from this limit.
+    pub fn units(&self, cost: u32) -> u64 {
+        match self.unit {
+            Unit::Requests => 1,
+            Unit::Cost => u64::from(cost),
+        }
+    }
+}
+
+/// The retry budget's derived parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub enum BudgetParams {
+    /// No group bound.
+    Unlimited,
+    /// A fixed number of retries for the group.
+    Fixed {
+        /// Retries in total.
+        retries: u64,
+    },
+    /// A sliding window of [`BUDGET_SLOTS`](super::BUDGET_SLOTS) slots.
+    Replenishing {
+        /// Length of one slot, in microseconds.
+        slot_us: u64,
+        /// Retries always available per window (the floor).
+        reserve: u64,
+        /// Retries earned per 1,000 successful requests.
+        per_mille: u64,
+    },
+}
+
+/// Every number the rule needs, derived once from an [`AllowanceConfig`](crate::AllowanceConfig)
+/// and passed to the store with every call, so that no store re-derives (or drifts from) them.
+///
+/// A read-only view: obtain it with [`AllowanceConfig::params`](crate::AllowanceConfig::params).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct Params {
+    pub(crate) limits: [LimitParams; MAX_LIMITS],
+    pub(crate) limit_count: usize,
+    pub(crate) budget: BudgetParams,
+    pub(crate) max_cooldown_us: u64,
+    pub(crate) probe_backoff_min_us: u64,
+    pub(crate) probe_backoff_max_us: u64,
+    pub(crate) adaptive: Option<AdaptiveParams>,
+}
+
+impl Params {
+    /// The limits, at least one.
+    pub fn limits(&self) -> &[LimitParams] {
+        &self.limits[..self.limit_count]
+    }
+
+    /// The retry budget.
+    pub fn budget(&self) -> BudgetParams {
+        self.budget
+    }
+
+    /// The longest cooldown a server may ask for; a longer (or unrepresentable) delay closes
+    /// the allowance instead.
+    pub fn max_cooldown_us(&self) -> u64 {
+        self.max_cooldown_us
+    }
+
+    /// The first backoff after a quota probe failed or found quota left.
+    pub fn probe_backoff_min_us(&self) -> u64 {
+        self.probe_backoff_min_us
+    }
+
+    /// The longest backoff between quota probes.
+    pub fn probe_backoff_max_us(&self) -> u64 {
+        self.probe_backoff_max_us
+    }
+
+    /// The adaptive rate, if the main limit's rate adapts.
+    pub fn adaptive(&self) -> Option<AdaptiveParams> {
+        self.adaptive
+    }
+
+    /// Whether the rule can decide a first attempt from the main limit's bucket alone: the
+    /// memory store's lock-free path.
+    pub(crate) fn single_limit(&self) -> bool {
+        self.limit_count == 1 && self.adaptive.is_none()
+    }
+}

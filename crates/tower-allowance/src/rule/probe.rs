@@ -1,0 +1,53 @@
+//! The quota probe's lease: one probe at a time per allowance, across processes.
+
+use super::{close, micros_ceil, ClosedBy, Event, Params, ProbeOutcome, State};
+
+/// Grants the quota probe's lease to `token` unless the allowance is closed, a probe is
+/// backing off, or another prober holds an unexpired lease.
+pub fn lease(state: &mut State, now: u64, ttl_us: u64, token: u64) -> bool {
+    if now < state.closed_until || now < state.next_probe_at || now < state.lease_until {
+        return false;
+    }
+    state.lease_until = now.saturating_add(ttl_us.max(1));
+    state.lease_token = token;
+    state.probes += 1;
+    true
+}
+
+/// Records a probe's outcome: an exhausted quota closes the allowance; anything else backs
+/// off the next probe (doubling after failures). The lease is released when `token` still
+/// holds it. Returns the event when the allowance closed.
+pub fn finish_probe(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    token: u64,
+    outcome: ProbeOutcome,
+) -> Option<Event> {
+    if state.lease_token == token {
+        state.lease_until = 0;
+    }
+    match outcome {
+        ProbeOutcome::Exhausted { retry_in } => {
+            state.probe_failures = 0;
+            Some(close(state, now, micros_ceil(retry_in), ClosedBy::Quota))
+        }
+        ProbeOutcome::Available => {
+            state.probe_failures = 0;
+            state.next_probe_at = now.saturating_add(params.probe_backoff_min_us);
+            None
+        }
+        ProbeOutcome::Failed => {
+            let factor = 1u64
+                .checked_shl(u32::try_from(state.probe_failures).unwrap_or(u32::MAX))
+                .unwrap_or(u64::MAX);
+            let backoff = params
+                .probe_backoff_min_us
+                .saturating_mul(factor)
+                .min(params.probe_backoff_max_us);
+            state.probe_failures += 1;
+            state.next_probe_at = now.saturating_add(backoff);
+            None
+        }
+    }
+}
