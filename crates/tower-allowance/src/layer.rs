@@ -99,10 +99,6 @@ impl<C> AllowanceLayer<C> {
     }
 }
 
-/// The stack [`AllowanceLayer`] builds over `S`.
-pub(crate) type Stack<S, C = StatusClassifier> =
-    Prepare<Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>>;
-
 /// The stack is tower's `Retry` with a [`RetryPolicy`] over [`Cooldown`] over [`Admission`],
 /// under a [`Prepare`] that makes each request's body replayable before `Retry` keeps its
 /// copy. There is one retry loop, tower's; for each request, `Retry` clones the stack under
@@ -122,18 +118,18 @@ pub(crate) type Stack<S, C = StatusClassifier> =
 /// ```compile_fail
 /// # use std::convert::Infallible;
 /// # use http::{Request, Response};
-/// # use tower::{ServiceBuilder, ServiceExt};
+/// # use tower::{Service, ServiceBuilder};
 /// # use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
 /// /// Not a body the stack can send again.
 /// struct Upload;
 ///
-/// # async fn run() {
+/// # fn run() {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
-/// let stack = ServiceBuilder::new()
+/// let mut stack = ServiceBuilder::new()
 ///     .layer(AllowanceLayer::new(allowance, RetryConfig::default()))
 ///     .service_fn(|_: Request<Upload>| async { Ok::<_, Infallible>(Response::new(())) });
 /// // error[E0277]: `Upload` is not a request body the allowance can replay for a retry
-/// let _ = stack.oneshot(Request::new(Upload)).await;
+/// let _ = stack.call(Request::new(Upload));
 /// # }
 /// ```
 impl<S, C> Layer<S> for AllowanceLayer<C> {

@@ -14,7 +14,16 @@ use tower::util::Oneshot;
 use tower_service::Service;
 
 use super::{registry::Entry, KeyedError};
-use crate::{layer::Stack, BoxError};
+use crate::{
+    admission::Admission,
+    classify::StatusClassifier,
+    cooldown::Cooldown,
+    retry::{Prepare, RetryPolicy},
+    BoxError,
+};
+
+/// The stack a key's [`AllowanceLayer`](crate::AllowanceLayer) builds over `S`.
+type Stack<S> = Prepare<tower::retry::Retry<RetryPolicy, Cooldown<Admission<S>, StatusClassifier>>>;
 
 pin_project! {
     /// Runs a request through its key's allowance stack; holds the key's allowance so that it
