@@ -133,7 +133,7 @@ impl<C> AllowanceLayer<C> {
 /// # }
 /// ```
 impl<S, C> Layer<S> for AllowanceLayer<C> {
-    type Service = Stack<S, C>;
+    type Service = Prepare<Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         let admission = Admission::new(inner, self.policy.shared().allowance.clone());
