@@ -1,6 +1,21 @@
 -- rule::apply: absorb a clock step, then the operation; save what changed; publish the event
 -- reservation holders in other processes must hear of.
 
+-- rule::read (rule/mod.rs): the shared state, for a snapshot.
+-- {blocked for, closed by (0: open, else 1 quota / 2 server delay), closed for or -1, retries
+-- remaining or -1, probes, epoch, rate, generation}.
+local function read()
+  load(PROBE)
+  local left = remaining()
+  local is_closed, closed_for = 0, 0
+  if s.cl == FOREVER or now < s.cl then
+    is_closed, closed_for = 2, -1
+    if s.cb == 1 then is_closed = 1 end
+    if s.cl ~= FOREVER then closed_for = s.cl - now end
+  end
+  return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0, s.gn}
+end
+
 local function arg(i) return tonumber(ARGV[O + i]) end
 
 rebase()

@@ -7,10 +7,20 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | (generated) | the constants, from `tower_allowance::rule` (their one source) |
-//! | `lua/clock.lua` | `now`: from `TIME`, unless the clock argument gives one |
-//! | `lua/state.lua` | the parameters from `ARGV`, loading and saving the state hash |
-//! | `lua/rule.lua` | the rule's functions, with the names and order of `rule.rs` |
-//! | `apply.lua` | `rule::apply`: dispatch, save, publish the events |
+//! | `lua/now.lua` | `now`: from `TIME`, unless the clock argument gives one |
+//! | `lua/state.lua` | `rule/params.rs` and `rule/state.rs`: the parameters from `ARGV`, loading and saving the state hash, and the helpers over them |
+//! | `lua/budget.lua` | `rule/budget.rs`: the retry budget |
+//! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
+//! | `lua/cooldown.lua` | `rule/cooldown.rs`: the cooldown and the closed state |
+//! | `lua/adaptive.lua` | `rule/adaptive.rs`: the adaptive rate |
+//! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
+//! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
+//! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
+//!
+//! Each rule file's decisions are transcribed under the Rust names, in an order Lua's locals
+//! allow (a function is defined before its callers); the Rust side's memory-only parts
+//! (`schedule_one`, `is_settled`) have no counterpart. The differential property test replays
+//! random operations against both and requires identical answers.
 //!
 //! Every build ships and runs this one script, tests included. `ARGV` is
 //! `[op, clock, params..., channel, op args...]` as built by [`argv`]: `clock` is `-1` ("none":
@@ -41,9 +51,14 @@ impl ApplyScript {
         let constants = constants();
         let source = [
             constants.as_str(),
-            include_str!("lua/clock.lua"),
+            include_str!("lua/now.lua"),
             include_str!("lua/state.lua"),
-            include_str!("lua/rule.lua"),
+            include_str!("lua/budget.lua"),
+            include_str!("lua/clock.lua"),
+            include_str!("lua/cooldown.lua"),
+            include_str!("lua/adaptive.lua"),
+            include_str!("lua/gcra.lua"),
+            include_str!("lua/probe.lua"),
             include_str!("apply.lua"),
         ]
         .concat();
@@ -453,9 +468,14 @@ mod tests {
         };
         [
             constants(),
-            read("lua/clock.lua"),
+            read("lua/now.lua"),
             read("lua/state.lua"),
-            read("lua/rule.lua"),
+            read("lua/budget.lua"),
+            read("lua/clock.lua"),
+            read("lua/cooldown.lua"),
+            read("lua/adaptive.lua"),
+            read("lua/gcra.lua"),
+            read("lua/probe.lua"),
             read("apply.lua"),
         ]
         .concat()

@@ -80,7 +80,7 @@ fn event_channel(name: &str) -> String {
 /// Plug it into the layers with
 /// [`Allowance::with_store`](tower_allowance::Allowance::with_store). Each operation is one
 /// Lua script run atomically on the Redis server against its own clock (`TIME`), applying
-/// `tower_allowance::rule` transcribed (`src/lua/rule.lua`): the same decisions as the
+/// `tower_allowance::rule` transcribed (`src/lua/`, one file per rule file): the same decisions as the
 /// [`MemoryStore`], checked by the same conformance suite. In the steady state an admission
 /// costs one round trip (`EVALSHA`), whether it is admitted now or given a reserved slot;
 /// after a `SCRIPT FLUSH` or a Redis restart the script is reloaded transparently.

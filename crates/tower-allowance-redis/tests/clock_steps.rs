@@ -1,7 +1,7 @@
 //! Steps of the Redis host's clock (issue 10, point 2). The script decides on the server's
 //! `TIME` and stores absolute instants; when an operation finds the clock earlier than the
 //! last one the key saw, it moves every stored instant back by the difference (`rebase` in
-//! `lua/rule.lua`, `rule::rebase` in Rust), so no wait grows by the step. What it cannot see
+//! `lua/clock.lua`, `rule::rebase` in Rust), so no wait grows by the step. What it cannot see
 //! is the time that passed between the key's last operation before the step and its first
 //! after: that gap counts as no time, so a wait can grow by it (at most one interval for an
 //! allowance in use; the outstanding wait, for a key that sat idle). Here the test clock

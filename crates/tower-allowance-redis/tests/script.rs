@@ -18,10 +18,15 @@ use tower_allowance_redis::{
 };
 
 /// The files of the script, in the documented order (after the generated constants).
-const FILES: [&str; 4] = [
-    "src/lua/clock.lua",
+const FILES: [&str; 9] = [
+    "src/lua/now.lua",
     "src/lua/state.lua",
-    "src/lua/rule.lua",
+    "src/lua/budget.lua",
+    "src/lua/clock.lua",
+    "src/lua/cooldown.lua",
+    "src/lua/adaptive.lua",
+    "src/lua/gcra.lua",
+    "src/lua/probe.lua",
     "src/apply.lua",
 ];
 

@@ -1,12 +1,28 @@
--- The clock, in microseconds: ARGV[2] when it is one, else (-1, what production passes) the
--- Redis server's TIME. Only `RedisStore::follow_tokio_clock` (feature `test-util`) passes a
--- clock, so that tests decide on tokio's paused clock with the script that ships. Arguments
--- start at ARGV[3].
--- (Redis 3.2 to 6: replicate the writes, not the script, since it reads TIME. A no-op since 7.)
-if redis.replicate_commands then redis.replicate_commands() end
-local now = tonumber(ARGV[2])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- rule/clock.rs: a backward step of the clock rebased away; a lost state recreated.
+
+local function rebase()
+  if now >= s.sn then
+    s.sn = now
+    return
+  end
+  load(PROBE)
+  if P.kind == 2 then load(BUDGET) end
+  local step = s.sn - now
+  for l = 1, MAX_LIMITS do s['t' .. l] = sat_sub(s['t' .. l], step) end
+  s.bu = sat_sub(s.bu, step)
+  s.ru = sat_sub(s.ru, step)
+  if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
+  s.lu = sat_sub(s.lu, step)
+  s.np = sat_sub(s.np, step)
+  load(ADAPTIVE)
+  s.ca = sat_sub(s.ca, step)
+  s.sa = sat_sub(s.sa, step)
+  if P.kind == 2 then s.hd = sat_sub(s.hd, math.floor(step / math.max(P.b1, 1))) end
+  s.rb = s.rb + step
+  s.sn = now
 end
-local A = 3
+
+-- rule::recreated: a state created for a caller that knew a lost one starts empty.
+local function recreated()
+  for l = 1, P.n do s['t' .. l] = now + P.tol[l] end
+end

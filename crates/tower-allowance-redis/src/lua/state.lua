@@ -103,3 +103,23 @@ local function save()
     redis.call('PEXPIRE', key, string.format('%.0f', s.ex - math.floor(now / 1000)))
   end
 end
+
+-- Helpers over the state and parameters, for the rule's files that follow.
+
+local function sat_sub(a, b) return math.max(a - b, 0) end
+
+-- Whether closure `a` ends later than `b` (FOREVER = -1 is the latest).
+local function later(a, b)
+  if b == FOREVER then return false end
+  if a == FOREVER then return true end
+  return a > b
+end
+
+local function units(l, cost)
+  if P.unit[l] == 1 then return cost end
+  return 1
+end
+
+local function event(kind, w4, w5, w6, w7, w8)
+  return {s.gn, s.ep, s.rb, kind, w4 or 0, w5 or 0, w6 or 0, w7 or 0, w8 or 0}
+end

@@ -4,11 +4,26 @@
 //! Nothing here reads a clock, locks, allocates or does I/O. Time is a count of microseconds
 //! on the store's own clock (`now`). A [`Store`](crate::store::Store) only applies these
 //! functions atomically: [`MemoryStore`](crate::store::MemoryStore) under a compare-and-swap
-//! or a lock, the Redis store in a Lua script that transcribes these decisions, most
-//! functions under the same names (not in the same order, and with a few helpers of each
-//! side's own); the differential property test, not the layout, holds the two to identical
-//! answers. [`apply`] is the one entry point; a third-party
-//! store that can hold a [`State`] under a lock or in a transaction calls it and is done.
+//! or a lock, the Redis store in a Lua script that transcribes these decisions. [`apply`] is
+//! the one entry point; a third-party store that can hold a [`State`] under a lock or in a
+//! transaction calls it ([`State::apply`]) and is done.
+//!
+//! One file per concern, and the Lua script (`tower-allowance-redis`, `src/lua/`) has the
+//! same files under the same names, each transcribing its Rust file's functions under the
+//! Rust names (in an order Lua's locals allow; `schedule_one` and `is_settled`, memory-only,
+//! have no Lua twin). The differential property test holds the two to identical answers.
+//!
+//! | file | Lua | what |
+//! | --- | --- | --- |
+//! | `params.rs`, `state.rs` | `state.lua` | the parameters and the state; when a state is settled |
+//! | `ops.rs` | (the reply encoding in `scripts.rs`) | the operations, replies, events, reservations |
+//! | `gcra.rs` | `gcra.lua` | the token buckets: GCRA with reservations |
+//! | `cooldown.rs` | `cooldown.lua` | the cooldown and the closed state |
+//! | `budget.rs` | `budget.lua` | the retry budget |
+//! | `probe.rs` | `probe.lua` | the quota probe's lease |
+//! | `adaptive.rs` | `adaptive.lua` | the adaptive rate |
+//! | `clock.rs` | `clock.lua` | clock steps rebased away; a lost state recreated |
+//! | `mod.rs` | `apply.lua` | `apply` (dispatch) and `read` |
 //!
 //! ```
 //! use std::time::Duration;

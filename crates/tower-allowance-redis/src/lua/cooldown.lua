@@ -1,0 +1,66 @@
+-- rule/cooldown.rs: the cooldown (raised, never shortened) and the closed state.
+
+-- The admission's answer when closed: {4, time until it reopens or -1, why}.
+local function closed()
+  if s.cl == FOREVER then return {4, -1, s.cb} end
+  if now < s.cl then return {4, s.cl - now, s.cb} end
+  return nil
+end
+
+local function close(delay, by)
+  local until_us = FOREVER
+  if delay >= 0 and delay <= MAX_DELAY_US then until_us = now + delay end
+  if later(until_us, s.cl) then
+    s.cl = until_us
+    s.cb = by
+  end
+  s.ep = s.ep + 1
+  return event(2, s.cl, s.cb)
+end
+
+-- rule::cooldown_shift: per limit, how far the pending schedule moves when the cooldown is
+-- raised to `until_us` (rigidly, by the time added, when anything is pending).
+local function cooldown_shift(until_us)
+  local shift = {0, 0, 0, 0}
+  if s.ru == 0 or s.ru + PENDING_GRACE_US <= now then return shift end
+  local rigid = sat_sub(until_us, math.max(now, s.bu))
+  for l = 1, P.n do shift[l] = rigid end
+  return shift
+end
+
+-- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}.
+local function extend_cooldown(delay)
+  if delay < 0 or delay > P.max_cd then
+    local ev = close(delay, 2)
+    local closed_for = -1
+    if s.cl ~= FOREVER then closed_for = sat_sub(s.cl, now) end
+    return {0, sat_sub(s.bu, now), 1, closed_for, 1, unpack(ev)}
+  end
+  local until_us = now + delay
+  if until_us <= s.bu then return {0, sat_sub(s.bu, now), 0, 0, 0} end
+  local shift = cooldown_shift(until_us)
+  local moved = false
+  for l = 1, P.n do
+    s['t' .. l] = s['t' .. l] + shift[l]
+    if shift[l] > 0 then moved = true end
+  end
+  if moved then
+    local last = until_us
+    for l = 1, P.n do last = math.max(last, sat_sub(s['t' .. l], P.tol[l])) end
+    s.ru = math.max(s.ru, last)
+  end
+  s.bu = until_us
+  s.ep = s.ep + 1
+  return {1, until_us - now, 0, 0, 1, unpack(event(1, until_us, shift[1], shift[2], shift[3], shift[4]))}
+end
+
+local function clear()
+  load(PROBE)
+  s.bu = math.min(s.bu, now)
+  s.cl = 0
+  s.cb = 0
+  s.np = 0
+  s.pf = 0
+  s.ep = s.ep + 1
+  return event(3, 0, 0)
+end

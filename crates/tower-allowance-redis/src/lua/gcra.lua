@@ -1,0 +1,70 @@
+-- rule/gcra.rs: the token buckets, GCRA with reservations, every limit in one step.
+
+-- The earliest instant every limit admits `cost`, from `t0`, and the new arrival times.
+local function schedule(iv, tol, t0, cost)
+  local at = t0
+  for l = 1, P.n do
+    local inc = units(l, cost) * iv[l]
+    if inc > tol[l] then return nil end
+    at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, tol[l]))
+  end
+  if at > now then
+    at = math.ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
+  end
+  local new = {}
+  for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * iv[l] end
+  return at, new
+end
+
+-- {0} admitted; {1, wait, slot, t1..t4, generation, epoch, rebased, budget slot} reserved;
+-- {2, wait, cooldown} refused; {3} budget exhausted; {4, until or -1, by} closed;
+-- {5} too costly.
+local function admit(cost, retry, not_before, max_wait, deposits)
+  deposit(deposits)
+  local c = closed()
+  if c then return c end
+  if retry and P.kind ~= 0 and remaining() < 1 then return {3} end
+  local natural = math.max(now, s.bu)
+  local t0 = math.max(natural, now + not_before)
+  if P.ad_on == 1 and s.sa == 0 then s.sa = math.max(now, 1) end
+  local iv, tol = effective_limits(now)
+  local at, new = schedule(iv, tol, t0, cost)
+  if not at then return {5} end
+  local wait = at - now
+  if wait > max_wait then
+    local cd = 0
+    if s.bu > now then cd = 1 end
+    return {2, wait, cd}
+  end
+  for l = 1, P.n do s['t' .. l] = new[l] end
+  local budget_slot = 0
+  if retry then budget_slot = spend() end
+  if wait == 0 then return {0} end
+  s.ru = math.max(s.ru, at)
+  local reply = {1, wait, at}
+  for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
+  reply[#reply + 1] = s.gn
+  reply[#reply + 1] = s.ep
+  reply[#reply + 1] = s.rb
+  reply[#reply + 1] = budget_slot
+  return reply
+end
+
+-- {1} when every limit took the slot back, else {0} (and nothing for a reservation made in a
+-- state since lost: this one never scheduled it).
+local function release(slot, tats, rebased, generation, cost, retry, budget_slot)
+  if generation ~= s.gn then return {0} end
+  local step = sat_sub(s.rb, rebased)
+  local all = 1
+  local iv = effective_limits(slot)
+  for l = 1, P.n do
+    local mine = sat_sub(tats[l], step)
+    if s['t' .. l] == mine then
+      s['t' .. l] = sat_sub(mine, units(l, cost) * iv[l])
+    else
+      all = 0
+    end
+  end
+  if retry then refund(budget_slot) end
+  return {all}
+end
