@@ -11,8 +11,8 @@
 //! | `lua/state.lua` | `rule/params.rs` and `rule/state.rs`: the parameters from `ARGV`, loading and saving the state hash, and the helpers over them |
 //! | `lua/budget.lua` | `rule/budget.rs`: the retry budget |
 //! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
-//! | `lua/cooldown.lua` | `rule/cooldown.rs`: the cooldown and the closed state |
 //! | `lua/adaptive.lua` | `rule/adaptive.rs`: the adaptive rate |
+//! | `lua/cooldown.lua` | `rule/cooldown.rs`: the cooldown (a throttling response too) and the closed state |
 //! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
 //! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
 //! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
@@ -55,8 +55,8 @@ impl ApplyScript {
             include_str!("lua/state.lua"),
             include_str!("lua/budget.lua"),
             include_str!("lua/clock.lua"),
-            include_str!("lua/cooldown.lua"),
             include_str!("lua/adaptive.lua"),
+            include_str!("lua/cooldown.lua"),
             include_str!("lua/gcra.lua"),
             include_str!("lua/probe.lua"),
             include_str!("apply.lua"),
@@ -472,8 +472,8 @@ mod tests {
             read("lua/state.lua"),
             read("lua/budget.lua"),
             read("lua/clock.lua"),
-            read("lua/cooldown.lua"),
             read("lua/adaptive.lua"),
+            read("lua/cooldown.lua"),
             read("lua/gcra.lua"),
             read("lua/probe.lua"),
             read("apply.lua"),

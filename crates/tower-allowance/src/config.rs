@@ -458,7 +458,7 @@ impl AllowanceConfig {
 
     /// Lets the main limit's rate adapt (see [`AdaptiveRate`]); its configured rate is then
     /// only the starting point's fallback, and its burst is kept.
-    #[cfg(any(test, feature = "adaptive"))]
+    #[cfg(feature = "adaptive")]
     #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
     pub fn with_adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
         self.adaptive = Some(adaptive);

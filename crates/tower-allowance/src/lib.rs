@@ -66,12 +66,12 @@
 //! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill `Snapshot::rate_limit` and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
 //! | `cost` | | `cost`: `CostLayer`, which sets each request's [`Cost`] from a header, the body size or a function (without it, insert [`Cost`] yourself) | nothing |
 //! | `rule` | | `rule`: the rule's internals (every op, reply, parameter, constant and step function), for stores that re-implement it rather than call [`State::apply`](store::State::apply) (the Redis crate's Lua); outside semver | nothing |
-//! | `adaptive` | | `AdaptiveRate` and `AllowanceConfig::with_adaptive_rate`: a rate found and followed when nobody states the limit (the rule and the Redis script carry it in every build; this is its configuration) | nothing |
+//! | `adaptive` | | `AdaptiveRate` and `AllowanceConfig::with_adaptive_rate`: a rate found and followed when nobody states the limit (without it the rule's `adaptive.rs` is a fixed-rate twin; the Redis crate builds with it) | nothing |
 //! | `quota` | | `quota`: the quota-exhaustion probe (`AllowanceBuilder::quota_probe`), one lease per group through the store | nothing |
 //!
-//! The default build is the core: admission, cooldown, retry, the stores' rule, the adaptive
-//! rate (woven into the rule, and into the Redis script, so not optional), and `Retry-After`
-//! and `retry-after-ms` ([`retry_after`] is the one `Retry-After` parser).
+//! The default build is the core: admission, cooldown, retry, the stores' rule and the
+//! memory store, and `Retry-After` and `retry-after-ms` ([`retry_after`] is the one
+//! `Retry-After` parser).
 //!
 //! The Redis store is a separate crate, `tower-allowance-redis`.
 

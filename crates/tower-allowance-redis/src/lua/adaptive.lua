@@ -42,8 +42,8 @@ local function effective_limits(at)
   return iv, tol
 end
 
--- A throttling response: cut the adaptive rate (once per round), then the cooldown.
-local function throttle(delay, age)
+-- A throttling response cuts the adaptive rate, once per round of requests in flight.
+local function cut_rate(age)
   local rate = adaptive_rate()
   if rate then
     local sent = sat_sub(now, age)
@@ -54,8 +54,6 @@ local function throttle(delay, age)
       s.ca = math.max(now, 1)
     end
   end
-  if delay == 0 then return {0, sat_sub(s.bu, now), 0, 0, 0} end
-  return extend_cooldown(delay)
 end
 
 local function advertise(rate_milli)

@@ -64,3 +64,10 @@ local function clear()
   s.ep = s.ep + 1
   return event(3, 0, 0)
 end
+
+-- A throttling response: cut the adaptive rate (once per round), then the cooldown.
+local function throttle(delay, age)
+  cut_rate(age)
+  if delay == 0 then return {0, sat_sub(s.bu, now), 0, 0, 0} end
+  return extend_cooldown(delay)
+end

@@ -1,46 +1,6 @@
 //! The adaptive rate: slow start, then additive increase and multiplicative decrease, capped by what a server advertises.
 
-use super::{extend_cooldown, us, Deferred, LimitParams, Params, State, MAX_DELAY_US, MAX_LIMITS};
-
-/// The adaptive rate's derived parameters: rates in thousandths of a request per second.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-pub struct AdaptiveParams {
-    pub(crate) initial_milli: u64,
-    pub(crate) floor_milli: u64,
-    pub(crate) ceiling_milli: u64,
-    /// The main limit's burst: the tolerance is `burst` intervals at whatever rate.
-    pub(crate) burst: u64,
-    /// Take the rate a server advertises (not only cap at it).
-    pub(crate) adopt: bool,
-}
-
-impl AdaptiveParams {
-    /// The rate it starts at.
-    pub fn initial_milli(&self) -> u64 {
-        self.initial_milli
-    }
-
-    /// The lowest rate.
-    pub fn floor_milli(&self) -> u64 {
-        self.floor_milli
-    }
-
-    /// The highest rate.
-    pub fn ceiling_milli(&self) -> u64 {
-        self.ceiling_milli
-    }
-
-    /// The main limit's burst.
-    pub fn burst(&self) -> u64 {
-        self.burst
-    }
-
-    /// Whether an advertised rate is adopted.
-    pub fn adopts(&self) -> bool {
-        self.adopt
-    }
-}
+use super::{LimitParams, Params, State, MAX_DELAY_US, MAX_LIMITS};
 
 /// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
 ///
@@ -117,16 +77,9 @@ pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParam
     limits
 }
 
-/// A throttling response: cuts the adaptive rate (unless the throttled request was sent
-/// before the last cut: one cut per round of requests in flight), then raises the cooldown
-/// as [`extend_cooldown`] does when the response asked for a delay.
-pub fn throttle(
-    state: &mut State,
-    now: u64,
-    params: &Params,
-    delay_us: Option<u64>,
-    age_us: u64,
-) -> Deferred {
+/// A throttling response cuts the adaptive rate, unless the throttled request was sent
+/// before the last cut (one cut per round of requests in flight): see [`throttle`](super::throttle).
+pub fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64) {
     if let Some(rate) = adaptive_rate(state, now, params) {
         let sent = now.saturating_sub(age_us);
         if state.cut_at == 0 || sent > state.cut_at {
@@ -140,15 +93,6 @@ pub fn throttle(
             state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
             state.cut_at = now.max(1);
         }
-    }
-    match delay_us {
-        Some(0) => Deferred {
-            extended: false,
-            blocked_for: us(state.blocked_until.saturating_sub(now)),
-            closed: None,
-            event: None,
-        },
-        delay => extend_cooldown(state, now, params, delay),
     }
 }
 

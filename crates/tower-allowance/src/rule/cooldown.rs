@@ -1,8 +1,8 @@
 //! The cooldown and the closed state: raised, never shortened; closed, cleared.
 
 use super::{
-    us, Admission, ClosedBy, Deferred, Event, EventKind, Params, State, FOREVER, MAX_DELAY_US,
-    MAX_LIMITS, PENDING_GRACE_US,
+    cut_rate, us, Admission, ClosedBy, Deferred, Event, EventKind, Params, State, FOREVER,
+    MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US,
 };
 
 /// Whether the allowance is closed at `now`: the admission's answer if it is.
@@ -134,5 +134,26 @@ pub fn clear(state: &mut State, now: u64) -> Event {
         epoch: state.epoch,
         rebased: state.rebased,
         kind: EventKind::Cleared,
+    }
+}
+
+/// A throttling response: cuts the adaptive rate ([`cut_rate`], when the rate adapts), then
+/// raises the cooldown as [`extend_cooldown`] does when the response asked for a delay.
+pub fn throttle(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    delay_us: Option<u64>,
+    age_us: u64,
+) -> Deferred {
+    cut_rate(state, now, params, age_us);
+    match delay_us {
+        Some(0) => Deferred {
+            extended: false,
+            blocked_for: us(state.blocked_until.saturating_sub(now)),
+            closed: None,
+            event: None,
+        },
+        delay => extend_cooldown(state, now, params, delay),
     }
 }

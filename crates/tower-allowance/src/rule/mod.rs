@@ -91,6 +91,8 @@
 
 use std::time::Duration;
 
+// The adaptive rate, or (without the feature) its fixed twin: the configured rate.
+#[cfg_attr(not(feature = "adaptive"), path = "fixed.rs")]
 mod adaptive;
 mod budget;
 mod clock;

@@ -1,6 +1,6 @@
 //! The parameters: a validated configuration as the rule reads it.
 
-use super::{AdaptiveParams, MAX_LIMITS};
+use super::MAX_LIMITS;
 
 /// What one limit counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,5 +122,45 @@ impl Params {
     /// memory store's lock-free path.
     pub(crate) fn single_limit(&self) -> bool {
         self.limit_count == 1 && self.adaptive.is_none()
+    }
+}
+
+/// The adaptive rate's derived parameters: rates in thousandths of a request per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+pub struct AdaptiveParams {
+    pub(crate) initial_milli: u64,
+    pub(crate) floor_milli: u64,
+    pub(crate) ceiling_milli: u64,
+    /// The main limit's burst: the tolerance is `burst` intervals at whatever rate.
+    pub(crate) burst: u64,
+    /// Take the rate a server advertises (not only cap at it).
+    pub(crate) adopt: bool,
+}
+
+impl AdaptiveParams {
+    /// The rate it starts at.
+    pub fn initial_milli(&self) -> u64 {
+        self.initial_milli
+    }
+
+    /// The lowest rate.
+    pub fn floor_milli(&self) -> u64 {
+        self.floor_milli
+    }
+
+    /// The highest rate.
+    pub fn ceiling_milli(&self) -> u64 {
+        self.ceiling_milli
+    }
+
+    /// The main limit's burst.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// Whether an advertised rate is adopted.
+    pub fn adopts(&self) -> bool {
+        self.adopt
     }
 }

@@ -663,6 +663,7 @@ proptest! {
     }
 }
 
+#[cfg(feature = "adaptive")]
 fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Params {
     *AllowanceConfig::per_second(20, 4)
         .expect("valid")
@@ -674,6 +675,7 @@ fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Param
         .params()
 }
 
+#[cfg(feature = "adaptive")]
 fn throttle_at(s: &mut State, now: u64, p: &Params, age_us: u64) {
     let _ = apply(
         s,
@@ -687,6 +689,7 @@ fn throttle_at(s: &mut State, now: u64, p: &Params, age_us: u64) {
 }
 
 #[test]
+#[cfg(feature = "adaptive")]
 fn adaptive_rate_starts_slow_then_cuts_and_grows_additively() {
     let p = adaptive_params(2.0, 0.5, 200.0, false);
     let mut s = State::default();
@@ -716,6 +719,7 @@ fn adaptive_rate_starts_slow_then_cuts_and_grows_additively() {
 }
 
 #[test]
+#[cfg(feature = "adaptive")]
 fn adaptive_rate_meters_admissions_at_the_current_rate() {
     // 2/s at first, burst 4: four at once, then one per 500 ms.
     let p = adaptive_params(2.0, 0.5, 200.0, false);
@@ -727,6 +731,7 @@ fn adaptive_rate_meters_admissions_at_the_current_rate() {
 }
 
 #[test]
+#[cfg(feature = "adaptive")]
 fn an_advertised_rate_caps_and_can_be_adopted() {
     let p = adaptive_params(2.0, 0.5, 200.0, false);
     let mut s = State::default();
@@ -983,6 +988,7 @@ fn a_spent_retry_budget_keeps_the_state_until_a_fresh_one_would_be_no_richer() {
 }
 
 #[test]
+#[cfg(feature = "adaptive")]
 fn an_adaptive_rate_keeps_what_it_learned() {
     let p = adaptive_params(2.0, 0.5, 200.0, false);
     // A slow start, never cut: a fresh one would start slower still.

@@ -338,9 +338,12 @@ mod tests {
             if second_limit {
                 config = config.with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost()).expect("two");
             }
+            #[cfg(feature = "adaptive")]
             if adaptive {
                 config = config.with_adaptive_rate(crate::config::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
             }
+            #[cfg(not(feature = "adaptive"))]
+            let _ = adaptive;
             let p = *config.params();
             let cell = Cell::new();
             let mut state = State::default();

@@ -1,0 +1,25 @@
+//! The rate without the `adaptive` feature: always the configured one.
+//!
+//! No configuration can ask for an adaptive rate without the feature (`AdaptiveRate` is
+//! behind it), so `params.adaptive` is always `None` here and these are what `adaptive.rs`
+//! answers for it. Stores that mirror the rule (the Redis crate) build with the feature.
+
+use super::{LimitParams, Params, State, MAX_LIMITS};
+
+/// Never adapts.
+pub fn adaptive_rate(_state: &State, _now: u64, _params: &Params) -> Option<u64> {
+    None
+}
+
+/// The configured limits.
+pub fn effective_limits(_state: &State, _now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
+    params.limits
+}
+
+/// Nothing to cut.
+pub fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) {}
+
+/// Nothing to cap or adopt: 0, "not adaptive".
+pub fn advertise(_state: &mut State, _now: u64, _params: &Params, _rate_milli: u64) -> u64 {
+    0
+}
