@@ -16,9 +16,10 @@ use proptest::{
     test_runner::{Config as ProptestConfig, TestRunner},
 };
 use tower_allowance::{
+    conformance,
     rule::AdmitRequest,
     rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply},
-    store::{conformance, MemoryStore, Store},
+    store::{MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };
 use tower_allowance_redis::{

@@ -47,14 +47,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::Instant;
-
-use crate::{
-    error::Exhausted,
-    rule::{ClosedBy, Op, ProbeOutcome, Reply},
-    shared::{Applying, Shared},
-    BoxError, ConfigError,
-};
+use crate::{BoxError, ConfigError};
 
 /// What a quota probe found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,6 +141,24 @@ impl QuotaGuard {
         self.probes.load(Ordering::Relaxed)
     }
 
+    /// This process holds the lease and runs the probe.
+    pub(crate) fn started(&self) {
+        self.probes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Asks the provider.
+    pub(crate) fn probe(
+        &self,
+    ) -> Pin<Box<dyn Future<Output = Result<QuotaStatus, BoxError>> + Send>> {
+        self.probe.probe()
+    }
+
+    /// The probe is over (whatever it found): another may be asked for.
+    pub(crate) fn finished(&self) {
+        self.probing.store(false, Ordering::Release);
+        self.clear_streak();
+    }
+
     /// A response that says nothing about the quota (success, or throttling with a delay).
     pub(crate) fn clear_streak(&self) {
         if self.consecutive.load(Ordering::Relaxed) != 0 {
@@ -163,101 +174,5 @@ impl QuotaGuard {
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         n >= self.trigger.after.get() && !self.probing.swap(true, Ordering::AcqRel)
-    }
-}
-
-/// Runs the probe for the group, if the store grants this process the lease.
-///
-/// The lease is released on every exit path: the probe's outcome is reported when it
-/// finishes; a probe that errors, times out, panics or is cancelled (its task dropped, its
-/// runtime shut down) is reported as failed by a drop guard, and if even that report cannot
-/// be made, the lease expires after [`PROBE_LEASE`].
-pub(crate) async fn run_probe(shared: Arc<Shared>) {
-    let Some(quota) = &shared.quota else {
-        return;
-    };
-    let token = fastrand::u64(..);
-    let mut guard = LeaseGuard {
-        shared: shared.clone(),
-        token,
-        held: false,
-    };
-    let granted = matches!(
-        shared
-            .apply_async(Op::Lease {
-                ttl_us: PROBE_LEASE.as_micros() as u64,
-                token,
-            })
-            .await,
-        Ok(Reply::Lease { granted: true })
-    );
-    if !granted {
-        return;
-    }
-    guard.held = true;
-    quota.probes.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(
-        allowance = &*shared.name,
-        "running the quota probe for the group"
-    );
-    let outcome = match tokio::time::timeout(PROBE_LEASE, quota.probe.probe()).await {
-        Ok(Ok(QuotaStatus::Available)) => ProbeOutcome::Available,
-        Ok(Ok(QuotaStatus::Exhausted { retry_in })) => ProbeOutcome::Exhausted { retry_in },
-        Ok(Err(e)) => {
-            tracing::debug!(allowance = &*shared.name, error = %e, "quota probe failed; backing off");
-            ProbeOutcome::Failed
-        }
-        Err(_) => ProbeOutcome::Failed,
-    };
-    guard.held = false;
-    let now = Instant::now();
-    match shared.apply_async(Op::FinishProbe { token, outcome }).await {
-        Ok(Reply::ProbeFinished(Some(event))) => {
-            if let ProbeOutcome::Exhausted { retry_in } = outcome {
-                shared
-                    .holders
-                    .learn_closed(Exhausted::new(now.checked_add(retry_in), ClosedBy::Quota));
-                tracing::warn!(
-                    allowance = &*shared.name,
-                    ?retry_in,
-                    "quota exhausted: allowance closed"
-                );
-            }
-            shared.holders.event(event);
-        }
-        Ok(_) => {}
-        Err(e) => tracing::debug!(error = %e, "could not record the quota probe's outcome"),
-    }
-}
-
-/// Releases the lease (as a failed probe) if the probe did not finish, and the process-local
-/// single flight in every case.
-struct LeaseGuard {
-    shared: Arc<Shared>,
-    token: u64,
-    held: bool,
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if self.held {
-            let op = Op::FinishProbe {
-                token: self.token,
-                outcome: ProbeOutcome::Failed,
-            };
-            match self.shared.apply(Instant::now(), op) {
-                Applying::Done(_) => {}
-                Applying::Pending(fut) => {
-                    // Best effort; without a runtime the lease expires by itself.
-                    if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                        handle.spawn(fut);
-                    }
-                }
-            }
-        }
-        if let Some(q) = &self.shared.quota {
-            q.probing.store(false, Ordering::Release);
-            q.clear_streak();
-        }
     }
 }

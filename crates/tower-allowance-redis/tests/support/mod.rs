@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_allowance::{store::conformance, Allowance, AllowanceConfig};
+use tower_allowance::{conformance, Allowance, AllowanceConfig};
 use tower_allowance_redis::{test_util::unique_name, RedisStore};
 
 pub const MS: Duration = Duration::from_millis(1);

@@ -315,7 +315,7 @@ impl Allowance {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
-                handle.spawn(crate::quota::run_probe(self.shared.clone()));
+                handle.spawn(crate::shared::probe::run_probe(self.shared.clone()));
             }
             Err(_) => q.clear_streak(),
         }

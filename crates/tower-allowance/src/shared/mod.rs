@@ -23,6 +23,8 @@ use crate::{
 
 pub(crate) mod holders;
 pub(crate) mod metrics;
+#[cfg(feature = "quota")]
+pub(crate) mod probe;
 pub(crate) mod stats;
 
 pub(crate) use self::{holders::Holders, stats::Stats};

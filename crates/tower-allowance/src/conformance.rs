@@ -1,11 +1,11 @@
 //! The conformance suite every [`Store`] must pass (feature `conformance`).
 //!
 //! It replays the same operations, and the same requests through the real layers, against a
-//! store, and checks every answer and every instant exactly. [`MemoryStore`](super::MemoryStore) passes it by
+//! store, and checks every answer and every instant exactly. [`MemoryStore`](crate::store::MemoryStore) passes it by
 //! construction; the Redis store runs it in CI; a third-party store runs it in its own tests:
 //!
 //! ```
-//! use tower_allowance::store::{conformance, MemoryStore};
+//! use tower_allowance::{conformance, store::MemoryStore};
 //!
 //! #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! async fn main() {
@@ -37,7 +37,7 @@ use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower::{service_fn, ServiceExt};
 
-use super::Store;
+use crate::store::Store;
 use crate::{
     error::AbandonReason,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
