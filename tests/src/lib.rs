@@ -60,3 +60,8 @@ impl CountedService {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The tour's examples, likewise.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/tour.md")]
+pub struct TourDoctests;
