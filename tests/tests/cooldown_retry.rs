@@ -257,7 +257,12 @@ async fn a_bogus_date_header_is_not_trusted() {
 
 #[tokio::test(start_paused = true)]
 async fn rate_limit_headers_are_observed() {
-    let allowance = allowance();
+    // The `X-RateLimit-*` shape is read by the dialects that name it, not by the standard one.
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(2, 2)
+            .expect("valid")
+            .with_dialect(tower_allowance::signals::Dialect::x_ratelimit()),
+    );
     observe(
         &allowance,
         response_with(

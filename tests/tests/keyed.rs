@@ -325,9 +325,11 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
 /// a success saying the quota is spent) keep the allowance as `defer()`'s do.
 #[tokio::test(start_paused = true)]
 async fn a_cooldown_or_a_closure_from_a_response_keeps_the_allowance() {
+    // The IETF fields below are read by the dialects that name them, not the standard one.
     let config = per_second(100, 100)
         .with_max_cooldown(Duration::from_secs(60))
-        .expect("valid");
+        .expect("valid")
+        .with_dialect(tower_allowance::signals::Dialect::generic());
     let keyed = eager(config);
     let seen = Seen::default();
     let svc = ServiceBuilder::new()

@@ -474,9 +474,8 @@ impl AllowanceConfig {
     }
 
     /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
-    /// `Retry-After`, `retry-after-ms`, and with the `dialects` feature the IETF
-    /// `RateLimit`/`RateLimit-Policy` fields, the older `RateLimit-*` trio and
-    /// `X-RateLimit-*`); see [`signals`](crate::signals).
+    /// `Retry-After` and `retry-after-ms`; [`Dialect::generic`] adds the IETF fields and
+    /// `X-RateLimit-*`, and each provider has its own); see [`signals`](crate::signals).
     #[cfg(feature = "dialects")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     pub fn with_dialect(mut self, dialect: Dialect) -> Self {
@@ -715,7 +714,7 @@ mod serde_impl {
     //! period = "1s"
     //! burst = 10
     //! max_cooldown = "15m"
-    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "x-ratelimit" with `dialects`
+    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "x-ratelimit", "generic" with `dialects`
     //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
     //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
     //! outage = { wait = "30s" }
@@ -800,6 +799,8 @@ mod serde_impl {
         Anthropic,
         #[cfg(feature = "dialects")]
         Ietf,
+        #[cfg(feature = "dialects")]
+        Generic,
         // `x-ratelimit`; `odds`, its first name, still read.
         #[cfg(feature = "dialects")]
         #[serde(rename = "x-ratelimit", alias = "odds")]
@@ -869,6 +870,7 @@ mod serde_impl {
                         RawDialect::Openai => Dialect::openai(),
                         RawDialect::Anthropic => Dialect::anthropic(),
                         RawDialect::Ietf => Dialect::ietf(),
+                        RawDialect::Generic => Dialect::generic(),
                         RawDialect::XRateLimit => Dialect::x_ratelimit(),
                     });
                 }

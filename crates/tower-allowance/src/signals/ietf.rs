@@ -488,9 +488,10 @@ mod tests {
                 value: r#""x";r=0;t=999999999999999"#.into()
             })
         );
-        // The standard dialect reads it; the GitHub one does not.
+        // The generic dialect reads it; the GitHub and the standard ones do not.
         let h = [("ratelimit", &br#""x";r=0;t=7"#[..])];
-        assert_eq!(read(Dialect::standard(), &h).wait, secs(7));
+        assert_eq!(read(Dialect::generic(), &h).wait, secs(7));
+        assert_eq!(read(Dialect::standard(), &h).wait, None);
         assert_eq!(read(Dialect::github(), &h).wait, None);
     }
 

@@ -29,13 +29,16 @@
 //!
 //! # Features
 //!
-//! Without the `dialects` feature, a dialect has two readers, [`RetryAfter`](Reader::RetryAfter)
-//! and [`RetryAfterMs`](Reader::RetryAfterMs), and [`Dialect::standard`] is those two. The
-//! `dialects` feature adds the providers' readers below (and `sfv`, for the IETF fields), their
-//! dialects (`Dialect::github()`, `openai()`, `anthropic()`, `ietf()`, `x_ratelimit()`), and the IETF
-//! and `X-RateLimit-*` readers to [`Dialect::standard`]; only they fill
-//! [`Reading::remaining`], [`limit`](Reading::limit), [`policy`](Reading::policy) and
-//! [`bucket`](Reading::bucket), which are `None` without it.
+//! This module is public with the `dialects` feature, which adds the providers' readers below
+//! (and `sfv`, for the IETF fields) and their dialects (`Dialect::github()`, `openai()`,
+//! `anthropic()`, `ietf()`, `x_ratelimit()`, and `generic()`: the IETF fields and
+//! `X-RateLimit-*` beside `Retry-After`). [`Dialect::standard`], the default, is
+//! [`RetryAfter`](Reader::RetryAfter) and [`RetryAfterMs`](Reader::RetryAfterMs) in every
+//! build: enabling the feature adds dialects to choose from and changes no allowance that
+//! does not choose one. Only the providers' readers fill [`Reading::remaining`],
+//! [`limit`](Reading::limit), [`policy`](Reading::policy) and [`bucket`](Reading::bucket).
+//! Without the feature the cooldown reads `Retry-After` and `retry-after-ms` through the same
+//! code, and [`retry_after`](crate::retry_after) is public at the crate root.
 //!
 //! # Readers and the headers they read
 //!
@@ -83,7 +86,7 @@
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
 //! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the `XRateLimit`
-//!   reader (the standard dialect) a generic `X-RateLimit-Reset` of at least
+//!   reader (`Dialect::x_ratelimit`, `Dialect::generic`) a generic `X-RateLimit-Reset` of at least
 //!   `EPOCH_THRESHOLD` (1,000,000,000: September 2001) is epoch seconds, and a smaller one
 //!   delta seconds: no API resets a window 31 years ahead, and no server's clock reads 2001.
 //!
@@ -326,18 +329,23 @@ impl Dialect {
         Self { readers: 0 }
     }
 
-    /// The default: `Retry-After` and `retry-after-ms`; with the `dialects` feature, also
-    /// the IETF fields (current and older drafts) and the generic `X-RateLimit-*`.
+    /// The default, in every build: `Retry-After` and `retry-after-ms`. (Features only add
+    /// dialects; they never change what this one reads.)
     pub const fn standard() -> Self {
-        let d = Self::none()
+        Self::none()
             .with(Reader::RetryAfter)
-            .with(Reader::RetryAfterMs);
-        #[cfg(feature = "dialects")]
-        let d = d
+            .with(Reader::RetryAfterMs)
+    }
+
+    #[cfg(feature = "dialects")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
+    /// For a provider whose headers you do not know: [`Dialect::standard`], the IETF fields
+    /// (current and older drafts) and the generic `X-RateLimit-*`.
+    pub const fn generic() -> Self {
+        Self::standard()
             .with(Reader::Ietf)
             .with(Reader::IetfLegacy)
-            .with(Reader::XRateLimit);
-        d
+            .with(Reader::XRateLimit)
     }
 
     #[cfg(feature = "dialects")]
