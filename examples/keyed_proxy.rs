@@ -19,7 +19,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use allowance_sim::tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER};
+use allowance_testkit::tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER};
 use axum::{
     body::Body,
     extract::State,

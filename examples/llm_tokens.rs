@@ -27,7 +27,7 @@ use std::sync::{
     Arc,
 };
 
-use allowance_sim::tokens::{
+use allowance_testkit::tokens::{
     Rate, TokenSummary, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER,
 };
 use bytes::Bytes;
