@@ -614,10 +614,9 @@ mod tests {
     fn children_get_the_dialect_and_the_adaptive_rate() {
         use clap::Parser;
 
-        use crate::{
-            cli::{Cli, Command},
-            scenario::Adaptive,
-        };
+        use allowance_testkit::scenario::Adaptive;
+
+        use crate::cli::{Cli, Command};
         let s = Scenario {
             adaptive: Some(Adaptive {
                 adopt: true,
