@@ -1,4 +1,4 @@
-//! Workers over real HTTP, in real time: the same stacks as [`scenario`](allowance_testkit::scenario),
+//! Workers over real HTTP, in real time: the same stacks as [`scenario`],
 //! around a pooled [`hyper_util::client::legacy::Client`].
 //!
 //! [`run_real`] starts an [`Upstream`] on loopback, runs the workers against it and counts

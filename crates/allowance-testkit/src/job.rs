@@ -207,7 +207,7 @@ impl JobEnd {
 /// The outcome of a job cancelled while it waited.
 pub const CANCELLED: &str = "cancelled";
 
-/// `d` in whole milliseconds, rounded up, like [`min_makespan_ms`]: a run that takes exactly
+/// `d` in whole milliseconds, rounded up, like [`min_makespan_ms`](crate::report::min_makespan_ms): a run that takes exactly
 /// the minimum (333.334 ms for one interval at 3/s) reports the minimum (334 ms), not less.
 ///
 /// ```

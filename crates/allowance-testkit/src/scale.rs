@@ -225,7 +225,7 @@ pub fn add_upstream_figures(report: &mut RunReport, upstream: &Upstream, split: 
     report.scale.fairness = Some(fairness(&jobs, &served, split, report.rate_per_sec));
 }
 
-/// Prints the figures of [`ScaleFigures`] a run has, one line each, under its table.
+/// Prints the figures of [`ScaleFigures`](crate::figures::ScaleFigures) a run has, one line each, under its table.
 ///
 /// # Errors
 ///
