@@ -15,7 +15,7 @@
 //! every other 429 counts against the one burst a state loss may cost.
 //!
 //! A real-time experiment (`--features experiments`, tests/README.md); the window check
-//! itself is tested on fixed data in `allowance_sim::scale` (the_window_check_sees_a_herd).
+//! itself is tested on fixed data in `allowance_testkit::scale` (the_window_check_sees_a_herd).
 
 use std::{path::Path, time::Duration};
 
