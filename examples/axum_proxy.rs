@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use allowance_sim::upstream::{
+use allowance_testkit::upstream::{
     RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
 };
 use axum::{

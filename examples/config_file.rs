@@ -22,7 +22,7 @@
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Empty;

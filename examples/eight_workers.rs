@@ -19,11 +19,10 @@
 //! cargo run --example eight_workers -- --help     # this, and nothing run
 //! ```
 
-use allowance_sim::{
-    live,
+use allowance_sim::{live, timeline};
+use allowance_testkit::{
     report::RunReport,
     scenario::{seed_table, seed_table_text, Mode, Scenario},
-    timeline,
 };
 use serde_json::{json, Value};
 

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Empty};

@@ -1,7 +1,7 @@
 //! A multi-tenant axum proxy: each tenant has its own upstream API key, and each key its own
 //! allowance, picked per request by a `KeyedLayer`.
 //!
-//! The upstream (`allowance_sim::tokens`, on loopback) limits every key to 10 requests/s
+//! The upstream (`allowance_testkit::tokens`, on loopback) limits every key to 10 requests/s
 //! (burst 2) and 2,000 tokens/s (burst 1,000). The proxy maps a tenant's inbound key
 //! (`x-tenant-key`) to its upstream key and forwards `POST /v1/complete` with
 //! `Authorization: Bearer <upstream key>` and the request's `x-token-cost`, through
@@ -19,7 +19,7 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use allowance_sim::tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER};
+use allowance_testkit::tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER};
 use axum::{
     body::Body,
     extract::State,

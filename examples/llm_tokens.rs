@@ -1,6 +1,6 @@
 //! Sixteen workers share one LLM API key limited in requests *and* tokens at once.
 //!
-//! Starts an upstream shaped like an LLM API on loopback (`allowance_sim::tokens`: per key,
+//! Starts an upstream shaped like an LLM API on loopback (`allowance_testkit::tokens`: per key,
 //! requests per second and tokens per second, each request's token count in `x-token-cost`,
 //! `429` with `Retry-After` beyond either limit), then runs the same jobs (random token costs,
 //! fixed seed) with 16 workers twice:
@@ -27,7 +27,7 @@ use std::sync::{
     Arc,
 };
 
-use allowance_sim::tokens::{
+use allowance_testkit::tokens::{
     Rate, TokenSummary, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER,
 };
 use bytes::Bytes;

@@ -18,6 +18,8 @@ use allowance_sim::{
     cli::run_args,
     live::{counted_by_upstream, StoreChoice},
     multi::{run_name, run_processes},
+};
+use allowance_testkit::{
     report::RunReport,
     scenario::{Mode, Scenario},
     upstream::{UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},

@@ -19,7 +19,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::{BodyExt, Empty};

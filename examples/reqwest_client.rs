@@ -15,7 +15,7 @@
 //! cargo run --example reqwest_client -- --json
 //! ```
 
-use allowance_sim::{
+use allowance_testkit::{
     report::min_makespan_ms,
     upstream::{snapshot_path, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };

@@ -38,7 +38,7 @@ use std::{
     time::Duration,
 };
 
-use allowance_sim::report::min_makespan_ms;
+use allowance_testkit::report::min_makespan_ms;
 use http::{uri::PathAndQuery, Method};
 use serde_json::{json, Value};
 use tokio::time::Instant;

@@ -32,7 +32,7 @@ mod tonic_grpc;
 
 use std::time::Duration;
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
 use axum::body::Body;
 use http::{Request, StatusCode};
 use tower::ServiceExt;

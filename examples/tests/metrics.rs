@@ -10,7 +10,7 @@ mod axum_proxy;
 
 use std::{collections::BTreeMap, time::Duration};
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig, DEFAULT_KEY};
 use http::StatusCode;
 use tower_allowance::{error::AbandonReason, Allowance, AllowanceConfig};
 

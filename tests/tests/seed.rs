@@ -1,6 +1,6 @@
 //! The seed article's figures, reproduced through the real layers in virtual time.
 
-use allowance_sim::scenario::{abandoned, run, seed_table, seed_table_text, Mode, Scenario};
+use allowance_testkit::scenario::{abandoned, run, seed_table, seed_table_text, Mode, Scenario};
 use tower_allowance::error::AbandonReason;
 
 #[tokio::test(start_paused = true)]

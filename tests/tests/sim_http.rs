@@ -2,8 +2,8 @@
 //! alone make the server see a herd of attempts and 429s; one shared allowance makes it see
 //! exactly one attempt per job. Counts come from the server's own log.
 
-use allowance_sim::{
-    live::{self, Target},
+use allowance_sim::live::{self, Target};
+use allowance_testkit::{
     scenario::{Mode, Scenario},
     upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };

@@ -10,7 +10,7 @@
 //! server's clock are checked against the allowance widened by `JITTER_MS`.
 //!
 //! No 429 is tolerated. Should one come, every 429 is printed with its cause
-//! (`allowance_sim::scale::stray_429s`: each call has its own event id, so the upstream's log
+//! (`allowance_testkit::scale::stray_429s`: each call has its own event id, so the upstream's log
 //! pairs with the moment each attempt was sent): DELIVERY JITTER when the upstream's bucket,
 //! fed the send times, admits it (naming the request longest in transit before it), SENT
 //! EARLY when it does not.
@@ -26,12 +26,12 @@ use std::{
     time::Duration,
 };
 
-use allowance_sim::{
-    live::http_client,
-    report::{JobEnd, Mark, Timeline},
+use allowance_testkit::{
+    job::{JobEnd, Mark},
+    report::Timeline,
     scale::{job_of, print_strays, stray_429s},
     scenario::Mode,
-    upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    upstream::{http_client, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 use bytes::Bytes;
 use http::Request;

@@ -12,15 +12,16 @@
 //!   for `Retry-After` on a 429;
 //! - tower, per worker: the same, but each worker builds its own `RateLimit` (its state is
 //!   per instance, so nothing is shared: the usual mistake);
-//! - ours: `allowance_sim::scenario::run` in `Mode::Shared` (one `Allowance`, N/s burst N,
+//! - ours: `allowance_testkit::scenario::run` in `Mode::Shared` (one `Allowance`, N/s burst N,
 //!   through `AllowanceLayer`), and `Mode::Naive` (retries honouring `Retry-After`, no
 //!   limiter) for reference.
 
 use std::time::Duration;
 
-use allowance_sim::{
-    fake::{FakeConfig, FakeUpstream, WORKER_HEADER},
+use allowance_testkit::{
+    fake::{FakeConfig, FakeUpstream},
     scenario::{run, Mode, Scenario},
+    upstream::WORKER_HEADER,
 };
 use http::{header::RETRY_AFTER, Request, Response, StatusCode};
 use tokio::time::{sleep, Instant, Sleep};

@@ -38,37 +38,7 @@ use tower_allowance::{
     store::{Store, StoreError, StoreFuture, Watcher},
 };
 
-use crate::scale::Releases;
-
-/// The share of jobs to cancel, from 0 to 1.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct CancelFraction(f64);
-
-impl CancelFraction {
-    /// The share, from 0 to 1.
-    pub fn get(self) -> f64 {
-        self.0
-    }
-}
-
-impl std::str::FromStr for CancelFraction {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().parse::<f64>() {
-            Ok(f) if (0.0..=1.0).contains(&f) => Ok(Self(f)),
-            _ => Err(format!(
-                "invalid cancel fraction {s:?}: use a number from 0 to 1"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for CancelFraction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
+use allowance_testkit::{figures::Releases, scenario::CancelFraction};
 
 /// Which jobs are cancelled, and when.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,7 +59,7 @@ impl CancelPlan {
         let mut rng = SplitMix(0x5EED_0000_0000_0000 ^ job as u64);
         // 53 random bits as a fraction in [0, 1).
         let draw = (rng.next() >> 11) as f64 / (1u64 << 53) as f64;
-        if draw >= self.fraction.0 {
+        if draw >= self.fraction.get() {
             return None;
         }
         let within = u64::try_from(self.within.as_micros()).unwrap_or(u64::MAX);

@@ -26,19 +26,20 @@ use std::{
 use clap::{Args, Parser, Subcommand};
 use tower_allowance::BoxError;
 
-use crate::{
-    adaptive,
-    cancel::CancelFraction,
+use allowance_testkit::{
     dialect::ServerDialect,
     fake::FakeConfig,
-    live::{self, Share, StoreChoice, Target},
-    multi, rate_chart,
     report::RunReport,
     scale,
-    scenario::{self, Adaptive, Mode, OnStoreOutage, Scenario},
-    sweep, timeline,
+    scenario::{self, Adaptive, CancelFraction, Mode, OnStoreOutage, Scenario},
     tokens::{Rate, TokenUpstream, TokenUpstreamConfig, TOKENS_HEADER},
     upstream::{RateChange, RetryAfterMode, ThrottleAt, Upstream, UpstreamConfig, DEFAULT_KEY},
+};
+
+use crate::{
+    adaptive,
+    live::{self, Share, StoreChoice, Target},
+    multi, rate_chart, sweep, timeline,
 };
 
 /// Lanes beyond which the ASCII timeline is left out (it would not fit a screen).
@@ -249,9 +250,9 @@ pub struct Workload {
     #[arg(long, value_name = "wait|wait:DURATION|fail-fast|local-fallback")]
     pub on_store_outage: Option<OnStoreOutage>,
     /// Read this provider's rate-limit headers (the allowance's dialect); `run` also makes its
-    /// upstream speak it. Default: the standard set (Retry-After, retry-after-ms, the IETF
+    /// upstream speak it. Default: the generic set (Retry-After, retry-after-ms, the IETF
     /// fields, X-RateLimit-*), against an upstream speaking odds.
-    #[arg(long, value_enum, value_name = "DIALECT")]
+    #[arg(long, value_parser = dialect_parser(), value_name = "DIALECT")]
     pub dialect: Option<ServerDialect>,
     /// Let the allowance's rate adapt (shared and split modes): it starts at --initial-rate,
     /// doubles every second until the first 429, then is cut by 15% on a 429 (30% when
@@ -363,7 +364,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 0)]
     pub port: u16,
     /// Whose rate-limit headers the answers carry, on successes and 429s alike.
-    #[arg(long, value_enum, default_value_t = ServerDialect::Odds, value_name = "DIALECT")]
+    #[arg(long, value_parser = dialect_parser(), default_value_t = ServerDialect::Odds, value_name = "DIALECT")]
     pub dialect: ServerDialect,
     /// Change the rate AT after the start to RATE requests per second, e.g. 30s:10
     /// (repeatable).
@@ -626,7 +627,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             let mut rows = Vec::with_capacity(experiments.len());
             for e in &experiments {
                 progress.starting(e.name);
-                rows.push(adaptive::AdaptiveRow::of(e)?);
+                rows.push(adaptive::AdaptiveRow::of(e, run_experiment(e)?));
             }
             drop(progress);
             let table = adaptive::markdown(&rows);
@@ -737,6 +738,23 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     }
 }
 
+/// Runs one of `allowance-sim adaptive`'s experiments (real-time runs spawn this executable
+/// as their worker processes).
+///
+/// # Errors
+///
+/// As `allowance-sim run`.
+pub fn run_experiment(experiment: &adaptive::Experiment) -> Result<RunReport, BoxError> {
+    let argv = ["allowance-sim", "run"]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(experiment.args.iter().cloned());
+    match Cli::try_parse_from(argv)?.command {
+        Command::Run(args) => run_report(&args, false),
+        _ => Err("not a run".into()),
+    }
+}
+
 /// Makes the run `args` describe and returns its report (what `run` prints), showing
 /// progress on stderr for real-time runs when `terminal`.
 ///
@@ -806,7 +824,7 @@ async fn run_real_spread(
         let spawn = &spawn;
         let headers = [format!(
             "{}: {DEFAULT_KEY}",
-            crate::upstream::API_KEY_HEADER
+            allowance_testkit::upstream::API_KEY_HEADER
         )];
         if let Some(throttle) = args.throttle_at {
             upstream.throttle_at(throttle);
@@ -1278,9 +1296,47 @@ impl RunArgs {
     }
 }
 
+/// The command line's `--dialect`: `[possible values: odds, ietf, github, openai, anthropic]`
+/// with each one's headers in `--help`.
+fn dialect_parser() -> impl clap::builder::TypedValueParser<Value = ServerDialect> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+
+    let values = ServerDialect::ALL.map(|dialect| {
+        let help = match dialect {
+            ServerDialect::Odds => "x-ratelimit-limit/-remaining/-bucket, Retry-After (no reset)",
+            ServerDialect::Ietf => {
+                "RateLimit-Policy: \"default\";q=N;w=1 and RateLimit: \"default\";r=N;t=S"
+            }
+            ServerDialect::Github => {
+                "x-ratelimit-limit/-remaining/-used/-reset (epoch seconds), Date"
+            }
+            ServerDialect::OpenAi => {
+                "x-ratelimit-limit/-remaining/-reset-requests (Go durations: 20ms, 1s)"
+            }
+            ServerDialect::Anthropic => {
+                "anthropic-ratelimit-requests-limit/-remaining/-reset (RFC 3339), Date"
+            }
+        };
+        PossibleValue::new(dialect.name()).help(help)
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<ServerDialect>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adaptive_experiments_parse() {
+        let runs = adaptive::redis_experiments("redis://:secret@127.0.0.1:6379/");
+        for e in adaptive::virtual_experiments().iter().chain(&runs) {
+            let argv = ["allowance-sim", "run"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(e.args.iter().cloned());
+            assert!(Cli::try_parse_from(argv).is_ok(), "{}", e.command());
+        }
+    }
 
     #[test]
     fn parses_durations_and_retry_after() {

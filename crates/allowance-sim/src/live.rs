@@ -1,4 +1,4 @@
-//! Workers over real HTTP, in real time: the same stacks as [`scenario`](crate::scenario),
+//! Workers over real HTTP, in real time: the same stacks as [`scenario`],
 //! around a pooled [`hyper_util::client::legacy::Client`].
 //!
 //! [`run_real`] starts an [`Upstream`] on loopback, runs the workers against it and counts
@@ -7,7 +7,8 @@
 //! any CA added with [`Target::ca_cert_file`].
 //!
 //! ```no_run
-//! use allowance_sim::{live, scenario::{Mode, Scenario}};
+//! use allowance_sim::live;
+//! use allowance_testkit::scenario::{Mode, Scenario};
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
@@ -53,21 +54,18 @@ use tower_allowance::{
 };
 use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 
-use crate::{
-    cancel::{self, AttemptWatch, CancelPlan, CountReleases, ReleaseCounts},
-    fake::{FakeConfig, WORKER_HEADER},
-    report::{Failure, JobEnd, Mark, RunReport, Timeline},
-    scenario::{Mode, OnStoreOutage, Scenario},
-    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY, USAGE_PATH},
+use allowance_testkit::{
+    fake::FakeConfig,
+    job::{Failure, JobEnd, Mark},
+    report::{min_makespan_ms, RunReport, Timeline},
+    scenario::{self, Mode, OnStoreOutage, Scenario},
+    upstream::{
+        parse_period_end, RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
+        USAGE_PATH, WORKER_HEADER,
+    },
 };
 
-/// A plain HTTP/1.1 client, pooled, without TLS.
-pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-/// A new [`HttpClient`].
-pub fn http_client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
+use crate::cancel::{self, AttemptWatch, CancelPlan, CountReleases, ReleaseCounts};
 
 /// The client every worker's stack wraps: HTTP/1.1, pooled, `http://` and `https://`.
 pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
@@ -100,6 +98,16 @@ pub fn https_client(extra_roots: &[CertificateDer<'static>]) -> Result<HttpsClie
         .enable_http1()
         .build();
     Ok(Client::builder(TokioExecutor::new()).build(connector))
+}
+
+/// Now on the wall clock, in µs since the Unix epoch: the one clock a parent and its children
+/// share. Read once per process, where its times start; `None` before 1970.
+#[allow(clippy::disallowed_methods)] // the wall clock, to put several processes on one clock
+pub fn wall_clock_us() -> Option<u64> {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    u64::try_from(since.as_micros()).ok()
 }
 
 /// Where the workers send their GETs.
@@ -355,12 +363,12 @@ impl Allowances {
         // Each allowance with the suffix of its name: the first of a run has the run's name
         // (in Redis, shared by every process), the others `-1`, `-2`..., a naive pool `-budget`.
         let configs: Vec<(AllowanceConfig, Option<String>)> = match s.mode {
-            Mode::Naive => crate::scenario::naive_budget_config(s)?
+            Mode::Naive => scenario::naive_budget_config(s)?
                 .map(|c| vec![(c, Some("budget".to_owned()))])
                 .unwrap_or_default(),
-            Mode::Shared => vec![(crate::scenario::allowance_config(s)?, None)],
+            Mode::Shared => vec![(scenario::allowance_config(s)?, None)],
             Mode::Split(n) => {
-                let config = crate::scenario::allowance_config(s)?;
+                let config = scenario::allowance_config(s)?;
                 (0..n.max(1))
                     .map(|i| (config.clone(), (i > 0).then(|| i.to_string())))
                     .collect()
@@ -463,7 +471,7 @@ impl QuotaProbe for UsageProbe {
             }
             let end = usage["period_end_utc"]
                 .as_str()
-                .and_then(crate::upstream::parse_period_end)
+                .and_then(parse_period_end)
                 .ok_or("usage response without a valid period_end_utc")?;
             let retry_in = end.duration_since(date).unwrap_or(Duration::ZERO);
             Ok(QuotaStatus::Exhausted { retry_in })
@@ -514,7 +522,7 @@ pub async fn run_http_with(
     let allowances = Allowances::new(s, store, probe).await?;
     let marks = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let started_unix_us = crate::multi::wall_clock_us();
+    let started_unix_us = wall_clock_us();
     let inner = observed(client, marks.clone(), start);
     // A waiting job is cancelled within about the time a job waits: every worker's turn.
     let cancel = s.cancel.map(|fraction| {
@@ -537,7 +545,7 @@ pub async fn run_http_with(
                     AdmissionLayer::new(pool.clone()).layer(inner.clone()),
                 )),
                 None => Svc::new(Retry::new(
-                    RetryPolicy::new(crate::scenario::naive_own_allowance(s)?, retry.clone()),
+                    RetryPolicy::new(scenario::naive_own_allowance(s)?, retry.clone()),
                     inner.clone(),
                 )),
             },
@@ -601,7 +609,7 @@ pub async fn run_http_with(
         report.admissions = Some(allowances.admissions());
     }
     if s.adaptive.is_some() && s.mode != Mode::Naive {
-        let rates = crate::scenario::adaptive_rates(&allowances.all).await;
+        let rates = scenario::adaptive_rates(&allowances.all).await;
         let sum = rates.iter().sum();
         report = report.with_final_rates(rates, sum);
     }
@@ -741,9 +749,5 @@ where
 
 /// How long a real run of `s` should take at least, for deciding whether to show progress.
 pub fn expected_duration(s: &Scenario) -> Duration {
-    Duration::from_millis(crate::report::min_makespan_ms(
-        s.jobs,
-        s.burst,
-        s.rate_per_sec,
-    ))
+    Duration::from_millis(min_makespan_ms(s.jobs, s.burst, s.rate_per_sec))
 }

@@ -17,7 +17,7 @@
 //! and, for `run --real`, counts attempts and 429s from its upstream's own log. A child's
 //! times are shifted onto the parent's clock by when the child's clock started, read on the
 //! wall clock both processes share (they run on one machine): exact to the millisecond, so
-//! jobs of different processes can be put in order of arrival ([`crate::scale`]).
+//! jobs of different processes can be put in order of arrival ([`allowance_testkit::scale`]).
 //!
 //! Asked for progress (`worker --progress`), a child also prints `progress N` lines on stderr
 //! as its jobs end, which the parent adds up.
@@ -42,12 +42,14 @@ use tokio::{
 };
 use tower_allowance::{error::AbandonReason, BoxError, Outcome};
 
-use crate::{
-    live::{self, Share, StoreChoice, Target},
-    report::{Failure, JobEnd, Mark, RunReport, Timeline, CANCELLED},
-    scale::Releases,
+use allowance_testkit::{
+    figures::Releases,
+    job::{Failure, JobEnd, Mark, CANCELLED},
+    report::{RunReport, Timeline},
     scenario::{Mode, Scenario},
 };
+
+use crate::live::{self, wall_clock_us, Share, StoreChoice, Target};
 
 /// One child's findings, as printed by `allowance-sim worker`.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -161,16 +163,6 @@ impl ChildReport {
             started_unix_us: report.scale.started_unix_us,
         }
     }
-}
-
-/// Now on the wall clock, in µs since the Unix epoch: the one clock a parent and its children
-/// share. Read once per process, where its times start; `None` before 1970.
-#[allow(clippy::disallowed_methods)] // the wall clock, to put several processes on one clock
-pub fn wall_clock_us() -> Option<u64> {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()?;
-    u64::try_from(since.as_micros()).ok()
 }
 
 /// The workers of each process: `explicit` when given, else `workers` split as evenly as
@@ -622,10 +614,9 @@ mod tests {
     fn children_get_the_dialect_and_the_adaptive_rate() {
         use clap::Parser;
 
-        use crate::{
-            cli::{Cli, Command},
-            scenario::Adaptive,
-        };
+        use allowance_testkit::scenario::Adaptive;
+
+        use crate::cli::{Cli, Command};
         let s = Scenario {
             adaptive: Some(Adaptive {
                 adopt: true,

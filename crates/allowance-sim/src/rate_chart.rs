@@ -2,14 +2,15 @@
 //! upstream's true rate and the rate the server actually served.
 //!
 //! One panel per run, stacked on one time scale. In each: the upstream's rate (a grey step
-//! line, from its [`RateSchedule`](crate::upstream::RateSchedule)), the allowance's adaptive
+//! line, from its [`RateSchedule`](allowance_testkit::upstream::RateSchedule)), the allowance's adaptive
 //! rate (blue, sampled every 100 ms), the achieved rate (green: 2xx answers per second at the
 //! server, over a 2 s window centred on each point), and each 429 as a red tick under the
 //! plot. Rates above the axis's top (a start far above the limit) are drawn at the top and
 //! the panel says so.
 //!
 //! ```
-//! use allowance_sim::{rate_chart, report::RunReport, scenario::{run_virtual, Adaptive, Mode, Scenario}};
+//! use allowance_sim::rate_chart;
+//! use allowance_testkit::{report::RunReport, scenario::{run_virtual, Adaptive, Mode, Scenario}};
 //!
 //! let s = Scenario {
 //!     adaptive: Some(Adaptive::starting_at(1.0)),
@@ -24,7 +25,9 @@
 
 use std::fmt::Write as _;
 
-use crate::{report::RunReport, sweep::axis_ticks};
+use allowance_testkit::report::RunReport;
+
+use crate::sweep::axis_ticks;
 
 const LEFT: f64 = 70.0;
 const WIDTH: f64 = 740.0;
@@ -296,9 +299,12 @@ fn escape(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Mark, RateTrace, Timeline};
-    use crate::scenario::{Mode, Scenario};
-    use crate::upstream::RateSchedule;
+    use allowance_testkit::{
+        job::Mark,
+        report::{RateTrace, Timeline},
+        scenario::{Mode, Scenario},
+        upstream::RateSchedule,
+    };
     use std::time::Duration;
 
     fn report(attempts: Vec<Mark>, adaptive: Vec<(u64, f64)>) -> RunReport {

@@ -20,13 +20,16 @@ use std::{fmt::Write as _, path::Path};
 
 use tower_allowance::BoxError;
 
-use crate::{
+use allowance_testkit::{
     fake::FakeConfig,
-    live::{self, StoreChoice},
-    multi,
     report::{min_makespan_ms, RunReport},
     scenario::{self, Mode, OnStoreOutage, Scenario},
     upstream::{UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+};
+
+use crate::{
+    live::{self, StoreChoice},
+    multi,
 };
 
 /// The parameters swept.

@@ -8,7 +8,8 @@
 //! or more) instead of one mark.
 //!
 //! ```
-//! use allowance_sim::{report::RunReport, scenario::{run_virtual, Mode, Scenario}, timeline};
+//! use allowance_sim::timeline;
+//! use allowance_testkit::{report::RunReport, scenario::{run_virtual, Mode, Scenario}};
 //!
 //! let s = Scenario::seed(Mode::Shared);
 //! let report = RunReport::from_virtual(&s, &run_virtual(&s)?);
@@ -22,7 +23,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{RunReport, Timeline};
+use allowance_testkit::report::{RunReport, Timeline};
 
 /// Legend for [`ascii`].
 pub const ASCII_LEGEND: &str = "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)   . queued for the allowance\n2-9 that many attempts in one cell (+ for ten or more), whatever their statuses";
@@ -326,8 +327,10 @@ fn format_secs(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{JobEnd, Mark};
-    use crate::scenario::Mode;
+    use allowance_testkit::{
+        job::{JobEnd, Mark},
+        scenario::Mode,
+    };
 
     #[test]
     fn ascii_marks_by_outcome_and_shades_cooldowns() {

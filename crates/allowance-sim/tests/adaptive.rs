@@ -12,8 +12,8 @@
 
 mod common;
 
-use allowance_sim::{
-    cli::{execute, Cli},
+use allowance_sim::cli::{execute, Cli};
+use allowance_testkit::{
     report::RunReport,
     scenario::{run_virtual, Adaptive, Mode, Scenario},
     upstream::RateChange,

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use allowance_sim::scenario::{seed_table, seed_table_text};
+use allowance_testkit::scenario::{seed_table, seed_table_text};
 use serde_json::Value;
 
 use common::{figures, run};
@@ -90,7 +90,7 @@ fn the_minimum_is_rounded_up() {
     // three waits may end up to 1 ms late.
     let makespan = v["makespan_ms"].as_u64().expect("ms");
     assert!((1000..=1003).contains(&makespan), "{v}");
-    assert_eq!(allowance_sim::report::min_makespan_ms(7, 1, 7), 858);
+    assert_eq!(allowance_testkit::report::min_makespan_ms(7, 1, 7), 858);
 }
 
 /// Where several attempts of one worker fall in one column, the ASCII timeline shows how

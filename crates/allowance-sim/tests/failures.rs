@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output};
 
-use allowance_sim::{
+use allowance_testkit::{
     scenario::{run_virtual, Mode, Scenario},
     upstream::{Upstream, UpstreamConfig},
 };

@@ -8,7 +8,7 @@
 //! state loss: one burst per loss, counting the losses during the window or in the
 //! `LOSS_REACH_MS` before it (see RELIABILITY.md); the workers' RSS stays flat.
 //!
-//! Every 429 is printed with its cause (`allowance_sim::scale::stray_429s`): delivery jitter
+//! Every 429 is printed with its cause (`allowance_testkit::scale::stray_429s`): delivery jitter
 //! (the upstream's bucket fed the send times admits the request) is named and not counted;
 //! every other 429 counts against the bound of one burst per state loss.
 //!
@@ -23,6 +23,8 @@ use std::{path::Path, time::Duration};
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_name, run_processes},
+};
+use allowance_testkit::{
     scale::{print_strays, stray_429s},
     scenario::{Mode, Scenario},
     upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},

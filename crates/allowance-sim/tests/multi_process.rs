@@ -18,6 +18,8 @@ use std::sync::{
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_processes_with, Spawn},
+};
+use allowance_testkit::{
     scenario::{Mode, Scenario},
     upstream::{RetryAfterMode, Upstream, UpstreamConfig},
 };

@@ -10,7 +10,7 @@
 //! minimum plus the outage plus one second. With `fail-fast` chosen, the failures are
 //! counted by cause, shown, and the run exits 3.
 //!
-//! Every 429 is printed with its cause (`allowance_sim::scale::stray_429s`): one that delivery
+//! Every 429 is printed with its cause (`allowance_testkit::scale::stray_429s`): one that delivery
 //! jitter explains (the upstream's bucket, fed every request at the moment it was sent,
 //! admits it) is named as such and not counted; every other one counts against the bound
 //! above (none where the state survives, one burst where it is lost).
@@ -24,6 +24,8 @@ use std::time::Duration;
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_name, run_processes},
+};
+use allowance_testkit::{
     report::RunReport,
     scale::{print_strays, stray_429s},
     scenario::{Mode, Scenario},

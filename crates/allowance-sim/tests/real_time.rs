@@ -4,7 +4,7 @@
 //! Each module keeps its original test's content (the helpers and settings it shares with
 //! its deterministic half are in `common`, the arguments of `adaptive`'s run are
 //! `allowance_sim::adaptive::REAL`); where the test has the upstream's log,
-//! every 429 it did not expect is printed with its cause (`allowance_sim::scale::stray_429s`:
+//! every 429 it did not expect is printed with its cause (`allowance_testkit::scale::stray_429s`:
 //! delivery jitter, named and not a failure, or sent early, which fails); where the upstream
 //! runs inside the binary (`cli`, `serve`), every 429 fails the test and the run's report is
 //! printed.
@@ -117,8 +117,8 @@ mod adaptive {
 /// delivery jitter does not explain, with four in-memory allowances many; and the store
 /// calls Redis counted.
 mod multi_process {
-    use allowance_sim::{
-        live::StoreChoice,
+    use allowance_sim::live::StoreChoice;
+    use allowance_testkit::{
         scale::{print_strays, stray_429s},
         upstream::{Upstream, UpstreamConfig},
     };
@@ -215,6 +215,8 @@ mod quota {
     use allowance_sim::{
         live::{self, StoreChoice, Target},
         multi::{run_name, run_processes_with, Spawn},
+    };
+    use allowance_testkit::{
         report::RunReport,
         scale::{print_strays, stray_429s},
         scenario::{Mode, Scenario},

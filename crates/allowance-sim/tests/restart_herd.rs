@@ -10,18 +10,20 @@
 //! 429 raised a cooldown, and every holder inside it went out at its end together (18
 //! requests in 15 ms; RELIABILITY.md).
 //!
-//! Every 429 is printed with its cause (`allowance_sim::scale::stray_429s`): delivery jitter
+//! Every 429 is printed with its cause (`allowance_testkit::scale::stray_429s`): delivery jitter
 //! (the upstream's bucket fed the send times admits the request) is named and not counted;
 //! every other 429 counts against the one burst a state loss may cost.
 //!
 //! A real-time experiment (`--features experiments`, tests/README.md); the window check
-//! itself is tested on fixed data in `allowance_sim::scale` (the_window_check_sees_a_herd).
+//! itself is tested on fixed data in `allowance_testkit::scale` (the_window_check_sees_a_herd).
 
 use std::{path::Path, time::Duration};
 
 use allowance_sim::{
     live::StoreChoice,
     multi::{run_name, run_processes},
+};
+use allowance_testkit::{
     scale::{most_within, print_strays, stray_429s, worst_window},
     scenario::{Mode, Scenario},
     upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},

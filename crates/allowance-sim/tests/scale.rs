@@ -20,7 +20,7 @@
 //! # Stray 429s
 //!
 //! Every 429 a test did not force is printed on stderr with its cause
-//! (`allowance_sim::scale::stray_429s`), from the upstream's log (each request's arrival and
+//! (`allowance_testkit::scale::stray_429s`), from the upstream's log (each request's arrival and
 //! status) and the clients' records (when each attempt was sent, put on the upstream's clock
 //! by the run's fastest delivery):
 //!
@@ -44,6 +44,8 @@ use std::{
 use allowance_sim::{
     live::{self, StoreChoice},
     multi::{run_name, run_processes, run_processes_with, split_workers, Spawn},
+};
+use allowance_testkit::{
     report::RunReport,
     scale::{add_upstream_figures, cooldown_reach, print_strays, stray_429s, PROPAGATION_BOUND_MS},
     scenario::{Mode, Scenario},

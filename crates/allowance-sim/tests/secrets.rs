@@ -5,7 +5,7 @@
 
 use std::{process::Stdio, time::Duration};
 
-use allowance_sim::upstream::{Upstream, UpstreamConfig};
+use allowance_testkit::upstream::{Upstream, UpstreamConfig};
 use serde_json::Value;
 use tokio::{
     process::{Child, Command},
@@ -160,7 +160,7 @@ async fn run_real_children_get_their_key_and_url_on_stdin() {
     });
     let (seen, report) = run.await.expect("joined");
     for (cmdline, environ) in &seen {
-        for secret in [PASSWORD, allowance_sim::upstream::DEFAULT_KEY] {
+        for secret in [PASSWORD, allowance_testkit::upstream::DEFAULT_KEY] {
             assert!(
                 !cmdline.contains(secret),
                 "{secret} on a command line: {cmdline}"

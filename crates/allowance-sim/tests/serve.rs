@@ -9,11 +9,10 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use allowance_sim::{
+use allowance_testkit::{
     dialect::ServerDialect,
-    live::{http_client, HttpClient},
     tokens::TOKENS_HEADER,
-    upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+    upstream::{http_client, HttpClient, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
 };
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};

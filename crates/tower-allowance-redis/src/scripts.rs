@@ -309,8 +309,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             _ => return Err(BadReply),
         },
         Op::Read { .. } => match *reply {
-            [blocked, closed_by @ 0..=2, closed_for, left, probes, epoch, rate, generation] =>
-            {
+            [blocked, closed_by @ 0..=2, closed_for, left, probes, epoch, rate, generation] => {
                 let closed_by = ClosedBy::from_code(n(closed_by)?);
                 Reply::State(StoreState {
                     blocked_for: us(blocked)?,

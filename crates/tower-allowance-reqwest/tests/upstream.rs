@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use allowance_sim::upstream::{
+use allowance_testkit::upstream::{
     snapshot_path, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
 };
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};

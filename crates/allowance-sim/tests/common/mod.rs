@@ -14,6 +14,8 @@ use allowance_sim::{
     cli::{execute, Cli},
     live::StoreChoice,
     multi::{run_name, run_processes},
+};
+use allowance_testkit::{
     report::RunReport,
     scenario::Scenario,
     upstream::{SeenRequest, Upstream, API_KEY_HEADER, DEFAULT_KEY},
@@ -163,7 +165,7 @@ pub(crate) fn http_against_github_serve(client_dialect: &str) -> u64 {
 
 /// `multi_process.rs`'s upstream and scenario, shared with its real-time half.
 pub(crate) mod multi_process {
-    use allowance_sim::scenario::{Mode, Scenario};
+    use allowance_testkit::scenario::{Mode, Scenario};
 
     pub(crate) const PROCESSES: usize = 4;
     pub(crate) const RATE: u32 = 40;

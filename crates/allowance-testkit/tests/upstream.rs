@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use allowance_sim::{
-    live::{http_client, HttpClient},
-    upstream::{RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY},
+use allowance_testkit::upstream::{
+    http_client, HttpClient, RetryAfterMode, Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY,
 };
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use allowance_sim::tokens::{Rate, TokenUpstream, TokenUpstreamConfig};
+//! use allowance_testkit::tokens::{Rate, TokenUpstream, TokenUpstreamConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> std::io::Result<()> {

@@ -3,11 +3,11 @@
 //!
 //! Everything here is computed from two records that do not depend on the library: the
 //! upstream's own log ([`SeenRequest`], one clock) and the clients' job times (started, first
-//! attempt), which `--processes` runs put on one clock (see [`crate::multi`]).
+//! attempt), which `--processes` runs put on one clock (see `allowance-sim`'s `multi` module).
 //!
 //! ```
-//! use allowance_sim::scale::{cooldown_reach, PROPAGATION_BOUND_MS};
-//! use allowance_sim::upstream::{SeenRequest, Throttled};
+//! use allowance_testkit::scale::{cooldown_reach, PROPAGATION_BOUND_MS};
+//! use allowance_testkit::upstream::{SeenRequest, Throttled};
 //!
 //! let seen = |at_ms, status| SeenRequest {
 //!     at_ms,
@@ -26,6 +26,7 @@
 use std::{collections::HashMap, io::Write};
 
 use crate::{
+    figures::{CooldownReach, Fairness, ProcessWaits},
     report::{RunReport, Timeline},
     upstream::{SeenRequest, Throttled, Upstream, USAGE_PATH},
 };
@@ -33,86 +34,6 @@ use crate::{
 /// How long after a 429 a request from another process may still reach the upstream: the
 /// time for the cooldown to travel (the response, the store call, the store's event).
 pub const PROPAGATION_BOUND_MS: u64 = 10;
-
-/// The figures `run --json` adds for the issue-15 measurements; each only where it applies.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct ScaleFigures {
-    /// Jobs cancelled while they waited for admission (`--cancel-fraction`); they are neither
-    /// completed nor abandoned.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cancelled: Option<usize>,
-    /// Reserved slots given back by cancelled waiters, and how many the store took back.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub releases: Option<Releases>,
-    /// The forced cooldown (`--throttle-at`) and the requests that arrived inside it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cooldown: Option<CooldownReach>,
-    /// The order jobs were served in against the order they arrived, and the waits per
-    /// process (runs over several processes against the built-in upstream).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fairness: Option<Fairness>,
-    /// When the run's clock started, in µs since the Unix epoch (not serialised): how a
-    /// `--processes` run puts its children's times on one clock.
-    #[serde(skip)]
-    pub started_unix_us: Option<u64>,
-}
-
-/// Releases of reserved slots by holders that left before their slot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Releases {
-    /// Releases the store answered.
-    pub made: u64,
-    /// Of those, the ones whose slot went back to the schedule (it was still the latest).
-    pub taken_back: u64,
-}
-
-impl Releases {
-    /// Slots lost: released too late to be given back (another slot had been reserved after
-    /// them), each one interval of the schedule that nobody uses.
-    pub fn lost(&self) -> u64 {
-        self.made.saturating_sub(self.taken_back)
-    }
-}
-
-impl std::ops::Add for Releases {
-    type Output = Self;
-
-    fn add(self, other: Self) -> Self {
-        Self {
-            made: self.made + other.made,
-            taken_back: self.taken_back + other.taken_back,
-        }
-    }
-}
-
-/// What the upstream's log shows of a forced cooldown.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct CooldownReach {
-    /// When the 429 that started it was sent, ms on the upstream's log clock.
-    pub sent_at_ms: u64,
-    /// Its `Retry-After`, in ms.
-    pub retry_after_ms: u64,
-    /// Every other snapshot request that arrived inside the cooldown, in ms after the 429:
-    /// requests already on their way when it was sent, and any that did not hear of it.
-    pub inside_after_ms: Vec<u64>,
-    /// The last snapshot request before the 429, ms before it.
-    pub last_before_ms: Option<u64>,
-    /// The first snapshot request once the cooldown was over, ms after the 429.
-    pub first_after_ms: Option<u64>,
-    /// Every other 429 of the run, ms on the upstream's log clock (none when the allowance
-    /// kept the provider's limit everywhere else).
-    pub other_429s_at_ms: Vec<u64>,
-}
-
-impl CooldownReach {
-    /// The requests inside the cooldown that arrived more than `bound_ms` after the 429.
-    pub fn late(&self, bound_ms: u64) -> usize {
-        self.inside_after_ms
-            .iter()
-            .filter(|ms| **ms > bound_ms)
-            .count()
-    }
-}
 
 /// The snapshot requests of `log` inside the cooldown `throttled` describes, the 429 that
 /// started it left out.
@@ -159,8 +80,8 @@ pub fn cooldown_reach(log: &[SeenRequest], throttled: Throttled) -> CooldownReac
 /// The job a snapshot path is for: `/v1/events/e{job}/odds/snapshot`.
 ///
 /// ```
-/// assert_eq!(allowance_sim::scale::job_of("/v1/events/e17/odds/snapshot"), Some(17));
-/// assert_eq!(allowance_sim::scale::job_of("/v1/usage"), None);
+/// assert_eq!(allowance_testkit::scale::job_of("/v1/events/e17/odds/snapshot"), Some(17));
+/// assert_eq!(allowance_testkit::scale::job_of("/v1/usage"), None);
 /// ```
 pub fn job_of(path: &str) -> Option<usize> {
     path.strip_prefix("/v1/events/e")?
@@ -219,36 +140,6 @@ pub fn served_order(log: &[SeenRequest]) -> Vec<(usize, u64)> {
         .filter_map(|r| Some((job_of(&r.path)?, r.at_ms)))
         .filter(|(job, _)| seen.insert(*job))
         .collect()
-}
-
-/// The order of service against the order of arrival, and the waits per process.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct Fairness {
-    /// One interval of the allowance, ms: the tolerance for arrival order.
-    pub interval_ms: f64,
-    /// The largest inversion: over jobs `a`, `b` where `a` arrived first but `b` was served
-    /// first, the most `a` arrived before `b`, ms (0: served exactly in arrival order).
-    pub max_inversion_ms: u64,
-    /// Jobs served before some job that arrived more than one interval before them.
-    pub overtaking: usize,
-    /// When every process had a job waiting, ms: the waits below count the jobs that arrived
-    /// from then on (before it, the processes started first had the allowance to themselves).
-    pub contended_from_ms: u64,
-    /// Per process, in order.
-    pub processes: Vec<ProcessWaits>,
-}
-
-/// One process's jobs and how long they waited for admission.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct ProcessWaits {
-    /// Its workers.
-    pub workers: usize,
-    /// Its jobs that were admitted, having arrived once every process had started.
-    pub jobs: usize,
-    /// Their mean wait from arrival to first attempt, ms.
-    pub mean_wait_ms: f64,
-    /// Their longest wait, ms.
-    pub max_wait_ms: u64,
 }
 
 /// Fairness of `jobs` served as `served` says ([`served_order`]), for an allowance at
@@ -334,7 +225,7 @@ pub fn add_upstream_figures(report: &mut RunReport, upstream: &Upstream, split: 
     report.scale.fairness = Some(fairness(&jobs, &served, split, report.rate_per_sec));
 }
 
-/// Prints the figures of [`ScaleFigures`] a run has, one line each, under its table.
+/// Prints the figures of [`ScaleFigures`](crate::figures::ScaleFigures) a run has, one line each, under its table.
 ///
 /// # Errors
 ///
@@ -599,10 +490,11 @@ pub fn deliveries(log: &[SeenRequest], timeline: &Timeline) -> Vec<Option<Delive
 /// they were sent.
 ///
 /// ```
-/// use allowance_sim::report::{JobEnd, Mark, Timeline};
-/// use allowance_sim::scale::{stray_429s, StrayCause};
-/// use allowance_sim::scenario::Mode;
-/// use allowance_sim::upstream::{snapshot_path, SeenRequest};
+/// use allowance_testkit::job::{JobEnd, Mark};
+/// use allowance_testkit::report::Timeline;
+/// use allowance_testkit::scale::{stray_429s, StrayCause};
+/// use allowance_testkit::scenario::Mode;
+/// use allowance_testkit::upstream::{snapshot_path, SeenRequest};
 /// use tower_allowance::Outcome;
 ///
 /// // Burst 1 at 20/s: job 0 sent at 0 but delivered at 20 ms; job 1 sent on its slot, 50 ms,
@@ -703,7 +595,7 @@ pub fn print_strays(what: &str, strays: &[Stray]) -> usize {
 /// `(excess, from, to)`.
 ///
 /// ```
-/// use allowance_sim::scale::worst_window;
+/// use allowance_testkit::scale::worst_window;
 ///
 /// // A burst of 4, then one every 50 ms (20/s): never over.
 /// let spaced: Vec<u64> = [0, 0, 0, 0].into_iter().chain((1..40).map(|i| i * 50)).collect();
@@ -747,7 +639,7 @@ pub fn most_within(times: &[u64], span_ms: u64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{report::JobEnd, scenario::Mode};
+    use crate::{job::JobEnd, scenario::Mode};
     use tower_allowance::Outcome;
 
     fn seen(at_ms: u64, job: usize, status: u16) -> SeenRequest {
@@ -879,7 +771,7 @@ mod tests {
     /// delivery. A 429 whose send is not recorded is unexplained; the forced one is left out.
     #[test]
     fn a_stray_429_is_jitter_only_when_its_send_time_was_within_the_limit() {
-        let mark = |worker, at_ms, status| crate::report::Mark {
+        let mark = |worker, at_ms, status| crate::job::Mark {
             worker,
             at_ms,
             status,

@@ -17,16 +17,16 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{retry::Retry, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, AdaptiveRate, Allowance,
-    AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline, OutagePolicy, Outcome,
-    RetryBudgetConfig,
+    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, signals::Dialect, AdaptiveRate,
+    Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline, OutagePolicy,
+    Outcome, RetryBudgetConfig,
 };
 
 use crate::{
-    cancel::CancelFraction,
     dialect::ServerDialect,
-    fake::{FakeConfig, FakeUpstream, Seen, VIRTUAL_MAX_DATE_SKEW, WORKER_HEADER},
-    report::JobEnd,
+    fake::{FakeConfig, FakeUpstream, Seen, VIRTUAL_MAX_DATE_SKEW},
+    job::{ceil_ms, JobEnd},
+    upstream::WORKER_HEADER,
 };
 
 /// The library's default outage wait (`OutagePolicy::default()`: one minute).
@@ -76,7 +76,7 @@ impl FromStr for Mode {
     /// Parses `naive`, `shared` or `split:N`.
     ///
     /// ```
-    /// use allowance_sim::scenario::Mode;
+    /// use allowance_testkit::scenario::Mode;
     ///
     /// assert_eq!("split:2".parse(), Ok(Mode::Split(2)));
     /// assert!("split:0".parse::<Mode>().is_err());
@@ -160,7 +160,7 @@ impl FromStr for OnStoreOutage {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use allowance_sim::scenario::OnStoreOutage;
+    /// use allowance_testkit::scenario::OnStoreOutage;
     ///
     /// assert_eq!("wait".parse(), Ok(OnStoreOutage::default()));
     /// assert_eq!("wait:1500ms".parse(), Ok(OnStoreOutage::Wait(Duration::from_millis(1500))));
@@ -225,7 +225,7 @@ impl Adaptive {
     /// Starting at `initial`, with the default floor and ceiling, not adopting.
     ///
     /// ```
-    /// use allowance_sim::scenario::Adaptive;
+    /// use allowance_testkit::scenario::Adaptive;
     ///
     /// let a = Adaptive::starting_at(2.0);
     /// assert_eq!((a.floor, a.ceiling, a.adopt), (0.5, 1000.0, false));
@@ -258,6 +258,36 @@ pub const DEFAULT_FLOOR: f64 = 0.5;
 /// The adaptive ceiling when none is given (1,000 requests per second, or the starting rate).
 pub const DEFAULT_CEILING: f64 = 1_000.0;
 
+/// The share of jobs to cancel, from 0 to 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CancelFraction(f64);
+
+impl CancelFraction {
+    /// The share, from 0 to 1.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for CancelFraction {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().parse::<f64>() {
+            Ok(f) if (0.0..=1.0).contains(&f) => Ok(Self(f)),
+            _ => Err(format!(
+                "invalid cancel fraction {s:?}: use a number from 0 to 1"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for CancelFraction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// One scenario.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -279,7 +309,7 @@ pub struct Scenario {
     pub retry_budget: Option<u64>,
     /// A per-request deadline from the moment the job starts.
     pub deadline: Option<Duration>,
-    /// Cancel this share of the jobs while they wait (real-time runs; see [`crate::cancel`]).
+    /// Cancel this share of the jobs while they wait (real-time runs; see `allowance-sim`'s `cancel` module).
     pub cancel: Option<CancelFraction>,
     /// What an admission does when the allowance's store does not answer (Redis runs).
     pub on_store_outage: OnStoreOutage,
@@ -387,9 +417,12 @@ pub fn allowance_config(s: &Scenario) -> Result<AllowanceConfig, BoxError> {
     if let Some(adaptive) = &s.adaptive {
         config = config.with_adaptive_rate(adaptive.rate()?);
     }
-    if let Some(dialect) = s.dialect {
-        config = config.with_dialect(dialect.client_dialect());
-    }
+    // Without `--dialect`: every standard and common header shape, against an upstream
+    // speaking the odds API's.
+    config = config.with_dialect(
+        s.dialect
+            .map_or(Dialect::generic(), ServerDialect::client_dialect),
+    );
     Ok(config)
 }
 
@@ -599,7 +632,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
     report.attempts = report.timeline.len();
     report.rejected = report.timeline.iter().filter(|s| s.status == 429).count();
     report.last_attempt_ms = report.timeline.last().map_or(0, |s| s.at_ms);
-    report.makespan_ms = crate::report::ceil_ms(finished.duration_since(start));
+    report.makespan_ms = ceil_ms(finished.duration_since(start));
     Ok(report)
 }
 
@@ -686,7 +719,7 @@ pub fn seed_table() -> Vec<SeedRow> {
 /// holds the README to it).
 ///
 /// ```
-/// use allowance_sim::scenario::{seed_table_text, SeedRow};
+/// use allowance_testkit::scenario::{seed_table_text, SeedRow};
 ///
 /// let row = SeedRow {
 ///     scenario: "2 shared: one allowance",

@@ -20,7 +20,7 @@
 //! reports what the *server* saw, not what the clients believe.
 //!
 //! ```
-//! use allowance_sim::upstream::{Upstream, UpstreamConfig};
+//! use allowance_testkit::upstream::{Upstream, UpstreamConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> std::io::Result<()> {
@@ -53,15 +53,16 @@ use std::{
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Empty, Full};
 use hyper::{body::Incoming, server::conn::http1, service::service_fn};
-use hyper_util::{rt::TokioIo, server::graceful::GracefulShutdown};
+use hyper_util::{
+    client::legacy::{connect::HttpConnector, Client},
+    rt::{TokioExecutor, TokioIo},
+    server::graceful::GracefulShutdown,
+};
 use tokio::{net::TcpListener, sync::oneshot, task::JoinHandle, time::Instant};
 
-use crate::{
-    dialect::{Answer, LimitState, ServerDialect},
-    fake::WORKER_HEADER,
-};
+use crate::dialect::{Answer, LimitState, ServerDialect};
 
 mod throttle;
 
@@ -69,6 +70,9 @@ pub use self::throttle::{ThrottleAt, Throttled};
 
 /// The header carrying the API key.
 pub const API_KEY_HEADER: &str = "x-api-key";
+
+/// The header a scenario uses to tell the upstream which worker sent an attempt.
+pub const WORKER_HEADER: &str = "x-worker";
 
 /// The key [`UpstreamConfig::default`] accepts.
 pub const DEFAULT_KEY: &str = "sim-key";
@@ -82,7 +86,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// The path of one event's odds snapshot.
 ///
 /// ```
-/// assert_eq!(allowance_sim::upstream::snapshot_path("e7"), "/v1/events/e7/odds/snapshot");
+/// assert_eq!(allowance_testkit::upstream::snapshot_path("e7"), "/v1/events/e7/odds/snapshot");
 /// ```
 pub fn snapshot_path(event_id: &str) -> String {
     format!("/v1/events/{event_id}/odds/snapshot")
@@ -110,7 +114,7 @@ pub enum RetryAfterMode {
 ///
 /// ```
 /// use std::time::Duration;
-/// use allowance_sim::upstream::RateChange;
+/// use allowance_testkit::upstream::RateChange;
 ///
 /// let change: RateChange = "30s:10".parse()?;
 /// assert_eq!(change, RateChange { at: Duration::from_secs(30), rate_per_sec: 10 });
@@ -168,7 +172,7 @@ impl fmt::Display for RateChange {
 ///
 /// ```
 /// use std::time::Duration;
-/// use allowance_sim::upstream::{RateChange, RateSchedule};
+/// use allowance_testkit::upstream::{RateChange, RateSchedule};
 ///
 /// let s = RateSchedule::new(20, &["30s:10".parse()?, "10s:40".parse()?]);
 /// assert_eq!(s.rate_at(Duration::from_secs(5)), 20);
@@ -855,7 +859,7 @@ fn period_end_utc(now: SystemTime) -> String {
 ///
 /// ```
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use allowance_sim::upstream::parse_period_end;
+/// use allowance_testkit::upstream::parse_period_end;
 ///
 /// assert_eq!(parse_period_end("2025-01-01T00:00:00Z"), Some(UNIX_EPOCH + Duration::from_secs(1_735_689_600)));
 /// assert_eq!(parse_period_end("2025-01-01"), None);
@@ -902,6 +906,15 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
         u32::try_from(month).unwrap_or(1),
         u32::try_from(day).unwrap_or(1),
     )
+}
+
+/// A plain HTTP/1.1 client, pooled, without TLS: what a test needs to talk to the loopback
+/// upstreams ([`Upstream`], [`crate::tokens::TokenUpstream`]).
+pub type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+/// A new [`HttpClient`].
+pub fn http_client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ impl std::str::FromStr for ThrottleAt {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use allowance_sim::upstream::ThrottleAt;
+    /// use allowance_testkit::upstream::ThrottleAt;
     ///
     /// let t: ThrottleAt = "1500:1".parse()?;
     /// assert_eq!((t.after, t.retry_after_secs), (Duration::from_millis(1500), 1));

@@ -19,7 +19,7 @@
 //!
 //! ```
 //! use std::time::{Duration, UNIX_EPOCH};
-//! use allowance_sim::dialect::{Answer, LimitState, ServerDialect};
+//! use allowance_testkit::dialect::{Answer, LimitState, ServerDialect};
 //! use tower_allowance::signals::{ReadContext, Wait};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -222,33 +222,6 @@ impl FromStr for ServerDialect {
             .ok_or_else(|| UnknownDialect {
                 given: s.to_owned(),
             })
-    }
-}
-
-/// The command line's `--dialect`: `[possible values: odds, ietf, github, openai, anthropic]`
-/// with each one's headers in `--help`.
-impl clap::ValueEnum for ServerDialect {
-    fn value_variants<'a>() -> &'a [Self] {
-        &Self::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        let help = match self {
-            ServerDialect::Odds => "x-ratelimit-limit/-remaining/-bucket, Retry-After (no reset)",
-            ServerDialect::Ietf => {
-                "RateLimit-Policy: \"default\";q=N;w=1 and RateLimit: \"default\";r=N;t=S"
-            }
-            ServerDialect::Github => {
-                "x-ratelimit-limit/-remaining/-used/-reset (epoch seconds), Date"
-            }
-            ServerDialect::OpenAi => {
-                "x-ratelimit-limit/-remaining/-reset-requests (Go durations: 20ms, 1s)"
-            }
-            ServerDialect::Anthropic => {
-                "anthropic-ratelimit-requests-limit/-remaining/-reset (RFC 3339), Date"
-            }
-        };
-        Some(clap::builder::PossibleValue::new(self.name()).help(help))
     }
 }
 

@@ -28,6 +28,7 @@ use crate::{
     dialect::{Answer, LimitState, ServerDialect},
     upstream::{
         advertised_limit, interval_us, rescale_level, wall_clock, RateChange, RateSchedule,
+        WORKER_HEADER,
     },
 };
 
@@ -35,9 +36,6 @@ use crate::{
 /// virtual time (a year): the fake upstream's clock follows virtual time, which runs far
 /// ahead of the wall clock the library reads (see the module docs).
 pub const VIRTUAL_MAX_DATE_SKEW: Duration = Duration::from_secs(365 * 86_400);
-
-/// The header a scenario uses to tell the upstream which worker sent an attempt.
-pub const WORKER_HEADER: &str = "x-worker";
 
 /// How the fake upstream throttles.
 #[derive(Clone, Debug)]
