@@ -376,8 +376,8 @@ impl Dialect {
 
     #[cfg(feature = "dialects")]
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// `Retry-After` and the generic `X-RateLimit-*` (the odds API's shape, which this
-    /// project started from).
+    /// `Retry-After` and the generic `X-RateLimit-*` (`-Limit`, `-Remaining`, `-Bucket`,
+    /// `-Reset`), the shape many APIs send (the Odds API's among them).
     pub const fn x_ratelimit() -> Self {
         Self::none()
             .with(Reader::RetryAfter)

@@ -1,4 +1,4 @@
-//! The generic `X-RateLimit-*` shape (the odds API's, which this project started from):
+//! The generic `X-RateLimit-*` shape (the Odds API's, among many):
 //! `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, and an `X-RateLimit-Reset` that may be epoch
 //! or delta seconds.
 
