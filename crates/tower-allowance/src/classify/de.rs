@@ -47,10 +47,10 @@ impl TryFrom<RawStatusClassifier> for StatusClassifier {
                 .filter_map(|&c| StatusCode::from_u16(c).ok())
                 .any(|status| classifier.throttled.contains(status))
             {
-                return Err(ConfigError::new(
-                    "a status cannot be both throttled and transient",
-                )
-                .at("transient"));
+                return Err(
+                    ConfigError::new("a status cannot be both throttled and transient")
+                        .at("transient"),
+                );
             }
             classifier = classifier.transient(codes);
         }

@@ -132,8 +132,8 @@ impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
             .with_max_waiters(raw.max_waiters)
             .with_retry_budget(raw.retry_budget);
         for limit in raw.limits {
-            let mut l = Limit::new(limit.rate, limit.period, limit.burst)
-                .map_err(|e| e.at("limits"))?;
+            let mut l =
+                Limit::new(limit.rate, limit.period, limit.burst).map_err(|e| e.at("limits"))?;
             if matches!(limit.unit, RawUnit::Cost) {
                 l = l.counting_cost();
             }

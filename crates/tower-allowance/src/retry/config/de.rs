@@ -33,8 +33,7 @@ impl TryFrom<RawRetryConfig> for RetryConfig {
     type Error = ConfigError;
 
     fn try_from(raw: RawRetryConfig) -> Result<Self, ConfigError> {
-        let mut config =
-            RetryConfig::default().with_transport_errors(raw.retry_transport_errors);
+        let mut config = RetryConfig::default().with_transport_errors(raw.retry_transport_errors);
         if let Some(n) = raw.max_attempts {
             config = config
                 .with_max_attempts(n)
