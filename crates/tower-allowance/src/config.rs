@@ -25,6 +25,14 @@ use crate::{
     signals::{Dialect, ReadContext},
 };
 
+// The feature-only setters and getters, in files the default build does not read.
+#[cfg(any(test, feature = "adaptive"))]
+mod adaptive;
+#[cfg(feature = "serde")]
+mod de;
+#[cfg(feature = "dialects")]
+mod dialects;
+
 /// A configuration value was out of range.
 ///
 /// The reason is a static description of the rule that was broken.
@@ -456,47 +464,12 @@ impl AllowanceConfig {
         self
     }
 
-    /// Lets the main limit's rate adapt (see [`AdaptiveRate`]); its configured rate is then
-    /// only the starting point's fallback, and its burst is kept.
-    #[cfg(any(test, feature = "adaptive"))]
-    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
-    pub fn with_adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
-        self.adaptive = Some(adaptive);
-        self.derive();
-        self
-    }
-
-    /// The adaptive rate, if any.
-    #[cfg(feature = "adaptive")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
-    pub fn adaptive_rate(&self) -> Option<AdaptiveRate> {
-        self.adaptive
-    }
-
-    /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
-    /// `Retry-After`, `retry-after-ms`, and with the `dialects` feature the IETF
-    /// `RateLimit`/`RateLimit-Policy` fields, the older `RateLimit-*` trio and
-    /// `X-RateLimit-*`); see [`signals`](crate::signals).
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
-        self.dialect = dialect;
-        self
-    }
-
     /// How far a response's `Date` may be from the local clock and still be trusted to
     /// measure its absolute times (default five minutes); beyond it the local clock is used and
     /// a warning logged.
     pub fn with_max_date_skew(mut self, skew: Duration) -> Self {
         self.max_date_skew = skew;
         self
-    }
-
-    /// The header dialect.
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
     }
 
     /// What the cooldown reads responses with, in every build.
@@ -704,9 +677,6 @@ impl ReplenishingBudget {
         self.per_mille as f64 / 1000.0
     }
 }
-
-#[cfg(feature = "serde")]
-mod de;
 
 #[cfg(test)]
 mod tests {

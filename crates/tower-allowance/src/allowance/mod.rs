@@ -18,6 +18,8 @@ use crate::{
 };
 
 mod builder;
+#[cfg(feature = "quota")]
+mod quota;
 mod snapshot;
 
 #[cfg(feature = "dialects")]
@@ -284,13 +286,6 @@ impl Allowance {
         }
     }
 
-    /// How many quota probes this process has run.
-    #[cfg(feature = "quota")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
-    pub fn quota_probes(&self) -> u64 {
-        self.shared.quota.as_ref().map_or(0, |q| q.probes())
-    }
-
     /// This process's counters and its last view of the shared state.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::of(&self.shared)
@@ -299,27 +294,6 @@ impl Allowance {
     /// A throttling response arrived; `with_delay` when it carried a usable delay.
     #[cfg(not(feature = "quota"))]
     pub(crate) fn on_throttled(&self, _with_delay: bool) {}
-
-    /// A throttling response arrived; `with_delay` when it carried a usable delay.
-    #[cfg(feature = "quota")]
-    pub(crate) fn on_throttled(&self, with_delay: bool) {
-        let Some(q) = &self.shared.quota else {
-            return;
-        };
-        if with_delay {
-            q.clear_streak();
-            return;
-        }
-        if !q.throttled_without_delay() {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(crate::quota::run_probe(self.shared.clone()));
-            }
-            Err(_) => q.clear_streak(),
-        }
-    }
 
     /// A response the classifier called a success: replenishes a replenishing budget (with
     /// the next store call) and ends a streak of throttling without delays.

@@ -290,30 +290,9 @@ fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay
     }
 }
 
-/// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
-/// after the response was handed on): at once on an in-memory store, in a task on a shared
-/// one.
-#[cfg(feature = "grpc")]
-pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
-    let now = Instant::now();
-    match allowance.shared.apply(now, Op::Defer { delay_us }) {
-        Applying::Done(result) => deferred(allowance, now, result),
-        Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let allowance = allowance.clone();
-                handle.spawn(async move { deferred(&allowance, now, fut.await) });
-            }
-            Err(_) => tracing::warn!(
-                allowance = &*allowance.shared.name,
-                "no tokio runtime to record a cooldown seen in trailers"
-            ),
-        },
-    }
-}
-
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
 /// it would be worse than a cooldown the other processes do not hear of.
-fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
+pub(super) fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
     match result {
         Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),
         Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),
