@@ -18,6 +18,9 @@ use crate::{
 };
 
 mod builder;
+// What the keyed registry, the conformance suite and the `rule` feature read of the store.
+#[cfg(any(test, feature = "rule", feature = "conformance", feature = "keyed"))]
+mod inspect;
 #[cfg(feature = "quota")]
 mod quota;
 mod snapshot;
@@ -88,15 +91,6 @@ impl Allowance {
     /// several processes spend one allowance.
     pub fn with_store(config: AllowanceConfig, store: impl crate::store::Store) -> Self {
         Self::builder(config).store(store).build()
-    }
-
-    /// Whether its store says the state is settled at `now`, as good as a fresh one
-    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry and the conformance suite.
-    #[cfg(any(feature = "keyed", feature = "conformance"))]
-    pub(crate) fn is_settled(&self, now: Instant) -> bool {
-        self.shared
-            .store
-            .is_settled(now, self.shared.config.params())
     }
 
     /// The allowance's name (for logs and metrics; `"default"` unless set by the builder).
@@ -251,17 +245,6 @@ impl Allowance {
         snapshot.retries_remaining = state.retries_remaining;
         snapshot.adaptive_rate = (state.rate_milli > 0).then(|| state.rate_milli as f64 / 1000.0);
         Ok(snapshot)
-    }
-
-    /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;
-    /// [`Allowance::refresh`] is the stable view).
-    ///
-    /// # Errors
-    ///
-    /// The store's error.
-    #[cfg(any(test, feature = "rule", feature = "conformance"))]
-    pub async fn store_state(&self) -> Result<StoreState, StoreError> {
-        self.read_store().await
     }
 
     async fn read_store(&self) -> Result<StoreState, StoreError> {

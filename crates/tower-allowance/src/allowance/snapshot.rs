@@ -2,6 +2,8 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use tokio::time::Instant;
 
+#[cfg(feature = "dialects")]
+pub use self::observation::RateLimitObservation;
 use crate::{error::AbandonReason, shared::Shared};
 
 /// A point-in-time copy of an allowance's counters in this process, and of the shared state.
@@ -44,26 +46,6 @@ pub struct Snapshot {
     /// adaptive, and in [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store
     /// knows).
     pub adaptive_rate: Option<f64>,
-}
-
-/// The provider's own view, from the last response's `X-RateLimit-Limit`,
-/// `X-RateLimit-Remaining` and `X-RateLimit-Bucket` (or whatever the allowance's
-/// `signals::Dialect` (feature `dialects`) reads as a limit, a remaining count and a bucket),
-/// in a [`Snapshot`].
-///
-/// `remaining` is approximate and shared by everyone using the key: it is an observation,
-/// never a reservation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-#[cfg_attr(not(feature = "dialects"), allow(unreachable_pub, dead_code))]
-pub struct RateLimitObservation {
-    /// `X-RateLimit-Limit`.
-    pub limit: Option<u64>,
-    /// `X-RateLimit-Remaining`.
-    pub remaining: Option<u64>,
-    /// `X-RateLimit-Bucket`.
-    pub bucket: Option<String>,
 }
 
 /// A closed allowance, in a [`Snapshot`].
@@ -140,5 +122,7 @@ impl AbandonedCounts {
     }
 }
 
+#[cfg(feature = "dialects")]
+mod observation;
 #[cfg(feature = "serde")]
 mod ser;

@@ -111,6 +111,9 @@ mod anthropic;
 mod github;
 #[cfg(feature = "dialects")]
 mod ietf;
+// The providers' dialects by name, their readers' dispatch, and every reader.
+#[cfg(feature = "dialects")]
+mod named;
 #[cfg(feature = "dialects")]
 mod openai;
 mod retry_after;
@@ -340,52 +343,6 @@ impl Dialect {
         d
     }
 
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// GitHub's REST API: `Retry-After` (secondary limits) and `x-ratelimit-*`.
-    pub const fn github() -> Self {
-        Self::none().with(Reader::RetryAfter).with(Reader::Github)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// OpenAI's API: `Retry-After`, `retry-after-ms` and `x-ratelimit-*-{requests,tokens}`.
-    pub const fn openai() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::RetryAfterMs)
-            .with(Reader::OpenAi)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// Anthropic's API: `Retry-After` and `anthropic-ratelimit-*`.
-    pub const fn anthropic() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::Anthropic)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// `Retry-After` and the generic `X-RateLimit-*` (the odds API's shape, which this
-    /// project started from).
-    pub const fn x_ratelimit() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::XRateLimit)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// The IETF fields only (current and older drafts), with `Retry-After`.
-    pub const fn ietf() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::Ietf)
-            .with(Reader::IetfLegacy)
-    }
-
     /// This dialect and `reader`.
     pub const fn with(self, reader: Reader) -> Self {
         Self {
@@ -428,17 +385,7 @@ impl Dialect {
                 Reader::RetryAfter => retry_after::read_seconds(&mut c),
                 Reader::RetryAfterMs => retry_after::read_millis(&mut c),
                 #[cfg(feature = "dialects")]
-                Reader::Ietf => ietf::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::IetfLegacy => ietf::read_legacy(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::Github => github::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::OpenAi => openai::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::Anthropic => anthropic::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::XRateLimit => x_ratelimit::read(&mut c),
+                provider => named::read(provider, &mut c),
             }
         }
         reading
@@ -455,22 +402,8 @@ impl Default for Dialect {
 
 impl Reader {
     /// Every reader, in order. A slice, so that adding a reader is not a breaking change.
-    pub const ALL: &'static [Reader] = &[
-        Reader::RetryAfter,
-        Reader::RetryAfterMs,
-        #[cfg(feature = "dialects")]
-        Reader::Ietf,
-        #[cfg(feature = "dialects")]
-        Reader::IetfLegacy,
-        #[cfg(feature = "dialects")]
-        Reader::Github,
-        #[cfg(feature = "dialects")]
-        Reader::OpenAi,
-        #[cfg(feature = "dialects")]
-        Reader::Anthropic,
-        #[cfg(feature = "dialects")]
-        Reader::XRateLimit,
-    ];
+    #[cfg(not(feature = "dialects"))]
+    pub const ALL: &'static [Reader] = &[Reader::RetryAfter, Reader::RetryAfterMs];
 
     const fn bit(self) -> u16 {
         1 << self as u16
