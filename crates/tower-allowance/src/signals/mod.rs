@@ -117,6 +117,9 @@ mod named;
 #[cfg(feature = "dialects")]
 mod openai;
 mod retry_after;
+// Accessors only the public surface (feature `dialects`) and the tests use.
+#[cfg(any(test, feature = "dialects"))]
+mod surface;
 mod values;
 #[cfg(feature = "dialects")]
 mod x_ratelimit;
@@ -350,13 +353,6 @@ impl Dialect {
         }
     }
 
-    /// This dialect without `reader`.
-    pub const fn without(self, reader: Reader) -> Self {
-        Self {
-            readers: self.readers & !reader.bit(),
-        }
-    }
-
     /// Whether `reader` is in this dialect.
     pub const fn contains(&self, reader: Reader) -> bool {
         self.readers & reader.bit() != 0
@@ -429,29 +425,11 @@ impl ReadContext {
         self.max_skew = max_skew;
         self
     }
-
-    /// The local wall-clock time.
-    pub const fn now(&self) -> SystemTime {
-        self.now
-    }
-
-    /// How far a response's `Date` may be from [`now`](Self::now) and still be trusted.
-    pub const fn max_skew(&self) -> Duration {
-        self.max_skew
-    }
 }
 
 // === impl Wait ===
 
 impl Wait {
-    /// The wait as a duration, `None` when it is [`Wait::TooLong`].
-    pub fn duration(&self) -> Option<Duration> {
-        match self {
-            Wait::For(d) => Some(*d),
-            Wait::TooLong { .. } => None,
-        }
-    }
-
     /// Whether this wait is strictly longer than `other` (`TooLong` is longer than any
     /// `For`; two `TooLong`s are equal).
     pub fn is_longer_than(&self, other: &Wait) -> bool {
