@@ -1,7 +1,5 @@
 use std::sync::{atomic::AtomicU64, Arc};
 
-#[cfg(feature = "quota")]
-use crate::quota::QuotaGuard;
 use crate::{
     shared::{Holders, Shared, Sink, Stats},
     store::{EventSink, MemoryStore, Store, Watcher},
@@ -26,7 +24,7 @@ pub struct AllowanceBuilder {
     name: Option<Arc<str>>,
     store: Option<Box<dyn Store>>,
     #[cfg(feature = "quota")]
-    pub(super) quota: Option<QuotaGuard>,
+    pub(super) quota: Option<crate::quota::QuotaGuard>,
 }
 
 impl AllowanceBuilder {

@@ -88,11 +88,7 @@ impl Snapshot {
                     reason: c.reason(),
                 }),
             #[cfg(feature = "dialects")]
-            rate_limit: s
-                .rate_limit
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
+            rate_limit: RateLimitObservation::last(s),
             retries_remaining: None,
             adaptive_rate: None,
         }

@@ -1,10 +1,10 @@
 //! Anthropic's API: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
 //! remaining,reset}`, resets as RFC 3339 timestamps; `retry-after` is the
-//! [`RetryAfter`](super::Reader::RetryAfter) reader's.
+//! [`RetryAfter`](crate::signals::Reader::RetryAfter) reader's.
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use crate::signals::{values, Collector, Reader};
 
 const REQUESTS_LIMIT: HeaderName = HeaderName::from_static("anthropic-ratelimit-requests-limit");
 const REQUESTS_REMAINING: HeaderName =

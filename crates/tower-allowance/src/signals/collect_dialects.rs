@@ -1,7 +1,7 @@
 //! What only the providers' readers (feature `dialects`) offer a [`Collector`]: remaining
 //! counts, limits, advertised policies and buckets, with the same max/min semantics.
 
-use super::{values, Collector, Policy, Reader, Value};
+use crate::signals::{values, Collector, Policy, Reader, Value};
 
 impl Collector<'_> {
     /// Offers a remaining request count; the smallest is kept.

@@ -1,10 +1,10 @@
 //! GitHub's REST API: `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (epoch seconds),
-//! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](super::Reader::RetryAfter)
+//! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](crate::signals::Reader::RetryAfter)
 //! reader's.
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use crate::signals::{values, Collector, Reader};
 
 pub(super) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub(super) const X_RATELIMIT_REMAINING: HeaderName =

@@ -24,7 +24,7 @@ use sfv::{
     BareItemFromInput, KeyRef, Parser,
 };
 
-use super::{values, Collector, Policy, Reader, Value};
+use crate::signals::{values, Collector, Policy, Reader, Value};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

@@ -105,24 +105,14 @@ use http::{header, HeaderMap};
 
 use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 
-#[cfg(feature = "dialects")]
-mod anthropic;
-#[cfg(feature = "dialects")]
-mod github;
-#[cfg(feature = "dialects")]
-mod ietf;
-// The providers' dialects by name, their readers' dispatch, and every reader.
+// The providers' dialects: their readers, their names, and every reader.
 #[cfg(feature = "dialects")]
 mod named;
-#[cfg(feature = "dialects")]
-mod openai;
 mod retry_after;
 // Accessors only the public surface (feature `dialects`) and the tests use.
 #[cfg(any(test, feature = "dialects"))]
 mod surface;
 mod values;
-#[cfg(feature = "dialects")]
-mod x_ratelimit;
 
 #[cfg(test)]
 mod tests;
@@ -131,7 +121,7 @@ use values::Value;
 
 #[cfg(feature = "dialects")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-pub use x_ratelimit::EPOCH_THRESHOLD;
+pub use named::EPOCH_THRESHOLD;
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///
@@ -339,10 +329,7 @@ impl Dialect {
             .with(Reader::RetryAfter)
             .with(Reader::RetryAfterMs);
         #[cfg(feature = "dialects")]
-        let d = d
-            .with(Reader::Ietf)
-            .with(Reader::IetfLegacy)
-            .with(Reader::XRateLimit);
+        let d = named::standard(d);
         d
     }
 
@@ -527,8 +514,3 @@ impl Collector<'_> {
         reference
     }
 }
-
-// The offers only the providers' readers make (remaining counts, limits, policies, buckets).
-#[cfg(feature = "dialects")]
-#[path = "collect_dialects.rs"]
-mod collect_dialects;

@@ -1,6 +1,31 @@
-//! The providers' dialects by name (feature `dialects`), and the dispatch to their readers.
+//! The providers' dialects (feature `dialects`): their readers, the offers only they make, their
+//! names, and the dispatch to them. The readers' files sit beside the parent's.
 
-use super::{anthropic, github, ietf, openai, x_ratelimit, Collector, Dialect, Reader};
+use super::{Collector, Dialect, Reader};
+
+#[path = "anthropic.rs"]
+mod anthropic;
+// The offers only the providers' readers make (remaining counts, limits, policies, buckets).
+#[path = "collect_dialects.rs"]
+mod collect_dialects;
+#[path = "github.rs"]
+mod github;
+#[path = "ietf.rs"]
+mod ietf;
+#[path = "openai.rs"]
+mod openai;
+#[path = "x_ratelimit.rs"]
+mod x_ratelimit;
+
+pub use self::x_ratelimit::EPOCH_THRESHOLD;
+
+/// What the standard dialect reads with `dialects` besides `Retry-After` and `retry-after-ms`:
+/// the IETF fields (current and older drafts) and the generic `X-RateLimit-*`.
+pub(super) const fn standard(d: Dialect) -> Dialect {
+    d.with(Reader::Ietf)
+        .with(Reader::IetfLegacy)
+        .with(Reader::XRateLimit)
+}
 
 impl Dialect {
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]

@@ -3,7 +3,7 @@
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use crate::signals::{values, Collector, Reader};
 
 const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
 const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");

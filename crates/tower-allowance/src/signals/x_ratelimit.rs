@@ -5,7 +5,7 @@
 use http::HeaderName;
 
 use super::github::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-use super::{values, Collector, Reader, Value};
+use crate::signals::{values, Collector, Reader, Value};
 
 const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
 

@@ -33,6 +33,15 @@ impl RateLimitObservation {
         )
     }
 
+    /// The last one seen, for a [`Snapshot`](super::Snapshot).
+    pub(crate) fn last(stats: &Stats) -> Option<Self> {
+        stats
+            .rate_limit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// Kept as the last one seen, for [`Snapshot`](super::Snapshot).
     pub(crate) fn record(self, stats: &Stats) {
         *stats
