@@ -10,6 +10,9 @@ mod anthropic;
 mod collect_dialects;
 #[path = "github.rs"]
 mod github;
+// The providers' value grammars (counts, epoch seconds, Go durations, RFC 3339).
+#[path = "values_dialects.rs"]
+mod grammars;
 #[path = "ietf.rs"]
 mod ietf;
 #[path = "openai.rs"]
