@@ -12,6 +12,7 @@
 
 use std::{error::Error, fmt, time::Duration};
 
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tower_allowance::BoxError;
 
 /// An allowance name that could break the key's hash tag or reach another allowance's keys.
@@ -214,7 +215,7 @@ impl CallError {
 
     /// A Redis client error: an outage, or a refusal.
     pub(crate) fn redis(e: redis::RedisError) -> Self {
-        let kind = if crate::store::is_outage(&e) {
+        let kind = if is_outage(&e) {
             CallErrorKind::Redis
         } else {
             CallErrorKind::Refused
@@ -287,3 +288,72 @@ impl fmt::Display for RedisCause {
 }
 
 impl Error for RedisCause {}
+
+/// Whether a Redis error is an outage (it may answer later) or a refusal.
+pub(crate) fn is_outage(e: &RedisError) -> bool {
+    // An untrusted certificate is an I/O error to the client, but waiting will not help.
+    if is_tls_refusal(e) {
+        return false;
+    }
+    if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
+        return true;
+    }
+    match e.kind() {
+        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
+        ErrorKind::Server(k) => {
+            matches!(
+                k,
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+            ) || e.code() == Some("BUSY")
+        }
+        _ => false,
+    }
+}
+
+/// Whether a Redis error is a TLS verification failure: a certificate that the trusted roots
+/// do not vouch for, a name mismatch, a client certificate refused. Waiting will not help.
+pub(crate) fn is_tls_refusal(e: &RedisError) -> bool {
+    #[cfg(feature = "tls")]
+    {
+        use std::sync::Arc;
+        type Shared = Arc<dyn Error + Send + Sync>;
+        let mut cause: Option<&(dyn Error + 'static)> = Error::source(e);
+        while let Some(c) = cause {
+            // The client keeps causes behind an `Arc`, and `io::Error::source` skips the
+            // error it wraps: look through both.
+            let unshared = c
+                .downcast_ref::<Shared>()
+                .map(|a| &**a as &(dyn Error + 'static));
+            let layers = [Some(c), unshared];
+            let wrapped = layers.iter().flatten().find_map(|l| {
+                l.downcast_ref::<std::io::Error>()
+                    .and_then(|io| io.get_ref())
+                    .map(|i| i as &(dyn Error + 'static))
+            });
+            for candidate in layers.into_iter().chain([wrapped]).flatten() {
+                if let Some(tls) = candidate.downcast_ref::<rustls::Error>() {
+                    return matches!(
+                        tls,
+                        rustls::Error::InvalidCertificate(_)
+                            | rustls::Error::NoCertificatesPresented
+                            | rustls::Error::AlertReceived(_)
+                            | rustls::Error::PeerIncompatible(_)
+                    );
+                }
+            }
+            cause = c.source();
+        }
+        false
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = e;
+        false
+    }
+}

@@ -29,12 +29,22 @@ use std::{
 use redis::aio::PubSubSink;
 use tower_allowance::rule::{Event, EVENT_WORDS};
 
-use crate::store::Inner;
+/// A store listening on its channel, as the subscription sees it (the store implements it, so
+/// this module needs nothing of the store's).
+pub(crate) trait Listener: Send + Sync {
+    /// The channel it listens on.
+    fn channel(&self) -> &str;
+    /// The subscription confirmed its channel. Returns whether it was listening before:
+    /// then events may have been missed, and it is sent a catch-up (`deliver(None)`).
+    fn listening(&self) -> bool;
+    /// An event on its channel, or `None`: events may have been missed, resync.
+    fn deliver(&self, event: Option<Event>);
+}
 
 /// The stores listening on one channel.
 #[derive(Default)]
 struct Route {
-    listeners: Vec<Weak<Inner>>,
+    listeners: Vec<Weak<dyn Listener>>,
     /// Whether the live subscription has confirmed this channel.
     subscribed: bool,
 }
@@ -69,20 +79,21 @@ impl Events {
 
     /// Delivers `store`'s channel to it from now on; starts the subscription on `handle` the
     /// first time. Returns whether the store is (or will be) subscribed.
-    pub(crate) fn register(
+    pub(crate) fn register<L: Listener + 'static>(
         self: &Arc<Self>,
-        store: &Arc<Inner>,
+        store: &Arc<L>,
         handle: &tokio::runtime::Handle,
     ) -> bool {
         if !self.enabled() {
             return false;
         }
-        let channel = store.channel.clone();
+        let channel = store.channel().to_owned();
         let (new_channel, subscribed) = {
             let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
             let route = routes.entry(channel.clone()).or_default();
             route.listeners.retain(|w| w.strong_count() > 0);
-            route.listeners.push(Arc::downgrade(store));
+            let listener: Weak<L> = Arc::downgrade(store);
+            route.listeners.push(listener);
             (route.listeners.len() == 1, route.subscribed)
         };
         if subscribed {
@@ -122,7 +133,7 @@ impl Events {
     /// A store that was listening before (a subscription that dropped and came back) may have
     /// missed events meanwhile, and catches up.
     fn confirmed(&self, channels: &[String]) {
-        let mut stores: Vec<Arc<Inner>> = Vec::new();
+        let mut stores: Vec<Arc<dyn Listener>> = Vec::new();
         {
             let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
             for channel in channels {
@@ -145,7 +156,7 @@ impl Events {
     }
 
     fn dispatch(&self, channel: &str, event: Event) {
-        let stores: Vec<Arc<Inner>> = self
+        let stores: Vec<Arc<dyn Listener>> = self
             .routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

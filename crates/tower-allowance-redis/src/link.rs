@@ -212,48 +212,6 @@ fn ensure_crypto_provider() {
     }
 }
 
-/// Whether a Redis error is a TLS verification failure: a certificate that the trusted roots
-/// do not vouch for, a name mismatch, a client certificate refused. Waiting will not help.
-pub(crate) fn is_tls_refusal(e: &redis::RedisError) -> bool {
-    #[cfg(feature = "tls")]
-    {
-        use std::{error::Error, sync::Arc};
-        type Shared = Arc<dyn Error + Send + Sync>;
-        let mut cause: Option<&(dyn Error + 'static)> = Error::source(e);
-        while let Some(c) = cause {
-            // The client keeps causes behind an `Arc`, and `io::Error::source` skips the
-            // error it wraps: look through both.
-            let unshared = c
-                .downcast_ref::<Shared>()
-                .map(|a| &**a as &(dyn Error + 'static));
-            let layers = [Some(c), unshared];
-            let wrapped = layers.iter().flatten().find_map(|l| {
-                l.downcast_ref::<std::io::Error>()
-                    .and_then(|io| io.get_ref())
-                    .map(|i| i as &(dyn Error + 'static))
-            });
-            for candidate in layers.into_iter().chain([wrapped]).flatten() {
-                if let Some(tls) = candidate.downcast_ref::<rustls::Error>() {
-                    return matches!(
-                        tls,
-                        rustls::Error::InvalidCertificate(_)
-                            | rustls::Error::NoCertificatesPresented
-                            | rustls::Error::AlertReceived(_)
-                            | rustls::Error::PeerIncompatible(_)
-                    );
-                }
-            }
-            cause = c.source();
-        }
-        false
-    }
-    #[cfg(not(feature = "tls"))]
-    {
-        let _ = e;
-        false
-    }
-}
-
 /// A URL with any password (userinfo or query string) replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {

@@ -13,7 +13,7 @@ use std::{
 
 use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
-    ErrorKind, RedisError, ServerErrorKind,
+    ErrorKind, ServerErrorKind,
 };
 use tokio::{sync::Notify, time::Instant};
 use tower_allowance::{
@@ -24,7 +24,7 @@ use tower_allowance::{
 
 use crate::{
     error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
-    events::Events,
+    events::{Events, Listener},
     link::{self, Conn, Link},
     scripts::{self, ApplyScript, BadReply},
     FailurePolicy, RedisStoreOptions,
@@ -256,7 +256,7 @@ impl RedisStore {
             .await
             .map_err(|e| ConnectError::new(ConnectErrorKind::Unreachable, e))?
             .map_err(|e| {
-                let kind = if is_outage(&e) {
+                let kind = if crate::error::is_outage(&e) {
                     ConnectErrorKind::Unreachable
                 } else {
                     ConnectErrorKind::Refused
@@ -825,12 +825,18 @@ impl Inner {
             );
         }
     }
+}
+
+impl Listener for Inner {
+    fn channel(&self) -> &str {
+        &self.channel
+    }
 
     /// The subscription confirmed this store's channel: operations go ahead. Returns whether
     /// they went ahead before (a subscription that came back, or one that was slower than the
     /// connect timeout): then events may have been missed, and the caller makes the store
     /// catch up.
-    pub(crate) fn listening(&self) -> bool {
+    fn listening(&self) -> bool {
         let was_open = self.gate_open.swap(true, Ordering::AcqRel);
         if !was_open {
             self.gate_opened.notify_waiters();
@@ -839,7 +845,7 @@ impl Inner {
     }
 
     /// Delivers an event to every watcher; forgets watchers whose allowance is gone.
-    pub(crate) fn deliver(&self, event: Option<Event>) {
+    fn deliver(&self, event: Option<Event>) {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         watchers.retain(|w| match event {
             Some(e) => w.notify(e),
@@ -1021,33 +1027,6 @@ impl TestClock {
             scripts::decode(op, &r)
                 .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
         }))
-    }
-}
-
-/// Whether a Redis error is an outage (it may answer later) or a refusal.
-pub(crate) fn is_outage(e: &RedisError) -> bool {
-    // An untrusted certificate is an I/O error to the client, but waiting will not help.
-    if link::is_tls_refusal(e) {
-        return false;
-    }
-    if e.is_io_error() || e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() {
-        return true;
-    }
-    match e.kind() {
-        ErrorKind::Io | ErrorKind::ClusterConnectionNotFound => true,
-        ErrorKind::Server(k) => {
-            matches!(
-                k,
-                ServerErrorKind::BusyLoading
-                    | ServerErrorKind::TryAgain
-                    | ServerErrorKind::ClusterDown
-                    | ServerErrorKind::MasterDown
-                    | ServerErrorKind::ReadOnly
-                    | ServerErrorKind::Moved
-                    | ServerErrorKind::Ask
-            ) || e.code() == Some("BUSY")
-        }
-        _ => false,
     }
 }
 

@@ -25,6 +25,14 @@ use crate::{
     signals::{Dialect, ReadContext},
 };
 
+// The feature-only setters and getters, in files the default build does not read.
+#[cfg(any(test, feature = "adaptive"))]
+mod adaptive;
+#[cfg(feature = "serde")]
+mod de;
+#[cfg(feature = "dialects")]
+mod dialects;
+
 /// A configuration value was out of range.
 ///
 /// The reason is a static description of the rule that was broken.
@@ -232,7 +240,7 @@ impl Limit {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(try_from = "serde_impl::RawAllowanceConfig"))]
+#[cfg_attr(feature = "serde", serde(try_from = "de::RawAllowanceConfig"))]
 pub struct AllowanceConfig {
     limits: Vec<Limit>,
     max_waiters: usize,
@@ -255,7 +263,8 @@ pub struct AllowanceConfig {
 /// `signals` (feature `dialects`)). The state lives in the store: every process sharing the
 /// allowance follows one rate.
 ///
-/// ```
+#[cfg_attr(feature = "adaptive", doc = "```")]
+#[cfg_attr(not(feature = "adaptive"), doc = "```ignore")]
 /// use tower_allowance::{AdaptiveRate, AllowanceConfig};
 ///
 /// let config = AllowanceConfig::per_second(20, 4)?
@@ -274,40 +283,6 @@ pub struct AdaptiveRate {
 
 #[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
 impl AdaptiveRate {
-    /// Starts at `initial` requests per second, never below `floor` or above `ceiling`.
-    ///
-    /// # Errors
-    ///
-    /// Rates that are not finite, below 0.001 per second, above 10,000 per second (the
-    /// stores' integer arithmetic stays exact below that), or not ordered
-    /// `floor <= initial <= ceiling`.
-    pub fn new(initial: f64, floor: f64, ceiling: f64) -> Result<Self, ConfigError> {
-        let ok = |r: f64| r.is_finite() && (0.001..=10_000.0).contains(&r);
-        if !(ok(initial) && ok(floor) && ok(ceiling)) {
-            return Err(ConfigError::new(
-                "adaptive rates must be finite, from 0.001 to 10,000 per second",
-            ));
-        }
-        if floor > initial || initial > ceiling {
-            return Err(ConfigError::new(
-                "adaptive rates must be ordered: floor <= initial <= ceiling",
-            ));
-        }
-        Ok(Self {
-            initial,
-            floor,
-            ceiling,
-            adopt: false,
-        })
-    }
-
-    /// Also adopt a rate the server advertises (`RateLimit-Policy`,
-    /// `x-ratelimit-limit-requests`...) as the current rate, not only cap at it.
-    pub fn adopt_advertised(mut self, adopt: bool) -> Self {
-        self.adopt = adopt;
-        self
-    }
-
     fn milli(r: f64) -> u64 {
         // Validated to 0.001..=10,000: the product fits.
         ((r * 1000.0).round() as u64).max(1)
@@ -456,46 +431,12 @@ impl AllowanceConfig {
         self
     }
 
-    /// Lets the main limit's rate adapt (see [`AdaptiveRate`]); its configured rate is then
-    /// only the starting point's fallback, and its burst is kept.
-    #[cfg(feature = "adaptive")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
-    pub fn with_adaptive_rate(mut self, adaptive: AdaptiveRate) -> Self {
-        self.adaptive = Some(adaptive);
-        self.derive();
-        self
-    }
-
-    /// The adaptive rate, if any.
-    #[cfg(feature = "adaptive")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
-    pub fn adaptive_rate(&self) -> Option<AdaptiveRate> {
-        self.adaptive
-    }
-
-    /// Which rate-limit headers responses are read with (default [`Dialect::standard`]:
-    /// `Retry-After` and `retry-after-ms`; [`Dialect::generic`] adds the IETF fields and
-    /// `X-RateLimit-*`, and each provider has its own); see [`signals`](crate::signals).
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    pub fn with_dialect(mut self, dialect: Dialect) -> Self {
-        self.dialect = dialect;
-        self
-    }
-
     /// How far a response's `Date` may be from the local clock and still be trusted to
     /// measure its absolute times (default five minutes); beyond it the local clock is used and
     /// a warning logged.
     pub fn with_max_date_skew(mut self, skew: Duration) -> Self {
         self.max_date_skew = skew;
         self
-    }
-
-    /// The header dialect.
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
     }
 
     /// What the cooldown reads responses with, in every build.
@@ -593,7 +534,7 @@ const PROBE_BACKOFF_MAX_US: u64 = 60_000_000;
 /// admitted. First attempts never spend.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(try_from = "serde_impl::RawRetryBudget"))]
+#[cfg_attr(feature = "serde", serde(try_from = "de::RawRetryBudget"))]
 pub enum RetryBudgetConfig {
     /// No group bound; only each request's `max_attempts` limits retries.
     #[default]
@@ -704,239 +645,6 @@ impl ReplenishingBudget {
     }
 }
 
-#[cfg(feature = "serde")]
-mod serde_impl {
-    //! The file form of the configuration: durations as human-readable strings ("500ms",
-    //! "2s", "1h"), unknown fields rejected, every validation error naming its field.
-    //!
-    //! ```toml
-    //! rate = 10
-    //! period = "1s"
-    //! burst = 10
-    //! max_cooldown = "15m"
-    //! dialect = "github"    # "standard"; "github", "openai", "anthropic", "ietf", "x-ratelimit", "generic" with `dialects`
-    //! limits = [{ rate = 5000, period = "1h", burst = 5000 }]
-    //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
-    //! outage = { wait = "30s" }
-    //! adaptive = { initial = 2.0, floor = 0.5, ceiling = 50.0, adopt_advertised = true }
-    //! ```
-    use super::*;
-    #[cfg(feature = "dialects")]
-    use crate::signals::Dialect;
-
-    fn one_second() -> Duration {
-        Duration::from_secs(1)
-    }
-
-    fn default_max_waiters() -> usize {
-        DEFAULT_MAX_WAITERS
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    pub(super) struct RawAllowanceConfig {
-        rate: u32,
-        #[serde(default = "one_second", with = "humantime_serde")]
-        period: Duration,
-        burst: u32,
-        #[serde(default)]
-        limits: Vec<RawLimit>,
-        #[serde(default = "default_max_waiters")]
-        max_waiters: usize,
-        #[serde(default)]
-        retry_budget: RetryBudgetConfig,
-        #[serde(default, with = "humantime_serde")]
-        max_cooldown: Option<Duration>,
-        #[serde(default)]
-        outage: Option<RawOutage>,
-        #[serde(default)]
-        dialect: Option<RawDialect>,
-        #[serde(default, with = "humantime_serde")]
-        max_date_skew: Option<Duration>,
-        #[serde(default)]
-        adaptive: Option<RawAdaptive>,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct RawLimit {
-        rate: u32,
-        #[serde(default = "one_second", with = "humantime_serde")]
-        period: Duration,
-        burst: u32,
-        #[serde(default)]
-        unit: RawUnit,
-    }
-
-    #[derive(serde::Deserialize, Default)]
-    #[serde(rename_all = "snake_case")]
-    enum RawUnit {
-        #[default]
-        Requests,
-        Cost,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-    enum RawOutage {
-        /// `{ wait = "30s" }`
-        Wait(#[serde(with = "humantime_serde")] Duration),
-        /// `"fail-fast"`
-        FailFast,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    enum RawDialect {
-        Standard,
-        // The providers' dialects: without the `dialects` feature, naming one is an
-        // unknown variant (refused, like any unknown value).
-        #[cfg(feature = "dialects")]
-        Github,
-        #[cfg(feature = "dialects")]
-        Openai,
-        #[cfg(feature = "dialects")]
-        Anthropic,
-        #[cfg(feature = "dialects")]
-        Ietf,
-        #[cfg(feature = "dialects")]
-        Generic,
-        // `x-ratelimit`; `odds`, its first name, still read.
-        #[cfg(feature = "dialects")]
-        #[serde(rename = "x-ratelimit", alias = "odds")]
-        XRateLimit,
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    // Read only with `adaptive`; without it, its presence is the error.
-    #[cfg_attr(not(feature = "adaptive"), allow(dead_code))]
-    struct RawAdaptive {
-        initial: f64,
-        floor: f64,
-        ceiling: f64,
-        #[serde(default)]
-        adopt_advertised: bool,
-    }
-
-    /// The field a refused limit is the fault of: the one out of range by itself, or all
-    /// three when only their combination is (a rate too high for its period, a burst too
-    /// long at that rate).
-    fn limit_field(rate: u32, period: Duration, burst: u32) -> &'static str {
-        if rate == 0 {
-            "rate"
-        } else if burst == 0 {
-            "burst"
-        } else if period.is_zero() || period > rule::MAX_DELAY {
-            "period"
-        } else {
-            "rate/period/burst"
-        }
-    }
-
-    impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
-        type Error = ConfigError;
-
-        fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
-            let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
-                .map_err(|e| e.at(limit_field(raw.rate, raw.period, raw.burst)))?
-                .with_max_waiters(raw.max_waiters)
-                .with_retry_budget(raw.retry_budget);
-            for limit in raw.limits {
-                let mut l = Limit::new(limit.rate, limit.period, limit.burst)
-                    .map_err(|e| e.at("limits"))?;
-                if matches!(limit.unit, RawUnit::Cost) {
-                    l = l.counting_cost();
-                }
-                config = config.with_limit(l).map_err(|e| e.at("limits"))?;
-            }
-            if let Some(max) = raw.max_cooldown {
-                config = config
-                    .with_max_cooldown(max)
-                    .map_err(|e| e.at("max_cooldown"))?;
-            }
-            if let Some(outage) = raw.outage {
-                config = config.with_outage_policy(match outage {
-                    RawOutage::Wait(max) => OutagePolicy::Wait { max },
-                    RawOutage::FailFast => OutagePolicy::FailFast,
-                });
-            }
-            if let Some(dialect) = raw.dialect {
-                #[cfg(feature = "dialects")]
-                {
-                    config = config.with_dialect(match dialect {
-                        RawDialect::Standard => Dialect::standard(),
-                        RawDialect::Github => Dialect::github(),
-                        RawDialect::Openai => Dialect::openai(),
-                        RawDialect::Anthropic => Dialect::anthropic(),
-                        RawDialect::Ietf => Dialect::ietf(),
-                        RawDialect::Generic => Dialect::generic(),
-                        RawDialect::XRateLimit => Dialect::x_ratelimit(),
-                    });
-                }
-                // Without `dialects` only "standard" parses, and it is the default already.
-                #[cfg(not(feature = "dialects"))]
-                let RawDialect::Standard = dialect;
-            }
-            if let Some(skew) = raw.max_date_skew {
-                config = config.with_max_date_skew(skew);
-            }
-            if let Some(a) = raw.adaptive {
-                #[cfg(feature = "adaptive")]
-                {
-                    let adaptive = AdaptiveRate::new(a.initial, a.floor, a.ceiling)
-                        .map_err(|e| e.at("adaptive"))?
-                        .adopt_advertised(a.adopt_advertised);
-                    config = config.with_adaptive_rate(adaptive);
-                }
-                #[cfg(not(feature = "adaptive"))]
-                {
-                    let _ = a;
-                    return Err(ConfigError::new(
-                        "an adaptive rate needs tower-allowance's `adaptive` feature",
-                    )
-                    .at("adaptive"));
-                }
-            }
-            Ok(config)
-        }
-    }
-
-    #[derive(serde::Deserialize)]
-    #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-    pub(super) enum RawRetryBudget {
-        Unlimited,
-        Fixed {
-            retries: u64,
-        },
-        Replenishing {
-            #[serde(with = "humantime_serde")]
-            window: Duration,
-            min_per_sec: u32,
-            ratio: f64,
-        },
-    }
-
-    impl TryFrom<RawRetryBudget> for RetryBudgetConfig {
-        type Error = ConfigError;
-
-        fn try_from(raw: RawRetryBudget) -> Result<Self, ConfigError> {
-            Ok(match raw {
-                RawRetryBudget::Unlimited => RetryBudgetConfig::Unlimited,
-                RawRetryBudget::Fixed { retries } => RetryBudgetConfig::Fixed { retries },
-                RawRetryBudget::Replenishing {
-                    window,
-                    min_per_sec,
-                    ratio,
-                } => RetryBudgetConfig::Replenishing(
-                    ReplenishingBudget::new(window, min_per_sec, ratio)
-                        .map_err(|e| e.at("retry_budget"))?,
-                ),
-            })
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -969,56 +677,5 @@ mod tests {
         let b = ReplenishingBudget::new(w, 2, 0.25).expect("valid");
         assert_eq!(b.reserve, 20);
         assert_eq!(b.ratio(), 0.25);
-    }
-}
-
-#[cfg(all(test, feature = "serde"))]
-mod file_form {
-    use super::*;
-
-    #[test]
-    fn a_refused_limit_names_its_field() {
-        let cases = [
-            (r#"{"rate": 0, "burst": 1}"#, "rate"),
-            (r#"{"rate": 1, "burst": 0}"#, "burst"),
-            (r#"{"rate": 1, "burst": 1, "period": "0s"}"#, "period"),
-            (r#"{"rate": 1, "burst": 1, "period": "300years"}"#, "period"),
-            // Only the combination is wrong: more than one token per microsecond.
-            (
-                r#"{"rate": 2000, "burst": 1, "period": "1ms"}"#,
-                "rate/period/burst",
-            ),
-            (
-                r#"{"rate": 1, "burst": 1, "limits": [{"rate": 0, "burst": 1}]}"#,
-                "limits",
-            ),
-        ];
-        for (json, field) in cases {
-            let err = serde_json::from_str::<AllowanceConfig>(json).expect_err(json);
-            assert!(
-                err.to_string().contains(&format!("`{field}`:")),
-                "{json}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn dialects_by_name() {
-        let dialect = |name: &str| {
-            let json = format!(r#"{{"rate": 1, "burst": 1, "dialect": "{name}"}}"#);
-            serde_json::from_str::<AllowanceConfig>(&json).map(|c| c.readers())
-        };
-        assert_eq!(dialect("standard").ok(), Some(Dialect::standard()));
-        #[cfg(feature = "dialects")]
-        {
-            assert_eq!(dialect("x-ratelimit").ok(), Some(Dialect::x_ratelimit()));
-            // Its first name.
-            assert_eq!(dialect("odds").ok(), Some(Dialect::x_ratelimit()));
-            assert_eq!(dialect("github").ok(), Some(Dialect::github()));
-        }
-        // Without the feature, a provider's dialect is refused, never read as another.
-        #[cfg(not(feature = "dialects"))]
-        assert!(dialect("github").is_err());
-        assert!(dialect("aws").is_err());
     }
 }

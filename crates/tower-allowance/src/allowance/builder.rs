@@ -1,7 +1,5 @@
 use std::sync::{atomic::AtomicU64, Arc};
 
-#[cfg(feature = "quota")]
-use crate::quota::{QuotaGuard, QuotaProbe, QuotaTrigger};
 use crate::{
     shared::{Holders, Shared, Sink, Stats},
     store::{EventSink, MemoryStore, Store, Watcher},
@@ -26,7 +24,7 @@ pub struct AllowanceBuilder {
     name: Option<Arc<str>>,
     store: Option<Box<dyn Store>>,
     #[cfg(feature = "quota")]
-    quota: Option<QuotaGuard>,
+    pub(super) quota: Option<crate::quota::QuotaGuard>,
 }
 
 impl AllowanceBuilder {
@@ -49,14 +47,6 @@ impl AllowanceBuilder {
     /// Keeps the state in `store` instead of a new [`MemoryStore`].
     pub fn store(mut self, store: impl Store) -> Self {
         self.store = Some(Box::new(store));
-        self
-    }
-
-    /// Adds the quota-exhaustion terminal path (see [`quota`](crate::quota)).
-    #[cfg(feature = "quota")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
-    pub fn quota_probe(mut self, probe: impl QuotaProbe, trigger: QuotaTrigger) -> Self {
-        self.quota = Some(QuotaGuard::new(Arc::new(probe), trigger));
         self
     }
 

@@ -18,6 +18,11 @@ use crate::{
 };
 
 mod builder;
+// What the keyed registry, the conformance suite and the `rule` feature read of the store.
+#[cfg(any(test, feature = "rule", feature = "conformance", feature = "keyed"))]
+mod inspect;
+#[cfg(feature = "quota")]
+mod quota;
 mod snapshot;
 
 #[cfg(feature = "dialects")]
@@ -86,15 +91,6 @@ impl Allowance {
     /// several processes spend one allowance.
     pub fn with_store(config: AllowanceConfig, store: impl crate::store::Store) -> Self {
         Self::builder(config).store(store).build()
-    }
-
-    /// Whether its store says the state is settled at `now`, as good as a fresh one
-    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry and the conformance suite.
-    #[cfg(any(feature = "keyed", feature = "conformance"))]
-    pub(crate) fn is_settled(&self, now: Instant) -> bool {
-        self.shared
-            .store
-            .is_settled(now, self.shared.config.params())
     }
 
     /// The allowance's name (for logs and metrics; `"default"` unless set by the builder).
@@ -251,17 +247,6 @@ impl Allowance {
         Ok(snapshot)
     }
 
-    /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;
-    /// [`Allowance::refresh`] is the stable view).
-    ///
-    /// # Errors
-    ///
-    /// The store's error.
-    #[cfg(any(test, feature = "rule", feature = "conformance"))]
-    pub async fn store_state(&self) -> Result<StoreState, StoreError> {
-        self.read_store().await
-    }
-
     async fn read_store(&self) -> Result<StoreState, StoreError> {
         let deposits = self.shared.take_deposits();
         match self.shared.apply_async(Op::Read { deposits }).await {
@@ -284,13 +269,6 @@ impl Allowance {
         }
     }
 
-    /// How many quota probes this process has run.
-    #[cfg(feature = "quota")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
-    pub fn quota_probes(&self) -> u64 {
-        self.shared.quota.as_ref().map_or(0, |q| q.probes())
-    }
-
     /// This process's counters and its last view of the shared state.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::of(&self.shared)
@@ -299,27 +277,6 @@ impl Allowance {
     /// A throttling response arrived; `with_delay` when it carried a usable delay.
     #[cfg(not(feature = "quota"))]
     pub(crate) fn on_throttled(&self, _with_delay: bool) {}
-
-    /// A throttling response arrived; `with_delay` when it carried a usable delay.
-    #[cfg(feature = "quota")]
-    pub(crate) fn on_throttled(&self, with_delay: bool) {
-        let Some(q) = &self.shared.quota else {
-            return;
-        };
-        if with_delay {
-            q.clear_streak();
-            return;
-        }
-        if !q.throttled_without_delay() {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(crate::shared::probe::run_probe(self.shared.clone()));
-            }
-            Err(_) => q.clear_streak(),
-        }
-    }
 
     /// A response the classifier called a success: replenishes a replenishing budget (with
     /// the next store call) and ends a streak of throttling without delays.

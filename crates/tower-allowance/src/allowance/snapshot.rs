@@ -2,6 +2,8 @@ use std::{sync::atomic::Ordering, time::Duration};
 
 use tokio::time::Instant;
 
+#[cfg(feature = "dialects")]
+pub use self::observation::RateLimitObservation;
 use crate::{error::AbandonReason, shared::Shared};
 
 /// A point-in-time copy of an allowance's counters in this process, and of the shared state.
@@ -46,26 +48,6 @@ pub struct Snapshot {
     pub adaptive_rate: Option<f64>,
 }
 
-/// The provider's own view, from the last response's `X-RateLimit-Limit`,
-/// `X-RateLimit-Remaining` and `X-RateLimit-Bucket` (or whatever the allowance's
-/// `signals::Dialect` (feature `dialects`) reads as a limit, a remaining count and a bucket),
-/// in a [`Snapshot`].
-///
-/// `remaining` is approximate and shared by everyone using the key: it is an observation,
-/// never a reservation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-#[cfg_attr(not(feature = "dialects"), allow(unreachable_pub, dead_code))]
-pub struct RateLimitObservation {
-    /// `X-RateLimit-Limit`.
-    pub limit: Option<u64>,
-    /// `X-RateLimit-Remaining`.
-    pub remaining: Option<u64>,
-    /// `X-RateLimit-Bucket`.
-    pub bucket: Option<String>,
-}
-
 /// A closed allowance, in a [`Snapshot`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -106,11 +88,7 @@ impl Snapshot {
                     reason: c.reason(),
                 }),
             #[cfg(feature = "dialects")]
-            rate_limit: s
-                .rate_limit
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone(),
+            rate_limit: RateLimitObservation::last(s),
             retries_remaining: None,
             adaptive_rate: None,
         }
@@ -140,17 +118,7 @@ impl AbandonedCounts {
     }
 }
 
+#[cfg(feature = "dialects")]
+mod observation;
 #[cfg(feature = "serde")]
-impl serde::Serialize for AbandonedCounts {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(None)?;
-        for (reason, n) in self.iter() {
-            map.serialize_entry(reason.as_str(), &n)?;
-        }
-        map.end()
-    }
-}
-
-#[cfg(all(test, feature = "serde"))]
-mod tests;
+mod ser;

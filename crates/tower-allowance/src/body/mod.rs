@@ -41,6 +41,13 @@
 //! the original body that was never read (the design of linkerd2-proxy's `ReplayBody`).
 
 mod error;
+// `Replayable` for the frameworks' bodies, each behind its feature.
+#[cfg(feature = "axum")]
+mod impl_axum;
+#[cfg(feature = "hyper")]
+mod impl_hyper;
+#[cfg(feature = "tonic")]
+mod impl_tonic;
 mod replay;
 mod replayable;
 

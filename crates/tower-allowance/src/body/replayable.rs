@@ -345,34 +345,3 @@ where
         })
     }
 }
-
-#[cfg(feature = "hyper")]
-impl Replayable for hyper::body::Incoming {
-    /// Not replayable: an `Incoming` cannot be built from a copy, so the request is sent
-    /// once and never retried. Convert it (`BodyExt::boxed`) to make it replayable.
-    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
-        (self, None)
-    }
-}
-
-#[cfg(feature = "axum")]
-impl Replayable for axum_core::body::Body {
-    /// Wrapped in a [`ReplayBody`], inside `Body::new`; an empty body is made afresh.
-    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
-        if self.is_end_stream() {
-            return (Self::empty(), Some(Replay::from_fn(Self::empty)));
-        }
-        Replay::wrap(self, cap, Self::new)
-    }
-}
-
-#[cfg(feature = "tonic")]
-impl Replayable for tonic::body::Body {
-    /// Wrapped in a [`ReplayBody`], inside `Body::new`; an empty body is made afresh.
-    fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
-        if self.is_end_stream() {
-            return (Self::empty(), Some(Replay::from_fn(Self::empty)));
-        }
-        Replay::wrap(self, cap, Self::new)
-    }
-}

@@ -10,8 +10,6 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::service::CooldownShared;
-#[cfg(feature = "dialects")]
-use crate::RateLimitObservation;
 use crate::{
     classify::{Classification, Classified, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
@@ -77,7 +75,7 @@ pub(crate) struct Read {
     /// A rate the server advertised, in thousandths per second.
     pub(crate) advertised_milli: Option<u64>,
     #[cfg(feature = "dialects")]
-    pub(crate) observation: Option<RateLimitObservation>,
+    pub(crate) observation: Option<crate::RateLimitObservation>,
     pub(crate) untrusted_date: bool,
 }
 
@@ -103,7 +101,8 @@ pub(crate) fn read_response<C: Classify>(
         };
     }
     let cx = ReadContext::new(signals::wall_clock()).with_max_skew(config.max_date_skew());
-    let reading = config.readers().read(response_headers, &cx);
+    #[cfg_attr(not(feature = "dialects"), allow(unused_mut))]
+    let mut reading = config.readers().read(response_headers, &cx);
     let dialect_delay = reading.wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),
         Wait::TooLong { .. } => ServerDelay::TooLong,
@@ -127,13 +126,7 @@ pub(crate) fn read_response<C: Classify>(
         Some(p.quota.saturating_mul(1_000_000_000) / window_us)
     });
     #[cfg(feature = "dialects")]
-    let observation =
-        (reading.limit.is_some() || reading.remaining.is_some() || reading.bucket.is_some())
-            .then_some(RateLimitObservation {
-                limit: reading.limit,
-                remaining: reading.remaining,
-                bucket: reading.bucket,
-            });
+    let observation = crate::RateLimitObservation::of(&mut reading);
     Read {
         classified,
         spent_until,
@@ -178,12 +171,7 @@ where
         let classified = read.classified;
         #[cfg(feature = "dialects")]
         if let Some(seen) = read.observation {
-            *allowance
-                .shared
-                .stats
-                .rate_limit
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(seen);
+            seen.record(&allowance.shared.stats);
         }
         if read.untrusted_date {
             allowance.shared.warn_untrusted_date();
@@ -290,30 +278,9 @@ fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay
     }
 }
 
-/// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
-/// after the response was handed on): at once on an in-memory store, in a task on a shared
-/// one.
-#[cfg(feature = "grpc")]
-pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
-    let now = Instant::now();
-    match allowance.shared.apply(now, Op::Defer { delay_us }) {
-        Applying::Done(result) => deferred(allowance, now, result),
-        Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                let allowance = allowance.clone();
-                handle.spawn(async move { deferred(&allowance, now, fut.await) });
-            }
-            Err(_) => tracing::warn!(
-                allowance = &*allowance.shared.name,
-                "no tokio runtime to record a cooldown seen in trailers"
-            ),
-        },
-    }
-}
-
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
 /// it would be worse than a cooldown the other processes do not hear of.
-fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
+pub(super) fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
     match result {
         Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),
         Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),

@@ -48,12 +48,14 @@
 //! and the waiting workers wake together and collide again. Recording it once, for everyone
 //! who shares the allowance, is what stops the group.
 
+#[cfg(feature = "grpc")]
+mod detached;
 mod future;
 mod layer;
 pub(crate) mod service;
 
 #[cfg(feature = "grpc")]
-pub(crate) use self::future::raise_detached;
+pub(crate) use self::detached::raise_detached;
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
 pub(crate) use self::{
     future::{plainly_successful, read_response},

@@ -25,7 +25,8 @@
 //! | `clock.rs` | `clock.lua` | clock steps rebased away; a lost state recreated |
 //! | `mod.rs` | `apply.lua` | `apply` (dispatch) and `read` |
 //!
-//! ```
+#![cfg_attr(feature = "rule", doc = "```")]
+#![cfg_attr(not(feature = "rule"), doc = "```ignore")]
 //! use std::time::Duration;
 //! use tower_allowance::{rule::{self, Admission, AdmitRequest, Op, Reply, State}, AllowanceConfig};
 //!

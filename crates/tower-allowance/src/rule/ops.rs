@@ -5,7 +5,8 @@ use std::time::Duration;
 
 /// What an admission asks for.
 ///
-/// ```
+#[cfg_attr(feature = "rule", doc = "```")]
+#[cfg_attr(not(feature = "rule"), doc = "```ignore")]
 /// use std::time::Duration;
 /// use tower_allowance::rule::AdmitRequest;
 ///

@@ -9,8 +9,6 @@ use std::{
 };
 
 use super::metrics::Metrics;
-#[cfg(feature = "dialects")]
-use crate::RateLimitObservation;
 use crate::{error::AbandonReason, store::cell::Padded};
 
 /// Counters kept by this process (and, with the `metrics` feature, the metric handles).
@@ -21,7 +19,7 @@ pub(crate) struct Stats {
     pub(crate) deferred: AtomicU64,
     pub(crate) abandoned: [AtomicU64; AbandonReason::COUNT],
     #[cfg(feature = "dialects")]
-    pub(crate) rate_limit: Mutex<Option<RateLimitObservation>>,
+    pub(crate) rate_limit: Mutex<Option<crate::RateLimitObservation>>,
     pub(crate) metrics: Metrics,
 }
 

@@ -1,10 +1,11 @@
 //! Anthropic's API: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
 //! remaining,reset}`, resets as RFC 3339 timestamps; `retry-after` is the
-//! [`RetryAfter`](super::Reader::RetryAfter) reader's.
+//! [`RetryAfter`](crate::signals::Reader::RetryAfter) reader's.
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use super::grammars;
+use crate::signals::{Collector, Reader};
 
 const REQUESTS_LIMIT: HeaderName = HeaderName::from_static("anthropic-ratelimit-requests-limit");
 const REQUESTS_REMAINING: HeaderName =
@@ -32,15 +33,15 @@ pub(super) fn read(c: &mut Collector<'_>) {
         reader,
         &REQUESTS_REMAINING,
         &REQUESTS_RESET,
-        values::rfc3339,
+        grammars::rfc3339,
     );
     if let Some(left) = left {
         c.remaining(left);
     }
     for (remaining, reset) in &TOKEN_FAMILIES {
-        c.wait_when_spent(reader, remaining, reset, values::rfc3339);
+        c.wait_when_spent(reader, remaining, reset, grammars::rfc3339);
     }
-    if let Some(limit) = values::smallest_count(c.headers, &REQUESTS_LIMIT) {
+    if let Some(limit) = grammars::smallest_count(c.headers, &REQUESTS_LIMIT) {
         c.limit(limit);
     }
 }

@@ -1,7 +1,8 @@
 //! What only the providers' readers (feature `dialects`) offer a [`Collector`]: remaining
 //! counts, limits, advertised policies and buckets, with the same max/min semantics.
 
-use super::{values, Collector, Policy, Reader, Value};
+use super::grammars;
+use crate::signals::{values, Collector, Policy, Reader, Value};
 
 impl Collector<'_> {
     /// Offers a remaining request count; the smallest is kept.
@@ -50,7 +51,7 @@ impl Collector<'_> {
         reset: &http::HeaderName,
         parse: impl Fn(&str) -> Option<Value>,
     ) -> Option<u64> {
-        let left = values::smallest_count(self.headers, remaining);
+        let left = grammars::smallest_count(self.headers, remaining);
         if left == Some(0) {
             for text in values::texts(self.headers, reset) {
                 if let Some(value) = parse(text) {

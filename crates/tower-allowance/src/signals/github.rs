@@ -1,10 +1,11 @@
 //! GitHub's REST API: `x-ratelimit-limit`, `-remaining`, `-used`, `-reset` (epoch seconds),
-//! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](super::Reader::RetryAfter)
+//! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](crate::signals::Reader::RetryAfter)
 //! reader's.
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use super::grammars;
+use crate::signals::{Collector, Reader};
 
 pub(super) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub(super) const X_RATELIMIT_REMAINING: HeaderName =
@@ -18,12 +19,12 @@ pub(super) fn read(c: &mut Collector<'_>) {
         Reader::Github,
         &X_RATELIMIT_REMAINING,
         &X_RATELIMIT_RESET,
-        values::epoch_seconds,
+        grammars::epoch_seconds,
     );
     if let Some(left) = left {
         c.remaining(left);
     }
-    if let Some(limit) = values::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
+    if let Some(limit) = grammars::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
         c.limit(limit);
     }
     c.bucket(&X_RATELIMIT_RESOURCE);

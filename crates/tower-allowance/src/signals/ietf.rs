@@ -24,7 +24,8 @@ use sfv::{
     BareItemFromInput, KeyRef, Parser,
 };
 
-use super::{values, Collector, Policy, Reader, Value};
+use super::grammars;
+use crate::signals::{values, Collector, Policy, Reader, Value};
 
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -92,7 +93,7 @@ pub(super) fn read_legacy(c: &mut Collector<'_>) {
     }
     let first_number = |text: &str| {
         let first = text.split([',', ';']).next().unwrap_or_default();
-        values::count(first.trim_matches([' ', '\t']))
+        grammars::count(first.trim_matches([' ', '\t']))
     };
     if let Some(limit) = values::texts(c.headers, &RATELIMIT_LIMIT)
         .filter_map(first_number)

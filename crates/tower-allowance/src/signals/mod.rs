@@ -6,7 +6,8 @@
 //! absolute times were measured. It reads no clock (the local wall clock comes in a
 //! [`ReadContext`]), never panics on input, and allocates only what the reading holds.
 //!
-//! ```
+#![cfg_attr(feature = "dialects", doc = "```")]
+#![cfg_attr(not(feature = "dialects"), doc = "```ignore")]
 //! use std::time::Duration;
 //! use http::HeaderMap;
 //! use tower_allowance::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
@@ -108,18 +109,14 @@ use http::{header, HeaderMap};
 
 use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 
+// The providers' dialects: their readers, their names, and every reader.
 #[cfg(feature = "dialects")]
-mod anthropic;
-#[cfg(feature = "dialects")]
-mod github;
-#[cfg(feature = "dialects")]
-mod ietf;
-#[cfg(feature = "dialects")]
-mod openai;
+mod named;
 mod retry_after;
+// Accessors only the public surface (feature `dialects`) and the tests use.
+#[cfg(any(test, feature = "dialects"))]
+mod surface;
 mod values;
-#[cfg(feature = "dialects")]
-mod x_ratelimit;
 
 #[cfg(test)]
 mod tests;
@@ -128,7 +125,7 @@ use values::Value;
 
 #[cfg(feature = "dialects")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-pub use x_ratelimit::EPOCH_THRESHOLD;
+pub use named::EPOCH_THRESHOLD;
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///
@@ -337,74 +334,10 @@ impl Dialect {
             .with(Reader::RetryAfterMs)
     }
 
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// For a provider whose headers you do not know: [`Dialect::standard`], the IETF fields
-    /// (current and older drafts) and the generic `X-RateLimit-*`.
-    pub const fn generic() -> Self {
-        Self::standard()
-            .with(Reader::Ietf)
-            .with(Reader::IetfLegacy)
-            .with(Reader::XRateLimit)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// GitHub's REST API: `Retry-After` (secondary limits) and `x-ratelimit-*`.
-    pub const fn github() -> Self {
-        Self::none().with(Reader::RetryAfter).with(Reader::Github)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// OpenAI's API: `Retry-After`, `retry-after-ms` and `x-ratelimit-*-{requests,tokens}`.
-    pub const fn openai() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::RetryAfterMs)
-            .with(Reader::OpenAi)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// Anthropic's API: `Retry-After` and `anthropic-ratelimit-*`.
-    pub const fn anthropic() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::Anthropic)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// `Retry-After` and the generic `X-RateLimit-*` (`-Limit`, `-Remaining`, `-Bucket`,
-    /// `-Reset`), the shape many APIs send (the Odds API's among them).
-    pub const fn x_ratelimit() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::XRateLimit)
-    }
-
-    #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-    /// The IETF fields only (current and older drafts), with `Retry-After`.
-    pub const fn ietf() -> Self {
-        Self::none()
-            .with(Reader::RetryAfter)
-            .with(Reader::Ietf)
-            .with(Reader::IetfLegacy)
-    }
-
     /// This dialect and `reader`.
     pub const fn with(self, reader: Reader) -> Self {
         Self {
             readers: self.readers | reader.bit(),
-        }
-    }
-
-    /// This dialect without `reader`.
-    pub const fn without(self, reader: Reader) -> Self {
-        Self {
-            readers: self.readers & !reader.bit(),
         }
     }
 
@@ -436,17 +369,7 @@ impl Dialect {
                 Reader::RetryAfter => retry_after::read_seconds(&mut c),
                 Reader::RetryAfterMs => retry_after::read_millis(&mut c),
                 #[cfg(feature = "dialects")]
-                Reader::Ietf => ietf::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::IetfLegacy => ietf::read_legacy(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::Github => github::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::OpenAi => openai::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::Anthropic => anthropic::read(&mut c),
-                #[cfg(feature = "dialects")]
-                Reader::XRateLimit => x_ratelimit::read(&mut c),
+                provider => named::read(provider, &mut c),
             }
         }
         reading
@@ -463,22 +386,8 @@ impl Default for Dialect {
 
 impl Reader {
     /// Every reader, in order. A slice, so that adding a reader is not a breaking change.
-    pub const ALL: &'static [Reader] = &[
-        Reader::RetryAfter,
-        Reader::RetryAfterMs,
-        #[cfg(feature = "dialects")]
-        Reader::Ietf,
-        #[cfg(feature = "dialects")]
-        Reader::IetfLegacy,
-        #[cfg(feature = "dialects")]
-        Reader::Github,
-        #[cfg(feature = "dialects")]
-        Reader::OpenAi,
-        #[cfg(feature = "dialects")]
-        Reader::Anthropic,
-        #[cfg(feature = "dialects")]
-        Reader::XRateLimit,
-    ];
+    #[cfg(not(feature = "dialects"))]
+    pub const ALL: &'static [Reader] = &[Reader::RetryAfter, Reader::RetryAfterMs];
 
     const fn bit(self) -> u16 {
         1 << self as u16
@@ -504,29 +413,11 @@ impl ReadContext {
         self.max_skew = max_skew;
         self
     }
-
-    /// The local wall-clock time.
-    pub const fn now(&self) -> SystemTime {
-        self.now
-    }
-
-    /// How far a response's `Date` may be from [`now`](Self::now) and still be trusted.
-    pub const fn max_skew(&self) -> Duration {
-        self.max_skew
-    }
 }
 
 // === impl Wait ===
 
 impl Wait {
-    /// The wait as a duration, `None` when it is [`Wait::TooLong`].
-    pub fn duration(&self) -> Option<Duration> {
-        match self {
-            Wait::For(d) => Some(*d),
-            Wait::TooLong { .. } => None,
-        }
-    }
-
     /// Whether this wait is strictly longer than `other` (`TooLong` is longer than any
     /// `For`; two `TooLong`s are equal).
     pub fn is_longer_than(&self, other: &Wait) -> bool {
@@ -624,8 +515,3 @@ impl Collector<'_> {
         reference
     }
 }
-
-// The offers only the providers' readers make (remaining counts, limits, policies, buckets).
-#[cfg(feature = "dialects")]
-#[path = "collect_dialects.rs"]
-mod collect_dialects;

@@ -3,7 +3,8 @@
 
 use http::HeaderName;
 
-use super::{values, Collector, Reader};
+use super::grammars;
+use crate::signals::{Collector, Reader};
 
 const LIMIT_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-limit-requests");
 const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
@@ -19,7 +20,7 @@ pub(super) fn read(c: &mut Collector<'_>) {
         reader,
         &REMAINING_REQUESTS,
         &RESET_REQUESTS,
-        values::go_duration,
+        grammars::go_duration,
     );
     if let Some(left) = left {
         c.remaining(left);
@@ -28,9 +29,9 @@ pub(super) fn read(c: &mut Collector<'_>) {
         reader,
         &REMAINING_TOKENS,
         &RESET_TOKENS,
-        values::go_duration,
+        grammars::go_duration,
     );
-    if let Some(limit) = values::smallest_count(c.headers, &LIMIT_REQUESTS) {
+    if let Some(limit) = grammars::smallest_count(c.headers, &LIMIT_REQUESTS) {
         c.limit(limit);
     }
 }

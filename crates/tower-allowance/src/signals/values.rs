@@ -33,7 +33,7 @@ pub(super) fn texts<'h>(
 }
 
 /// `1*DIGIT`. `Some(None)` when the digits overflow a `u64`.
-fn digits(text: &str) -> Option<Option<u64>> {
+pub(super) fn digits(text: &str) -> Option<Option<u64>> {
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -70,7 +70,7 @@ pub(super) fn milliseconds(text: &str) -> Option<Value> {
 }
 
 /// `0.<frac>` of `unit` (itself in nanoseconds), rounded up. `frac` is all digits.
-fn fraction_ceil(frac: &str, unit: u128) -> Option<u64> {
+pub(super) fn fraction_ceil(frac: &str, unit: u128) -> Option<u64> {
     // 19 digits of a fraction are far finer than a nanosecond of any unit used here; any
     // non-zero digit beyond them rounds up by one.
     let (kept, rest) = frac.split_at(frac.len().min(19));
@@ -87,11 +87,3 @@ fn fraction_ceil(frac: &str, unit: u128) -> Option<u64> {
     }
     u64::try_from(nanos).ok()
 }
-
-// The providers' grammars (counts, epoch seconds, Go durations, RFC 3339), only for the
-// `dialects` readers, re-exported so that every reader says `values::...`.
-#[cfg(feature = "dialects")]
-#[path = "values_dialects.rs"]
-mod dialects;
-#[cfg(feature = "dialects")]
-pub(super) use dialects::{count, epoch_seconds, go_duration, rfc3339, smallest_count};

@@ -1,13 +1,13 @@
 //! The value grammars only the providers' readers (feature `dialects`) use: counts, epoch
-//! seconds, Go durations, RFC 3339. Same contract as the parent's: trimmed text in, `None`
+//! seconds, Go durations, RFC 3339. Same contract as those in `values`: trimmed text in, `None`
 //! outside the grammar, [`Value::TooLong`] for a value too large to represent.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
 
-use super::{digits, fraction_ceil, texts, Value};
 use crate::rule::MAX_DELAY;
+use crate::signals::values::{digits, fraction_ceil, texts, Value};
 
 /// A count (`1*DIGIT`) that fits a `u64`; anything else, including an overflowing number,
 /// is ignored (a count is only an observation).
@@ -200,9 +200,9 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{delay_seconds, milliseconds};
     use super::*;
     use crate::signals::tests::rfc3339_via_httpdate;
+    use crate::signals::values::{delay_seconds, milliseconds};
     use proptest::prelude::*;
 
     fn delay(secs: u64, nanos: u32) -> Option<Value> {

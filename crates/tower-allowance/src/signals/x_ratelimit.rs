@@ -5,7 +5,8 @@
 use http::HeaderName;
 
 use super::github::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
-use super::{values, Collector, Reader, Value};
+use super::grammars;
+use crate::signals::{values, Collector, Reader, Value};
 
 const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
 
@@ -25,16 +26,16 @@ pub(super) fn read(c: &mut Collector<'_>) {
     if let Some(left) = left {
         c.remaining(left);
     }
-    if let Some(limit) = values::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
+    if let Some(limit) = grammars::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
         c.limit(limit);
     }
     c.bucket(&X_RATELIMIT_BUCKET);
 }
 
 fn epoch_or_delta(text: &str) -> Option<Value> {
-    match values::count(text) {
+    match grammars::count(text) {
         Some(n) if n < EPOCH_THRESHOLD => values::delay_seconds(text),
-        _ => values::epoch_seconds(text),
+        _ => grammars::epoch_seconds(text),
     }
 }
 

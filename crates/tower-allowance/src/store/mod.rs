@@ -50,7 +50,7 @@
 //! # }
 //! ```
 //!
-//! Run the [`conformance`](crate::conformance) suite (feature `conformance`) against your store: it replays
+//! Run the `conformance` suite (feature `conformance`) against your store: it replays
 //! the same operations against any store and checks the replies.
 //!
 //! # Why one method and a synchronous twin
@@ -90,7 +90,7 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 ///
 /// Implement [`Store::apply`] as one atomic step: load the state, call
 /// [`State::apply`] with the store's current time in microseconds, save
-/// the state, return the reply. Run the [`conformance`](crate::conformance) suite (feature `conformance`) against
+/// the state, return the reply. Run the `conformance` suite (feature `conformance`) against
 /// your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///

@@ -1,0 +1,32 @@
+//! The store's state read through an allowance: the rule's own value (feature `rule`, the
+//! conformance suite, tests) and whether it is settled (the keyed registry, the suite).
+
+#[cfg(any(feature = "keyed", feature = "conformance"))]
+use tokio::time::Instant;
+
+#[cfg(any(test, feature = "rule", feature = "conformance"))]
+use crate::{rule::StoreState, store::StoreError};
+
+use super::Allowance;
+
+impl Allowance {
+    /// Whether its store says the state is settled at `now`, as good as a fresh one
+    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry and the conformance suite.
+    #[cfg(any(feature = "keyed", feature = "conformance"))]
+    pub(crate) fn is_settled(&self, now: Instant) -> bool {
+        self.shared
+            .store
+            .is_settled(now, self.shared.config.params())
+    }
+
+    /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;
+    /// [`Allowance::refresh`] is the stable view).
+    ///
+    /// # Errors
+    ///
+    /// The store's error.
+    #[cfg(any(test, feature = "rule", feature = "conformance"))]
+    pub async fn store_state(&self) -> Result<StoreState, StoreError> {
+        self.read_store().await
+    }
+}

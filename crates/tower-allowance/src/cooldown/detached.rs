@@ -1,0 +1,26 @@
+//! A cooldown raised outside a response future (feature `grpc`: a status in trailers).
+
+use tokio::time::Instant;
+
+use super::future::deferred;
+use crate::{rule::Op, shared::Applying, Allowance};
+
+/// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
+/// after the response was handed on): at once on an in-memory store, in a task on a shared
+/// one.
+pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
+    let now = Instant::now();
+    match allowance.shared.apply(now, Op::Defer { delay_us }) {
+        Applying::Done(result) => deferred(allowance, now, result),
+        Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                let allowance = allowance.clone();
+                handle.spawn(async move { deferred(&allowance, now, fut.await) });
+            }
+            Err(_) => tracing::warn!(
+                allowance = &*allowance.shared.name,
+                "no tokio runtime to record a cooldown seen in trailers"
+            ),
+        },
+    }
+}
