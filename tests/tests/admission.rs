@@ -96,7 +96,7 @@ async fn fifo_and_one_wakeup_per_admission_with_1000_waiters() {
 async fn restart_after_cooldown_is_metered() {
     let allowance = allowance(2, 2);
     allowance
-        .defer(Duration::from_secs(2))
+        .extend_cooldown(Duration::from_secs(2))
         .await
         .expect("defer");
     let start = Instant::now();
@@ -240,7 +240,7 @@ async fn full_queue_fails_at_once_with_overloaded() {
 async fn deadline_before_cooldown_end_fails_at_once() {
     let allowance = allowance(2, 2);
     allowance
-        .defer(Duration::from_secs(30))
+        .extend_cooldown(Duration::from_secs(30))
         .await
         .expect("defer");
     let start = Instant::now();
@@ -296,7 +296,7 @@ async fn later_cooldown_fails_doomed_waiters_promptly() {
     tokio::time::advance(Duration::from_millis(200)).await;
     // A 429 elsewhere: cooldown for 30 s.
     allowance
-        .defer(Duration::from_secs(30))
+        .extend_cooldown(Duration::from_secs(30))
         .await
         .expect("defer");
     let (r, at) = doomed.await.expect("task");
@@ -370,7 +370,7 @@ async fn waiting_call_uses_the_service_polled_ready() {
 async fn request_deadline_extension_is_honoured_by_the_layer() {
     let allowance = allowance(1, 1);
     allowance
-        .defer(Duration::from_secs(30))
+        .extend_cooldown(Duration::from_secs(30))
         .await
         .expect("defer");
     let svc = ServiceBuilder::new()

@@ -102,7 +102,7 @@ fn check(ops: Vec<Op>, per_sec: u32, burst: u32, budget: u64) -> Result<(), Test
                 Op::Defer(d) => {
                     let now = ms();
                     allowance
-                        .defer(Duration::from_millis(d))
+                        .extend_cooldown(Duration::from_millis(d))
                         .await
                         .expect("defer");
                     let mut log = log.lock().expect("lock");
@@ -240,7 +240,7 @@ async fn cancellation_storm() {
         }
         if step % 500 == 250 {
             let d = Duration::from_millis(next() % 300);
-            allowance.defer(d).await.expect("defer");
+            allowance.extend_cooldown(d).await.expect("defer");
             cooldown_added += d;
         }
         match next() % 3 {
@@ -301,9 +301,9 @@ async fn cancellation_storm() {
 async fn absurd_values_are_typed_errors_never_panics() {
     let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
     // A delay past MAX_DELAY is refused, not clamped.
-    assert!(allowance.defer(Duration::MAX).await.is_err());
+    assert!(allowance.extend_cooldown(Duration::MAX).await.is_err());
     assert!(allowance
-        .defer(tower_allowance::MAX_DELAY + Duration::from_micros(1))
+        .extend_cooldown(tower_allowance::MAX_DELAY + Duration::from_micros(1))
         .await
         .is_err());
     assert_eq!(
@@ -313,7 +313,7 @@ async fn absurd_values_are_typed_errors_never_panics() {
     // Beyond max_cooldown (one hour by default) the allowance closes instead, for the whole
     // delay: never clamped, never a silent decades-long park.
     allowance
-        .defer(tower_allowance::MAX_DELAY)
+        .extend_cooldown(tower_allowance::MAX_DELAY)
         .await
         .expect("representable");
     let state = allowance.store_state().await.expect("state");
@@ -328,7 +328,7 @@ async fn absurd_values_are_typed_errors_never_panics() {
             .expect("valid"),
     );
     patient
-        .defer(tower_allowance::MAX_DELAY)
+        .extend_cooldown(tower_allowance::MAX_DELAY)
         .await
         .expect("representable");
     assert_eq!(

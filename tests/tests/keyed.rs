@@ -290,7 +290,7 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
         .get("cool")
         .expect("live")
         .allowance()
-        .defer(Duration::from_secs(30))
+        .extend_cooldown(Duration::from_secs(30))
         .await
         .expect("defer");
     let closing = per_second(100, 100)
@@ -300,7 +300,7 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
     let closed = keyed2.get("closed").expect("live");
     closed
         .allowance()
-        .defer(Duration::from_secs(86_400 * 400))
+        .extend_cooldown(Duration::from_secs(86_400 * 400))
         .await
         .expect("defer");
     assert!(closed.allowance().snapshot().closed.is_some(), "closed");
@@ -322,7 +322,7 @@ async fn a_cooldown_and_a_closure_keep_the_allowance() {
 }
 
 /// The cooldowns and closures of responses (a 429's `Retry-After`, one beyond `max_cooldown`,
-/// a success saying the quota is spent) keep the allowance as `defer()`'s do.
+/// a success saying the quota is spent) keep the allowance as `extend_cooldown()`'s do.
 #[tokio::test(start_paused = true)]
 async fn a_cooldown_or_a_closure_from_a_response_keeps_the_allowance() {
     // The IETF fields below are read by the dialects that name them, not the standard one.
@@ -635,11 +635,14 @@ fn eager_eviction_admits_exactly_what_never_evicting_does() {
                             let plain = kept
                                 .entry(k)
                                 .or_insert_with(|| Allowance::new(config.clone()));
-                            plain.defer(Duration::from_secs(secs)).await.expect("defer");
+                            plain
+                                .extend_cooldown(Duration::from_secs(secs))
+                                .await
+                                .expect("defer");
                             let handle = keyed.get(format!("k{k}")).expect("capacity");
                             handle
                                 .allowance()
-                                .defer(Duration::from_secs(secs))
+                                .extend_cooldown(Duration::from_secs(secs))
                                 .await
                                 .expect("defer");
                         }
@@ -778,7 +781,7 @@ fn no_key_material_reaches_redis() {
         // A cooldown and a clear too (they publish events on the key's channel).
         let h = keyed.get(SECRET_KEYS[1]).expect("live");
         h.allowance()
-            .defer(Duration::from_millis(200))
+            .extend_cooldown(Duration::from_millis(200))
             .await
             .expect("defer");
         h.allowance().clear().await.expect("clear");

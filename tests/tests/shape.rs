@@ -389,7 +389,7 @@ async fn a_cooldown_and_a_release_move_every_limit<S: Store>(store: S) {
     tokio::time::sleep(100 * MS).await;
     // A server asks for 1 s: every pending slot moves past it, on both limits, in order.
     let extended = allowance
-        .defer(Duration::from_secs(1))
+        .extend_cooldown(Duration::from_secs(1))
         .await
         .expect("defer");
     assert!(extended);

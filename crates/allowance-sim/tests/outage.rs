@@ -297,14 +297,14 @@ async fn holders_after_a_state_loss(prior_cooldown: bool) {
     if prior_cooldown {
         // A cooldown the holders heard of (event epoch 1), before the loss.
         allowance
-            .defer(Duration::from_millis(1))
+            .extend_cooldown(Duration::from_millis(1))
             .await
             .expect("raised");
     }
     assert_eq!(redis.command(&["FLUSHALL"]).await, "+OK");
     let cooldown_from = start.elapsed();
     allowance
-        .defer(Duration::from_millis(500))
+        .extend_cooldown(Duration::from_millis(500))
         .await
         .expect("cooldown raised");
     let cooldown_until = cooldown_from + Duration::from_millis(500);

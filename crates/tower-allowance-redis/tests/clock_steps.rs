@@ -61,7 +61,7 @@ fn a_cooldown_raised_before_a_backward_step_ends_on_time() {
         );
         allowance.acquire().await.expect("admitted");
         let raised = Instant::now();
-        allowance.defer(2_000 * MS).await.expect("defer");
+        allowance.extend_cooldown(2_000 * MS).await.expect("defer");
         // The allowance is in use: its key sees an operation now and then (here a state
         // read 400 ms in), and the clock steps back an hour 100 ms after that.
         tokio::time::advance(400 * MS).await;
@@ -103,7 +103,7 @@ fn after_an_idle_spell_a_backward_step_restarts_the_outstanding_wait() {
             store.clone(),
         );
         let raised = Instant::now();
-        allowance.defer(2_000 * MS).await.expect("defer");
+        allowance.extend_cooldown(2_000 * MS).await.expect("defer");
         tokio::time::advance(1_500 * MS).await;
         store.step_clock_back(HOUR);
         let state = allowance.store_state().await.expect("state");
@@ -247,7 +247,7 @@ fn a_forward_step_ends_cooldowns_early_and_refills_one_burst() {
         let allowance = Allowance::with_store(config, store.clone());
         allowance.acquire().await.expect("admitted");
         allowance.acquire().await.expect("admitted");
-        allowance.defer(10_000 * MS).await.expect("defer");
+        allowance.extend_cooldown(10_000 * MS).await.expect("defer");
         let raised = Instant::now();
         // A holder with a slot at the cooldown's end.
         let holder = {

@@ -132,7 +132,10 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
     // From before the defer: the cooldown runs 2 s from a moment after this one, so B's
     // wait is at least 2 s whatever the load (the 50 ms is the two clocks' granularity).
     let started = Instant::now();
-    assert!(a.defer(2_000 * MS).await.expect("defer"), "extended");
+    assert!(
+        a.extend_cooldown(2_000 * MS).await.expect("defer"),
+        "extended"
+    );
     // B asks the store once, is given a slot at the cooldown's end, and sleeps until it.
     let round_trips = b_store.round_trips();
     b.acquire().await.expect("admitted after the cooldown");
@@ -147,8 +150,11 @@ async fn a_cooldown_raised_by_one_process_holds_another() {
     let calls = b_store.round_trips() - round_trips;
     assert_eq!(calls, 1, "{calls} calls: one reservation, no polling");
     // A shorter Retry-After seen by B does not shorten the deadline A raised later.
-    a.defer(1_000 * MS).await.expect("defer");
-    assert!(!b.defer(100 * MS).await.expect("defer"), "not extended");
+    a.extend_cooldown(1_000 * MS).await.expect("defer");
+    assert!(
+        !b.extend_cooldown(100 * MS).await.expect("defer"),
+        "not extended"
+    );
     // What is left of A's 1 s: more than B's 100 ms unless B's call took 900 ms (the runner
     // asks for the three calls within 200 ms).
     let left = if cfg!(feature = "experiments") {
@@ -286,7 +292,7 @@ async fn the_first_decision_waits_for_the_subscription() {
     }
     // Another process raises a 4 s cooldown: it reaches B's holder by the event alone.
     let raised = Instant::now();
-    assert!(a.defer(4_000 * MS).await.expect("defer"));
+    assert!(a.extend_cooldown(4_000 * MS).await.expect("defer"));
     let sent = holder.await.expect("holder task");
     assert!(
         sent.saturating_duration_since(raised) >= 3_950 * MS,

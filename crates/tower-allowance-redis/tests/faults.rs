@@ -122,7 +122,7 @@ async fn an_outage_is_reported_fast_and_coordination_resumes() {
     let took = until_redis_answers(&store, &config).await;
     eprintln!("store answered again {took:?} after the restart");
     // Coordination resumed: another process sees this one's cooldown.
-    allowance.defer(1_000 * MS).await.expect("defer");
+    allowance.extend_cooldown(1_000 * MS).await.expect("defer");
     let other = RedisStore::connect(redis.url(), &name, options(FailurePolicy::Report))
         .await
         .expect("connect");

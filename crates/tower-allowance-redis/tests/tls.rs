@@ -120,7 +120,7 @@ async fn admissions_and_a_shared_cooldown_over_tls() {
     );
 
     // A cooldown raised over one TLS connection holds the other.
-    a.defer(1_000 * MS).await.expect("defer");
+    a.extend_cooldown(1_000 * MS).await.expect("defer");
     let held = Instant::now();
     b.acquire().await.expect("admitted after the cooldown");
     let waited = held.elapsed();

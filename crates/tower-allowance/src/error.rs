@@ -176,7 +176,7 @@ impl fmt::Display for Overloaded {
 impl std::error::Error for Overloaded {}
 
 /// A delay too long to represent (beyond [`MAX_DELAY`](crate::MAX_DELAY)) was given to
-/// [`Allowance::defer`](crate::Allowance::defer); nothing was changed.
+/// [`Allowance::extend_cooldown`](crate::Allowance::extend_cooldown); nothing was changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct UnrepresentableDelay {
@@ -349,17 +349,17 @@ impl std::error::Error for AcquireError {
     }
 }
 
-/// Why [`Allowance::defer`](crate::Allowance::defer) failed.
+/// Why [`Allowance::extend_cooldown`](crate::Allowance::extend_cooldown) failed.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum DeferError {
+pub enum CooldownError {
     /// The delay is longer than [`MAX_DELAY`](crate::MAX_DELAY).
     Unrepresentable(UnrepresentableDelay),
     /// The store failed.
     Store(StoreError),
 }
 
-impl fmt::Display for DeferError {
+impl fmt::Display for CooldownError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unrepresentable(e) => e.fmt(f),
@@ -368,7 +368,7 @@ impl fmt::Display for DeferError {
     }
 }
 
-impl std::error::Error for DeferError {
+impl std::error::Error for CooldownError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Unrepresentable(_) => None,

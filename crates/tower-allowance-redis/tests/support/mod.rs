@@ -135,7 +135,10 @@ pub async fn a_cooldown_moves_a_slot_held_elsewhere(
     let a_allowance = Allowance::with_store(config, a);
     let deferred_at = Instant::now();
     assert!(
-        a_allowance.defer(2_000 * MS).await.expect("defer"),
+        a_allowance
+            .extend_cooldown(2_000 * MS)
+            .await
+            .expect("defer"),
         "extended"
     );
 

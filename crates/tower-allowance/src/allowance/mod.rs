@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::{
     acquire::{Acquire, AcquireOptions, OwnedAcquire},
-    error::{AbandonReason, AcquireError, DeferError, UnrepresentableDelay},
+    error::{AbandonReason, AcquireError, CooldownError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
     store::{StoreError, WrongReply},
@@ -122,7 +122,7 @@ impl Allowance {
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
-    /// allowance.defer(Duration::from_secs(30)).await?;
+    /// allowance.extend_cooldown(Duration::from_secs(30)).await?;
     ///
     /// // The cooldown ends after the deadline: fail now, don't wait and then fail.
     /// let deadline = Instant::now() + Duration::from_secs(10);
@@ -159,16 +159,16 @@ impl Allowance {
     ///
     /// Returns whether anything changed: `true` when the cooldown moved later or the
     /// allowance closed. [`Allowance::snapshot`] shows the cooldown and closure that hold now.
-    pub async fn defer(&self, delay: Duration) -> Result<bool, DeferError> {
+    pub async fn extend_cooldown(&self, delay: Duration) -> Result<bool, CooldownError> {
         self.raise_cooldown(delay)
             .await
             .map(|d| d.extended || d.closed.is_some())
     }
 
-    /// [`Allowance::defer`], with the rule's whole answer.
-    pub(crate) async fn raise_cooldown(&self, delay: Duration) -> Result<Deferred, DeferError> {
+    /// [`Allowance::extend_cooldown`], with the rule's whole answer.
+    pub(crate) async fn raise_cooldown(&self, delay: Duration) -> Result<Deferred, CooldownError> {
         let delay_us = rule::micros_ceil(delay).ok_or_else(|| {
-            DeferError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
+            CooldownError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
         })?;
         let now = Instant::now();
         let reply = match self.shared.apply(
@@ -185,8 +185,8 @@ impl Allowance {
                 self.shared.after_defer(now, &deferred);
                 Ok(deferred)
             }
-            Ok(_) => Err(DeferError::Store(StoreError::protocol(WrongReply))),
-            Err(e) => Err(DeferError::Store(e)),
+            Ok(_) => Err(CooldownError::Store(StoreError::protocol(WrongReply))),
+            Err(e) => Err(CooldownError::Store(e)),
         }
     }
 
@@ -219,7 +219,7 @@ impl Allowance {
     /// # async fn main() -> Result<(), tower_allowance::BoxError> {
     /// let config = AllowanceConfig::per_second(10, 5)?.with_retry_budget(RetryBudgetConfig::fixed(3));
     /// let allowance = Allowance::new(config);
-    /// allowance.defer(Duration::from_secs(2)).await?; // what a 429's Retry-After: 2 does
+    /// allowance.extend_cooldown(Duration::from_secs(2)).await?; // what a 429's Retry-After: 2 does
     /// let snapshot = allowance.refresh().await?;
     /// assert_eq!(snapshot.cooling_for, Some(Duration::from_secs(2)));
     /// assert_eq!(snapshot.retries_remaining, Some(3));

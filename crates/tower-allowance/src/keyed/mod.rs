@@ -56,7 +56,7 @@
 //!    ([`StoreFactory::state_outlives_store`], true for [`SharedStores`]: Redis keeps the
 //!    buckets, the cooldown and the budget under the same name, so condition 1 suffices):
 //!    - **no cooldown, not closed**, however it was raised (a 429's `Retry-After`, a success
-//!      saying the quota is spent until a reset, a wait beyond `max_cooldown`, `defer()`): a
+//!      saying the quota is spent until a reset, a wait beyond `max_cooldown`, `extend_cooldown()`): a
 //!      fresh allowance would send at once;
 //!    - **every bucket full again, no reservation pending**: with a per-day limit, up to a
 //!      day after its latest admission (a fresh bucket would hand out the day's allowance

@@ -904,7 +904,7 @@ fn settled_once_the_buckets_are_full_again_and_no_reservation_is_pending() {
 #[test]
 fn settled_only_after_a_cooldown_however_it_was_raised() {
     let p = params(100, 100);
-    // `Op::Defer` (`defer()`, a success saying the quota is spent) and `Op::Throttle` (a 429).
+    // `Op::Defer` (`extend_cooldown()`, a success saying the quota is spent) and `Op::Throttle` (a 429).
     for op in [
         Op::Defer {
             delay_us: Some(30_000_000),

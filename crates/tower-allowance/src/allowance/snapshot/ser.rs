@@ -44,7 +44,7 @@ mod tests {
             .await;
         assert!(refused.is_err());
         allowance
-            .defer(Duration::from_secs(30))
+            .extend_cooldown(Duration::from_secs(30))
             .await
             .expect("defers");
 
@@ -74,7 +74,7 @@ mod tests {
 
         // Closed: a server asked for longer than max_cooldown.
         allowance
-            .defer(Duration::from_secs(120))
+            .extend_cooldown(Duration::from_secs(120))
             .await
             .expect("closes");
         let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
