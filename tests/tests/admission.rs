@@ -340,7 +340,9 @@ async fn readiness_probing_spends_no_tokens() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn waiting_call_uses_the_service_polled_ready() {
+async fn a_waiting_call_readies_the_inner_service_once_admitted() {
+    // The layer is ready at once; the first call readies the mock and sends, the second
+    // readies a clone of it at its slot (each readiness takes one of the two allowed).
     let allowance = allowance(1, 1);
     let (service, mut handle) = mock::pair::<Request<()>, Response<()>>();
     let mut service = ServiceBuilder::new()

@@ -33,7 +33,9 @@
 //! never be admitted and fails at once ([`AbandonReason::TooCostly`]).
 //!
 //! Admission begins in `call`, never in `poll_ready`, so a load balancer probing readiness
-//! spends nothing.
+//! spends nothing. The layers are always ready and ready the inner service only once a
+//! request is admitted: a request waiting out a cooldown holds no permit, connection or
+//! buffer slot of the inner service ([readiness](crate::admission#readiness)).
 //!
 //! ## Reservations
 //!

@@ -4,10 +4,17 @@ use std::{
     task::{ready, Context, Poll},
 };
 
+use http::Request;
 use pin_project_lite::pin_project;
+use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
-use crate::{acquire::OwnedAdmit, error::AcquireError, extensions::SentAt, BoxError};
+use crate::{
+    acquire::OwnedAdmit,
+    error::{AbandonReason, Abandoned},
+    extensions::SentAt,
+    BoxError,
+};
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
@@ -28,7 +35,7 @@ pin_project! {
     {
         Waiting {
             // Boxed, with the request and the service it waits to call: only a waiting
-            // admission pays for the timer, the store future and the request's room, and
+            // request pays for the timers, the store future and the request's room, and
             // the future stays the size of the inner one on the fast path.
             waiting: Pin<Box<Waiting<S, Req>>>,
         },
@@ -37,17 +44,20 @@ pin_project! {
             future: S::Future,
         },
         Failed {
-            error: Option<AcquireError>,
+            error: Option<BoxError>,
         },
     }
 }
 
 pin_project! {
-    /// What a waiting admission keeps, in one allocation.
+    /// What a waiting request keeps, in one allocation: its admission (`None` once admitted),
+    /// then a clone of the inner service, readied only once admitted, by the deadline.
     pub(crate) struct Waiting<S, Req> {
         #[pin]
-        acquire: OwnedAdmit,
-        service: Option<S>,
+        acquire: Option<OwnedAdmit>,
+        #[pin]
+        deadline: Option<Sleep>,
+        service: S,
         request: Option<Req>,
         // For an adaptive allowance: tells the cooldown layer when the request was sent.
         sent: Option<SentAt>,
@@ -61,23 +71,27 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
         }
     }
 
-    pub(crate) fn failed(error: AcquireError) -> Self {
+    pub(crate) fn failed(error: BoxError) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
         }
     }
+}
 
+impl<S: Service<Request<B>>, B> ResponseFuture<S, Request<B>> {
     pub(crate) fn waiting(
-        acquire: OwnedAdmit,
+        acquire: Option<OwnedAdmit>,
+        deadline: Option<Instant>,
         service: S,
-        request: Req,
-        sent: Option<SentAt>,
+        request: Request<B>,
     ) -> Self {
+        let sent = request.extensions().get::<SentAt>().cloned();
         Self {
             state: State::Waiting {
                 waiting: Box::pin(Waiting {
                     acquire,
-                    service: Some(service),
+                    deadline: deadline.map(sleep_until),
+                    service,
                     request: Some(request),
                     sent,
                 }),
@@ -104,21 +118,30 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Waiting { waiting } => {
-                    let waiting = waiting.as_mut().project();
-                    if let Err(e) = ready!(waiting.acquire.poll(cx)) {
-                        return Poll::Ready(Err(e.into_box()));
+                    let mut waiting = waiting.as_mut().project();
+                    if let Some(acquire) = waiting.acquire.as_mut().as_pin_mut() {
+                        let admitted = ready!(acquire.poll(cx));
+                        waiting.acquire.set(None);
+                        admitted.map_err(|e| e.into_box())?;
                     }
-                    // Admitted: send now, with the service that was polled ready in `poll_ready`.
-                    let (Some(mut service), Some(request)) =
-                        (waiting.service.take(), waiting.request.take())
-                    else {
-                        panic!("admission future polled after completion");
-                    };
-                    // `service` was polled ready before the call that created this future.
+                    // Admitted: only now is the inner service readied, by the deadline.
+                    if let Poll::Ready(ready) = waiting.service.poll_ready(cx) {
+                        ready.map_err(Into::into)?;
+                    } else if let Some(deadline) = waiting.deadline.as_pin_mut() {
+                        ready!(deadline.poll(cx));
+                        let e = Abandoned::new(AbandonReason::Deadline);
+                        return Poll::Ready(Err(e.into()));
+                    } else {
+                        return Poll::Pending;
+                    }
+                    let request = waiting
+                        .request
+                        .take()
+                        .expect("admission future polled after completion");
                     if let Some(sent) = waiting.sent.take() {
-                        sent.mark(tokio::time::Instant::now());
+                        sent.mark(Instant::now());
                     }
-                    let future = service.call(request);
+                    let future = waiting.service.call(request);
                     this.state.set(State::Called { future });
                 }
                 StateProj::Called { future } => return future.poll(cx).map_err(Into::into),
@@ -126,7 +149,7 @@ where
                     let e = error
                         .take()
                         .expect("admission future polled after completion");
-                    return Poll::Ready(Err(e.into_box()));
+                    return Poll::Ready(Err(e));
                 }
             }
         }

@@ -11,6 +11,18 @@
 //! the call fails at once with [`Abandoned`](crate::error::Abandoned) (reason `Deadline`).
 //! A full wait queue fails at once with [`Overloaded`](crate::error::Overloaded).
 //!
+//! # Readiness
+//!
+//! [`Admission`] is always ready: the admission is not a scarce resource (a full queue is a
+//! verdict of `call`), and it never reserves the inner service's readiness (a
+//! `ConcurrencyLimit` permit, a `Buffer` slot, a connection) through a wait. A request admitted
+//! at once is sent in `call` if the inner service is ready then, its readiness held no longer
+//! than the call; otherwise a clone of the inner service (`S: Clone`; a clone is not ready)
+//! waits in the response future, and is polled ready and called only once the request is
+//! admitted. So a request in a cooldown never holds what another allowance's (or key's)
+//! requests need, and one whose inner service is still not ready at its `Deadline` fails
+//! then with the deadline verdict.
+//!
 //! ```
 //! use std::convert::Infallible;
 //! use http::{Request, Response};

@@ -1,4 +1,4 @@
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use http::Request;
 use tokio::time::Instant;
@@ -76,41 +76,47 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S, Request<B>>;
 
-    /// Readiness is the inner service's; it never takes a token.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    /// Always ready: admission is no scarce resource (a full queue is a verdict of `call`),
+    /// and the inner service is readied only once a request is admitted (module docs).
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // A retry the retry policy already admitted (or gave up on) while it waited.
-        if let Some(ticket) = req.extensions().get::<RetryTicket>() {
-            match ticket.take() {
-                Ticket::Admitted => {
-                    mark_sent(&req, Instant::now());
-                    return ResponseFuture::called(self.inner.call(req));
-                }
-                Ticket::Failed(e) => return ResponseFuture::failed(e),
-                Ticket::Pending => {}
-            }
-        }
         let options = options_for(&req);
         let shared = &self.allowance.shared;
         let mut progress = Progress::default();
         let now = Instant::now();
-        match acquire::begin(shared, &options, &mut progress, now) {
-            // Admitted now: the ready inner service sends it immediately.
-            Begin::Ready(Ok(())) => {
-                mark_sent(&req, now);
-                ResponseFuture::called(self.inner.call(req))
-            }
-            Begin::Ready(Err(e)) => ResponseFuture::failed(e),
+        let step = match req.extensions().get::<RetryTicket>().map(RetryTicket::take) {
+            // A retry the retry policy already admitted (or gave up on) while it waited.
+            Some(Ticket::Admitted) => Begin::Ready(Ok(())),
+            Some(Ticket::Failed(e)) => Begin::Ready(Err(e)),
+            _ => acquire::begin(shared, &options, &mut progress, now),
+        };
+        match step {
+            // Admitted now: sent now if the inner service is ready now (with a waker that
+            // does nothing: its readiness is reserved for no longer than this call).
+            Begin::Ready(Ok(())) => match self
+                .inner
+                .poll_ready(&mut Context::from_waker(Waker::noop()))
+            {
+                Poll::Ready(Ok(())) => {
+                    mark_sent(&req, now);
+                    ResponseFuture::called(self.inner.call(req))
+                }
+                Poll::Ready(Err(e)) => ResponseFuture::failed(e.into()),
+                Poll::Pending => {
+                    // The future waits for that readiness, with the service that asked for it.
+                    let clone = self.inner.clone();
+                    let asked = std::mem::replace(&mut self.inner, clone);
+                    ResponseFuture::waiting(None, options.deadline, asked, req)
+                }
+            },
+            Begin::Ready(Err(e)) => ResponseFuture::failed(e.into_box()),
             step => {
-                // Keep the service that was polled ready for this request; leave a clone.
-                let clone = self.inner.clone();
-                let ready = std::mem::replace(&mut self.inner, clone);
                 let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
-                let sent = req.extensions().get::<SentAt>().cloned();
-                ResponseFuture::waiting(admit, ready, req, sent)
+                let service = self.inner.clone();
+                ResponseFuture::waiting(Some(admit), options.deadline, service, req)
             }
         }
     }

@@ -62,9 +62,10 @@ where
     type Error = BoxError;
     type Future = ResponseFuture<S, B>;
 
-    /// Readiness is the inner service's.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+    /// Always ready: each key's stack readies (a clone of) the inner service only once its
+    /// request is admitted, so a key that waits holds nothing another key needs.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
@@ -75,11 +76,7 @@ where
             },
             None => return ResponseFuture::failed(KeyedError::NoKey),
         };
-        // Keep the service that was polled ready for this request; leave a clone. The key's
-        // stack forwards readiness to it, so the oneshot's `poll_ready` is answered at once.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let stack = entry.layer.layer(ready);
+        let stack = entry.layer.layer(self.inner.clone());
         ResponseFuture::running(stack.oneshot(req), entry)
     }
 }
