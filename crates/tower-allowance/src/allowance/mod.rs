@@ -182,7 +182,8 @@ impl Allowance {
         };
         match reply {
             Ok(Reply::Defer(deferred)) => {
-                self.shared.after_defer(now, &deferred);
+                let asked = deferred.closed.map(|_| format!("{delay:?}"));
+                self.shared.after_defer(now, &deferred, asked.as_deref());
                 Ok(deferred)
             }
             Ok(_) => Err(CooldownError::Store(StoreError::protocol(WrongReply))),
