@@ -202,12 +202,9 @@ where
             // No retry follows: report it as abandoned, not as final; for a closure (this
             // response's, or one already known) with the closure's reason.
             if reason != AbandonReason::NotReplayable {
-                reason = if classified.delay == Some(ServerDelay::TooLong) || read.asked.is_some() {
-                    AbandonReason::CooldownTooLong
-                } else {
-                    let closure = allowance.shared.closure(Instant::now());
-                    closure.map_or(reason, |e| e.reason())
-                };
+                let closes = classified.delay == Some(ServerDelay::TooLong) || read.asked.is_some();
+                let closed = closes.then_some(AbandonReason::CooldownTooLong);
+                reason = closed.unwrap_or_else(|| allowance.shared.or_closed(reason));
             }
             allowance.shared.stats.abandon(reason);
             parts.extensions.insert(Abandoned::new(reason));

@@ -157,12 +157,10 @@ impl<C> RetryPolicy<C> {
             return Plan::Abandon(AbandonReason::CooldownTooLong);
         }
         // A closed allowance refuses whatever the request's own limits say: its reason.
-        let closed = |allowance: &Allowance, reason| {
-            let closure = allowance.shared.closure(Instant::now());
-            Plan::Abandon(closure.map_or(reason, |e| e.reason()))
-        };
+        let closed =
+            |policy: &PolicyShared<C>, r| Plan::Abandon(policy.allowance.shared.or_closed(r));
         if self.attempts >= self.config().max_attempts.get() {
-            return closed(&self.shared.allowance, AbandonReason::MaxAttempts);
+            return closed(&self.shared, AbandonReason::MaxAttempts);
         }
         let backoff = self.jitter(self.config().backoff_cap(self.attempts));
         let (sleep, not_before) = match (class, server_delay) {
@@ -186,7 +184,7 @@ impl<C> RetryPolicy<C> {
                 .checked_add(total)
                 .is_none_or(|at| at >= *deadline)
             {
-                return closed(&self.shared.allowance, AbandonReason::Deadline);
+                return closed(&self.shared, AbandonReason::Deadline);
             }
         }
         Plan::Retry { sleep, not_before }

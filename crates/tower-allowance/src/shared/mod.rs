@@ -15,7 +15,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    error::Exhausted,
+    error::{AbandonReason, Exhausted},
     rule::{Deferred, Event, Op, Reply, Reservation},
     store::{EventSink, Store, StoreError, StoreFuture},
     AllowanceConfig,
@@ -193,6 +193,11 @@ impl Shared {
     pub(crate) fn closure(&self, now: Instant) -> Option<Exhausted> {
         let closed = self.holders.known().closed?;
         closed.until().is_none_or(|u| u > now).then_some(closed)
+    }
+
+    /// `reason`, or the reason of a closure that holds now (see [`Shared::closure`]).
+    pub(crate) fn or_closed(&self, reason: AbandonReason) -> AbandonReason {
+        self.closure(Instant::now()).map_or(reason, |e| e.reason())
     }
 
     /// A response's `Date` was not trusted: warn once per allowance.
