@@ -102,31 +102,97 @@ async fn missing_or_invalid_delays_never_invent_a_cooldown() {
 }
 
 // Seed test 8: an unrepresentable delay is never clamped shorter; it closes the allowance
-// (until cleared), visibly, for everyone.
+// for max_cooldown, visibly, for everyone; then it reopens by itself, metered.
 #[tokio::test(start_paused = true)]
 async fn an_unrepresentable_delay_closes_the_allowance_instead_of_shortening() {
-    let allowance = allowance();
-    let res = observe(
-        &allowance,
-        response_with(429, &[("retry-after", "999999999999999999999")]),
-    )
-    .await
-    .expect("the response is passed through");
+    let max = Duration::from_secs(60);
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(2, 2)
+            .expect("valid")
+            .with_max_cooldown(max)
+            .expect("valid"),
+    );
+    let absurd = || response_with(429, &[("retry-after", "99999999999999999999")]);
+    let res = observe(&allowance, absurd()).await.expect("passed through");
     assert_eq!(res.status(), 429);
+    let closed_at = Instant::now();
     let state = allowance.store_state().await.expect("state");
-    assert_eq!(state.closed, Some(None), "closed until cleared");
+    assert_eq!(state.closed, Some(Some(max)), "closed for max_cooldown");
     assert_eq!(state.blocked_for, Duration::ZERO, "nothing clamped");
     let err = allowance.acquire().await.expect_err("closed");
     assert_eq!(err.abandon_reason(), Some(AbandonReason::CooldownTooLong));
     let e = err.into_box();
     let exhausted = e.downcast_ref::<Exhausted>().expect("typed");
-    assert_eq!(exhausted.until(), None);
+    assert_eq!(exhausted.until(), Some(closed_at + max));
     assert_eq!(
         Outcome::of::<()>(&Err(e)),
         Outcome::Abandoned(AbandonReason::CooldownTooLong)
     );
-    allowance.clear().await.expect("an operator clears it");
-    allowance.acquire().await.expect("open again");
+    // Reopens by itself at exactly max_cooldown: the burst, then one per interval.
+    tokio::time::advance(max - Duration::from_millis(1)).await;
+    assert!(allowance.acquire().await.is_err(), "still closed");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let start = Instant::now();
+    for expected in [0, 0, 500, 1_000] {
+        allowance.acquire().await.expect("open again");
+        assert_eq!(start.elapsed(), Duration::from_millis(expected));
+    }
+    // A server that says so again closes it again.
+    observe(&allowance, absurd()).await.expect("passed through");
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(state.closed, Some(Some(max)), "closed again");
+}
+
+// The same on a 200 whose rate-limit headers say "spent until" an unrepresentable reset
+// (an epoch in milliseconds where seconds were expected, say): the caller gets its 200, the
+// allowance closes for max_cooldown, and every caller refused meanwhile says why, whatever
+// its own deadline or max_attempts.
+#[tokio::test(start_paused = true)]
+async fn a_200_with_an_absurd_reset_closes_for_max_cooldown_and_refusals_say_why() {
+    let max = Duration::from_secs(60);
+    let allowance = Allowance::new(
+        AllowanceConfig::per_second(2, 2)
+            .expect("valid")
+            .with_max_cooldown(max)
+            .expect("valid")
+            .with_dialect(tower_allowance::signals::Dialect::generic()),
+    );
+    let spent = response_with(
+        200,
+        &[
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "99999999999999999999"),
+        ],
+    );
+    let res = observe(&allowance, spent).await.expect("passed through");
+    assert_eq!(res.status(), 200);
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(state.closed, Some(Some(max)), "closed for max_cooldown");
+    for (retry, deadline) in [
+        (RetryConfig::default(), None),
+        (
+            RetryConfig::default().with_max_attempts(1).expect("valid"),
+            None,
+        ),
+        (RetryConfig::default(), Some(Duration::from_secs(1))),
+        (RetryConfig::default(), Some(Duration::ZERO)),
+    ] {
+        let svc = integration_tests::throttling(Some("1"));
+        let calls = svc.calls.clone();
+        let mut req = Request::new(String::new());
+        if let Some(d) = deadline {
+            req.extensions_mut().insert(Deadline::after(d));
+        }
+        let result = stack(&allowance, retry, svc).oneshot(req).await;
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(AbandonReason::CooldownTooLong),
+            "{deadline:?}"
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+    tokio::time::advance(max).await;
+    allowance.acquire().await.expect("reopened by itself");
 }
 
 // Seed test 3, through responses arriving out of order.

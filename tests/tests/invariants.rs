@@ -310,15 +310,15 @@ async fn absurd_values_are_typed_errors_never_panics() {
         allowance.store_state().await.expect("state").blocked_for,
         Duration::ZERO
     );
-    // Beyond max_cooldown (one hour by default) the allowance closes instead, for the whole
-    // delay: never clamped, never a silent decades-long park.
+    // Beyond max_cooldown (one hour by default) the allowance closes instead, for
+    // max_cooldown: never a silent decades-long park, never an outage until cleared.
     allowance
         .extend_cooldown(tower_allowance::MAX_DELAY)
         .await
         .expect("representable");
     let state = allowance.store_state().await.expect("state");
     assert_eq!(state.blocked_for, Duration::ZERO);
-    assert_eq!(state.closed, Some(Some(tower_allowance::MAX_DELAY)));
+    assert_eq!(state.closed, Some(Some(Duration::from_secs(3600))));
     allowance.clear().await.expect("clear");
     // With max_cooldown at MAX_DELAY, the largest representable delay is a cooldown, whole.
     let patient = Allowance::new(

@@ -110,3 +110,102 @@ fn counters_match_what_the_upstream_saw() {
     assert!(value("tower_allowance_cooldowns_total", None) >= 1);
     assert!(value("tower_allowance_retries_total", None) >= 1);
 }
+
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A wait beyond `max_cooldown` closes the allowance for `max_cooldown`, each time with a
+/// WARN (the allowance, the value, the reopening time) and a count by reason.
+#[test]
+fn every_closure_is_counted_and_warned() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let max = Duration::from_secs(60);
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let config = AllowanceConfig::per_second(2, 2)
+                .expect("valid")
+                .with_max_cooldown(max)
+                .expect("valid");
+            let allowance = Allowance::builder(config).name("odds").build();
+            let svc = ServiceBuilder::new()
+                .layer(tower_allowance::cooldown::CooldownLayer::new(
+                    allowance.clone(),
+                ))
+                .service_fn(|_r: Request<String>| async {
+                    let mut res = Response::new(String::new());
+                    *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                    res.headers_mut().insert(
+                        "retry-after",
+                        http::HeaderValue::from_static("99999999999999999999"),
+                    );
+                    Ok::<_, Infallible>(res)
+                });
+            for _ in 0..2 {
+                svc.clone()
+                    .oneshot(Request::new(String::new()))
+                    .await
+                    .expect("passed");
+                let state = allowance.store_state().await.expect("state");
+                assert_eq!(state.closed, Some(Some(max)));
+                tokio::time::advance(max).await;
+                let state = allowance.store_state().await.expect("state");
+                assert_eq!(state.closed, None, "reopened by itself");
+            }
+        });
+    });
+    let closures: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .iter()
+        .filter(|(key, _, _, _)| {
+            key.key().name() == "tower_allowance_closures_total"
+                && key
+                    .key()
+                    .labels()
+                    .any(|l| l.key() == "reason" && l.value() == "cooldown_too_long")
+        })
+        .map(|(_, _, _, v)| match v {
+            DebugValue::Counter(c) => *c,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(closures, 2, "counted each time");
+    let log = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf-8");
+    let warnings: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("allowance closed"))
+        .collect();
+    assert_eq!(warnings.len(), 2, "{log}");
+    for w in warnings {
+        assert!(w.contains("WARN") && w.contains("odds"), "{w}");
+        assert!(w.contains("99999999999999999999"), "the value: {w}");
+        assert!(
+            w.contains("reopens_in=Some(60s)") && w.contains("reopens_at="),
+            "{w}"
+        );
+    }
+}

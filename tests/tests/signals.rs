@@ -203,7 +203,11 @@ async fn absurd_reset_values_close_the_allowance_visibly() {
         Duration::ZERO,
         "never a 11-year cooldown"
     );
-    assert!(state.closed.is_some(), "closed until that time, visibly");
+    assert_eq!(
+        state.closed,
+        Some(Some(Duration::from_secs(3600))),
+        "closed for max_cooldown, visibly"
+    );
     assert!(a.snapshot().closed.is_some());
 }
 

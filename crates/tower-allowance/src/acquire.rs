@@ -116,7 +116,10 @@ pub(crate) fn begin(
     now: Instant,
 ) -> Begin {
     if options.deadline.is_some_and(|d| d <= now) {
-        return Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)));
+        return Begin::Ready(Err(match shared.closure(now) {
+            Some(e) => exhausted(shared, progress, e),
+            None => abandon(shared, progress, AbandonReason::Deadline),
+        }));
     }
     let started = *progress.started.get_or_insert(now);
     let overloaded =

@@ -398,8 +398,9 @@ impl AllowanceConfig {
     }
 
     /// The longest cooldown a server may impose (default one hour). A longer delay, or one
-    /// too long to represent, closes the allowance until that time (or until cleared)
-    /// instead: every call fails at once with [`Exhausted`](crate::error::Exhausted).
+    /// too long to represent, closes the allowance instead, for exactly `max_cooldown`
+    /// (never until cleared): every call fails at once with
+    /// [`Exhausted`](crate::error::Exhausted) until it reopens by itself, metered.
     ///
     /// # Why one hour
     ///

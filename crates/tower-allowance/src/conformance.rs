@@ -70,7 +70,7 @@ where
     replenishing_budget_with_folded_deposits(make().await).await;
     a_left_slot_goes_back(make().await).await;
     several_limits_and_costs(make().await).await;
-    absurd_delay_closes_until_cleared(make().await).await;
+    absurd_delay_closes_for_max_cooldown(make().await).await;
     fifo_through_the_admission_layer(make().await).await;
     over_budget_retry_ends_at_once_with_the_429(make().await).await;
     deadline_abandons_at_once(make().await).await;
@@ -316,32 +316,86 @@ async fn several_limits_and_costs<S: Store>(store: S) {
     );
 }
 
-async fn absurd_delay_closes_until_cleared<S: Store>(store: S) {
-    let config = per_second(2, 2)
-        .with_max_cooldown(Duration::from_secs(60))
-        .expect("valid");
+async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
+    const ABSURD: &str = "99999999999999999999";
+    const MAX: Duration = Duration::from_secs(60);
+    let config = per_second(2, 2).with_max_cooldown(MAX).expect("valid");
     let a = allowance(config, store);
-    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    let closed_for = |d| Admission::Closed {
+        until: Some(d),
+        by: ClosedBy::ServerDelay,
+    };
+    // The burst spent, a caller waits for its slot when a server asks for an hour.
+    for _ in 0..2 {
+        assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    }
+    let later = Instant::now() + Duration::from_secs(10);
+    let waiter = tokio::spawn(a.acquire_owned(AcquireOptions::new().deadline(later)));
+    tokio::task::yield_now().await;
     let d = a
         .raise_cooldown(Duration::from_secs(3_600))
         .await
         .expect("defer");
-    assert_eq!(d.closed, Some(Some(Duration::from_secs(3_600))));
+    assert_eq!(d.closed, Some(Some(MAX)), "closed for exactly max_cooldown");
+    let waited = waiter
+        .await
+        .expect("joined")
+        .map_err(|e| e.abandon_reason());
     assert_eq!(
-        admit(&a, AdmitRequest::first()).await,
-        Admission::Closed {
-            until: Some(Duration::from_secs(3_600)),
-            by: ClosedBy::ServerDelay
-        }
+        waited,
+        Err(Some(AbandonReason::CooldownTooLong)),
+        "the waiter"
     );
+    assert_eq!(admit(&a, AdmitRequest::first()).await, closed_for(MAX));
+    // Every caller refused by the closure says so, whatever its own deadline or retry.
+    for options in [
+        AcquireOptions::new(),
+        AcquireOptions::new().deadline(Instant::now()),
+        AcquireOptions::new().deadline(later),
+        AcquireOptions::new().retry(true),
+    ] {
+        let res = acquire_at(&a, options).await;
+        assert_eq!(res, Err(AbandonReason::CooldownTooLong), "{options:?}");
+    }
+    let calls = Arc::new(AtomicUsize::new(0));
+    let retry = RetryConfig::default().with_max_attempts(1).expect("valid");
+    let svc =
+        AllowanceLayer::new(a.clone(), retry).layer_service(throttling(ABSURD, calls.clone()));
+    let result = svc.clone().oneshot(Request::new(String::new())).await;
     assert_eq!(
-        acquire_at(&a, AcquireOptions::new()).await,
-        Err(AbandonReason::CooldownTooLong)
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::CooldownTooLong)
     );
-    let snapshot = a.snapshot();
-    assert!(snapshot.closed.is_some(), "visible in the snapshot");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "refused before sending");
+    assert!(a.snapshot().closed.is_some(), "visible in the snapshot");
+    // It reopens by itself at exactly max_cooldown, metered: the burst, then the rate.
+    tokio::time::advance(MAX - MS).await;
+    assert_eq!(admit(&a, AdmitRequest::first()).await, closed_for(MS));
+    tokio::time::advance(MS).await;
+    for _ in 0..2 {
+        assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    }
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+        panic!("the burst is spent: reserved");
+    };
+    assert_eq!(wait, 500 * MS);
+    // The server says so again (an absurd 429, to a request on its last attempt with a
+    // deadline): closed again, for max_cooldown from the response.
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(10)));
+    let result = svc.oneshot(req).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::CooldownTooLong)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, closed_for(MAX));
     a.clear().await.expect("clear");
-    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    assert!(matches!(
+        admit(&a, AdmitRequest::first()).await,
+        Admission::Admitted | Admission::Reserved { .. }
+    ));
 }
 
 fn ok_service() -> impl tower::Service<

@@ -209,9 +209,10 @@ impl std::error::Error for UnrepresentableDelay {}
 /// The allowance is closed: every waiting and new call fails at once until `until` (or until
 /// an operator clears it with [`Allowance::clear`](crate::Allowance::clear)).
 ///
-/// It closes when a quota probe finds the provider's quota spent, or when a server asks for
-/// a wait longer than [`max_cooldown`](crate::AllowanceConfig::with_max_cooldown) or too long
-/// to represent: waiting that long silently would park every worker.
+/// It closes when a quota probe finds the provider's quota spent (until its reset, or until
+/// cleared when none is known), or when a server asks for a wait longer than
+/// [`max_cooldown`](crate::AllowanceConfig::with_max_cooldown) or too long to represent (for
+/// `max_cooldown`): waiting that long silently would park every worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Exhausted {
     until: Option<Instant>,

@@ -462,10 +462,20 @@ impl OnTrailers for FeedAllowance {
         match status.pushback().map(Pushback::server_delay) {
             Some(ServerDelay::After(d)) => {
                 self.allowance.on_throttled(true);
-                raise_detached(&self.allowance, rule::micros_ceil(d));
+                let max = self.allowance.config().max_cooldown();
+                raise_detached(
+                    &self.allowance,
+                    rule::micros_ceil(d),
+                    (d > max).then(|| format!("{d:?}")),
+                );
             }
             // Beyond what can be represented: the allowance closes rather than wait less.
-            Some(ServerDelay::TooLong) => raise_detached(&self.allowance, None),
+            Some(ServerDelay::TooLong) => {
+                let asked = trailers
+                    .get(GRPC_RETRY_PUSHBACK_MS)
+                    .and_then(|v| v.to_str().ok());
+                raise_detached(&self.allowance, None, asked.map(str::to_owned));
+            }
             // No delay, or "do not retry": no cooldown is invented.
             _ => self.allowance.on_throttled(false),
         }

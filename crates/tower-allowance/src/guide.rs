@@ -67,8 +67,8 @@
 //!   backoff, or after its own `Retry-After` for that request only, and cools nobody down.
 //! - A success that says the allowance is spent until a reset (the dialect reads
 //!   `remaining: 0` and a reset time) raises the cooldown until that reset.
-//! - A wait longer than [`max_cooldown`](#max_cooldown) closes the allowance instead (see
-//!   [a closed allowance](#a-closed-allowance)).
+//! - A wait longer than [`max_cooldown`](#max_cooldown) closes the allowance instead, for
+//!   `max_cooldown` (see [a closed allowance](#a-closed-allowance)).
 //!
 //! ## Retry
 //!
@@ -183,11 +183,20 @@
 //! Some waits are not worth waiting for. A server asking for more than
 //! [`max_cooldown`](#max_cooldown), or for a wait too long to represent, and a
 //! quota probe (`quota`, feature `quota`) finding the provider's quota spent, *close* the allowance:
-//! every waiting and new call fails at once with [`Exhausted`](crate::error::Exhausted)
-//! (abandoned as `CooldownTooLong` or `QuotaExhausted`), which says until when. It reopens by
-//! itself at that time, or when an operator calls [`Allowance::clear`](crate::Allowance::clear)
-//! (a wait too long to represent closes it until cleared). A closed allowance is visible in
-//! [`Snapshot::closed`](crate::Snapshot::closed), so it is never a silent hang.
+//! every waiting and new call fails at once with [`Exhausted`](crate::error::Exhausted),
+//! which says until when. Every caller the closure refuses (a first try, a retry, a waiter)
+//! is abandoned with the closure's reason, `CooldownTooLong` or `QuotaExhausted`, whatever
+//! its own deadline or `max_attempts`.
+//!
+//! Closures are bounded: a server's wait beyond `max_cooldown`, or too long to represent
+//! (one bad header: an epoch in milliseconds, twenty digits), closes the allowance for
+//! exactly `max_cooldown` from that response, with a warning naming the allowance, the value
+//! and the reopening time, and `tower_allowance_closures_total` counted. It then reopens by
+//! itself, metered as ever (the burst, then the rate), and closes again if the server says
+//! so again. Only a quota probe's verdict without a known reset closes it until an operator
+//! calls [`Allowance::clear`](crate::Allowance::clear) (which reopens any closure early). A
+//! closed allowance is visible in [`Snapshot::closed`](crate::Snapshot::closed), so it is
+//! never a silent hang.
 //!
 //! # Tuning
 //!
@@ -212,7 +221,7 @@
 //!
 //! The longest cooldown a server may impose (default
 //! one hour). Beyond it the allowance
-//! closes visibly instead of parking every worker: raise it for a provider whose hourly or
+//! closes visibly for `max_cooldown` instead of parking every worker: raise it for a provider whose hourly or
 //! daily windows you do want to wait out, lower it for interactive traffic.
 //!
 //! ## Retry budgets
@@ -279,6 +288,7 @@
 //! | `tower_allowance_retries_total` | counter | | retries admitted |
 //! | `tower_allowance_abandoned_total` | counter | `reason` ([`AbandonReason::as_str`]) | requests given up on |
 //! | `tower_allowance_cooldowns_total` | counter | | times a response extended the shared cooldown |
+//! | `tower_allowance_closures_total` | counter | `reason` (`cooldown_too_long`, `quota_exhausted`) | times this process closed the allowance (a wait beyond `max_cooldown`, a quota probe) |
 //! | `tower_allowance_throttled_responses_total` | counter | `status` | throttling responses |
 //! | `tower_allowance_store_errors_total` | counter | `kind` (`unavailable`, `rejected`, `protocol`) | store calls that failed |
 //! | `tower_allowance_wait_seconds` | histogram | | time an admitted attempt waited for its slot |

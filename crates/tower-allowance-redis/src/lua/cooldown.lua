@@ -28,10 +28,11 @@ local function cooldown_shift(until_us)
   return shift
 end
 
--- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}.
+-- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}. Too long
+-- (or -1, unrepresentable): closed for exactly max_cooldown, never until cleared.
 local function extend_cooldown(delay)
   if delay < 0 or delay > P.max_cd then
-    local ev = close(delay, 2)
+    local ev = close(P.max_cd, 2)
     local closed_for = -1
     if s.cl ~= FOREVER then closed_for = sat_sub(s.cl, now) end
     return {0, sat_sub(s.bu, now), 1, closed_for, 1, unpack(ev)}

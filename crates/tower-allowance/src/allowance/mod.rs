@@ -150,7 +150,8 @@ impl Allowance {
     /// The deadline only ever moves later; a shorter delay than the current one changes
     /// nothing. Callers already holding reserved slots move back by the added time, in the
     /// same order; those whose deadline that passes fail promptly. A delay beyond
-    /// [`max_cooldown`](AllowanceConfig::with_max_cooldown) closes the allowance instead.
+    /// [`max_cooldown`](AllowanceConfig::with_max_cooldown) closes the allowance instead, for
+    /// `max_cooldown` (then it reopens by itself).
     ///
     /// # Errors
     ///
@@ -182,7 +183,8 @@ impl Allowance {
         };
         match reply {
             Ok(Reply::Defer(deferred)) => {
-                self.shared.after_defer(now, &deferred);
+                let asked = deferred.closed.map(|_| format!("{delay:?}"));
+                self.shared.after_defer(now, &deferred, asked.as_deref());
                 Ok(deferred)
             }
             Ok(_) => Err(CooldownError::Store(StoreError::protocol(WrongReply))),

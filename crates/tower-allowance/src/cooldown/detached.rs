@@ -8,14 +8,15 @@ use crate::{rule::Op, shared::Applying, Allowance};
 /// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
 /// after the response was handed on): at once on an in-memory store, in a task on a shared
 /// one.
-pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>) {
+/// `asked`: the pushback as sent, when it is beyond `max_cooldown` (for the warning).
+pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>, asked: Option<String>) {
     let now = Instant::now();
     match allowance.shared.apply(now, Op::Defer { delay_us }) {
-        Applying::Done(result) => deferred(allowance, now, result),
+        Applying::Done(result) => deferred(allowance, now, result, asked.as_deref()),
         Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let allowance = allowance.clone();
-                handle.spawn(async move { deferred(&allowance, now, fut.await) });
+                handle.spawn(async move { deferred(&allowance, now, fut.await, asked.as_deref()) });
             }
             Err(_) => tracing::warn!(
                 allowance = &*allowance.shared.name,

@@ -35,7 +35,7 @@ pin_project! {
         span: tracing::Span,
         // A shared store's cooldown raise in flight, and the response waiting for it; boxed
         // (rare: a throttling response on a shared store) to keep the future small.
-        deferring: Option<Box<(StoreFuture<Reply>, Instant, Response<RB>)>>,
+        deferring: Option<Box<(StoreFuture<Reply>, Instant, Response<RB>, Option<String>)>>,
     }
 }
 
@@ -74,6 +74,8 @@ pub(crate) struct Read {
     pub(crate) spent_until: Option<ServerDelay>,
     /// A rate the server advertised, in thousandths per second.
     pub(crate) advertised_milli: Option<u64>,
+    /// The wait asked for, as sent, when it is beyond `max_cooldown` (for the warning).
+    pub(crate) asked: Option<String>,
     #[cfg(feature = "dialects")]
     pub(crate) observation: Option<crate::RateLimitObservation>,
     pub(crate) untrusted_date: bool,
@@ -95,6 +97,7 @@ pub(crate) fn read_response<C: Classify>(
             classified: base,
             spent_until: None,
             advertised_milli: None,
+            asked: None,
             #[cfg(feature = "dialects")]
             observation: None,
             untrusted_date: false,
@@ -108,6 +111,11 @@ pub(crate) fn read_response<C: Classify>(
         Wait::TooLong { .. } => ServerDelay::TooLong,
     });
     let delay = longest(base.delay, dialect_delay);
+    let asked = match (delay, &reading.wait) {
+        (Some(ServerDelay::TooLong), Some(Wait::TooLong { value })) => Some(value.clone()),
+        (Some(ServerDelay::After(d)), _) if d > config.max_cooldown() => Some(format!("{d:?}")),
+        _ => None,
+    };
     let from_retry_after = matches!(
         reading.source,
         Some(Reader::RetryAfter | Reader::RetryAfterMs)
@@ -131,6 +139,7 @@ pub(crate) fn read_response<C: Classify>(
         classified,
         spent_until,
         advertised_milli,
+        asked,
         #[cfg(feature = "dialects")]
         observation,
         untrusted_date: reading.date.should_warn(),
@@ -149,13 +158,13 @@ where
         let this = self.project();
         let _entered = this.span.enter();
         if let Some(pending) = this.deferring {
-            let (defer, now, _) = &mut **pending;
+            let (defer, now, ..) = &mut **pending;
             let result = ready!(defer.as_mut().poll(cx));
             let now = *now;
             let Some(pending) = this.deferring.take() else {
                 unreachable!("checked above");
             };
-            deferred(&this.shared.allowance, now, result);
+            deferred(&this.shared.allowance, now, result, pending.3.as_deref());
             return Poll::Ready(Ok(pending.2));
         }
         let response = ready!(this.inner.poll(cx)).map_err(Into::into)?;
@@ -189,8 +198,14 @@ where
             classified.class,
             Classification::Throttled | Classification::Transient
         );
-        if let (true, Some(reason)) = (retryable, *this.final_attempt) {
-            // No retry follows: report it as abandoned, not as final.
+        if let (true, Some(mut reason)) = (retryable, *this.final_attempt) {
+            // No retry follows: report it as abandoned, not as final; for a closure (this
+            // response's, or one already known) with the closure's reason.
+            if reason != AbandonReason::NotReplayable {
+                let closes = classified.delay == Some(ServerDelay::TooLong) || read.asked.is_some();
+                let closed = closes.then_some(AbandonReason::CooldownTooLong);
+                reason = closed.unwrap_or_else(|| allowance.shared.or_closed(reason));
+            }
             allowance.shared.stats.abandon(reason);
             parts.extensions.insert(Abandoned::new(reason));
         }
@@ -236,18 +251,18 @@ where
         let now = Instant::now();
         match allowance.shared.apply(now, op) {
             Applying::Done(result) => {
-                deferred(&shared.allowance, now, result);
+                deferred(&shared.allowance, now, result, read.asked.as_deref());
                 Poll::Ready(Ok(response))
             }
             Applying::Pending(mut fut) => match fut.as_mut().poll(cx) {
                 Poll::Ready(result) => {
-                    deferred(&shared.allowance, now, result);
+                    deferred(&shared.allowance, now, result, read.asked.as_deref());
                     Poll::Ready(Ok(response))
                 }
                 Poll::Pending => {
                     // A shared store: hold the response until the cooldown is recorded, so the
                     // retry that follows is scheduled after it.
-                    *this.deferring = Some(Box::new((fut, now, response)));
+                    *this.deferring = Some(Box::new((fut, now, response, read.asked)));
                     Poll::Pending
                 }
             },
@@ -280,9 +295,14 @@ fn longest(a: Option<ServerDelay>, b: Option<ServerDelay>) -> Option<ServerDelay
 
 /// The cooldown raise's answer. A failure is logged, and the response still delivered: losing
 /// it would be worse than a cooldown the other processes do not hear of.
-pub(super) fn deferred(allowance: &Allowance, now: Instant, result: Result<Reply, StoreError>) {
+pub(super) fn deferred(
+    allowance: &Allowance,
+    now: Instant,
+    result: Result<Reply, StoreError>,
+    asked: Option<&str>,
+) {
     match result {
-        Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d),
+        Ok(Reply::Defer(d)) => allowance.shared.after_defer(now, &d, asked),
         Ok(_) => tracing::warn!("the allowance store answered a cooldown raise out of contract"),
         Err(e) => tracing::warn!(
             allowance = &*allowance.shared.name,

@@ -12,9 +12,10 @@
 //! The response is passed through untouched and its body stays readable. Rate-limit
 //! headers are recorded in the allowance's [`Snapshot`](crate::Snapshot) as observations.
 //! A wait longer than the allowance's `max_cooldown`, or too long to represent, closes the
-//! allowance instead (every waiting and new call fails with
-//! [`Exhausted`](crate::error::Exhausted), visibly) rather than wait less or park everyone
-//! for years; [`Allowance::clear`](crate::Allowance::clear) reopens it.
+//! allowance instead, for `max_cooldown` (every waiting and new call fails with
+//! [`Exhausted`](crate::error::Exhausted), visibly, and a warning names the value) rather
+//! than wait less or park everyone for years; it then reopens by itself, metered, and
+//! [`Allowance::clear`](crate::Allowance::clear) reopens it sooner.
 //!
 //! ```
 //! use std::{convert::Infallible, time::Duration};

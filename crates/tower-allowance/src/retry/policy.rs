@@ -153,17 +153,20 @@ impl<C> RetryPolicy<C> {
         class: Classification,
         server_delay: Option<ServerDelay>,
     ) -> Plan {
+        if server_delay == Some(ServerDelay::TooLong) {
+            return Plan::Abandon(AbandonReason::CooldownTooLong);
+        }
+        // A closed allowance refuses whatever the request's own limits say: its reason.
+        let closed =
+            |policy: &PolicyShared<C>, r| Plan::Abandon(policy.allowance.shared.or_closed(r));
         if self.attempts >= self.config().max_attempts.get() {
-            return Plan::Abandon(AbandonReason::MaxAttempts);
+            return closed(&self.shared, AbandonReason::MaxAttempts);
         }
         let backoff = self.jitter(self.config().backoff_cap(self.attempts));
         let (sleep, not_before) = match (class, server_delay) {
-            (_, Some(ServerDelay::TooLong)) => {
-                return Plan::Abandon(AbandonReason::CooldownTooLong)
-            }
             // The server asked not to be retried (gRPC's negative or malformed pushback):
-            // its answer is final.
-            (_, Some(ServerDelay::DoNotRetry)) => return Plan::Final,
+            // its answer is final. (Too long: abandoned above.)
+            (_, Some(ServerDelay::DoNotRetry | ServerDelay::TooLong)) => return Plan::Final,
             // The server's delay, never shortened: the shared cooldown holds everyone until
             // then, and the retry's slot is reserved no earlier.
             (Classification::Throttled, Some(ServerDelay::After(d))) if !d.is_zero() => {
@@ -181,7 +184,7 @@ impl<C> RetryPolicy<C> {
                 .checked_add(total)
                 .is_none_or(|at| at >= *deadline)
             {
-                return Plan::Abandon(AbandonReason::Deadline);
+                return closed(&self.shared, AbandonReason::Deadline);
             }
         }
         Plan::Retry { sleep, not_before }

@@ -14,8 +14,10 @@ pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> 
 }
 
 /// Raises the cooldown to `now + delay` (max semantics) and translates pending reservations
-/// past it (see the module docs); a delay beyond `max_cooldown` (or unrepresentable) closes
-/// the allowance instead.
+/// past it (see the module docs); a delay beyond `max_cooldown` (or unrepresentable: `None`)
+/// closes the allowance instead, for exactly `max_cooldown` from now. Never until cleared:
+/// one bad header must not become an outage. It reopens by itself, metered (the schedule is
+/// the rule's as ever), and a server that asks again closes it again.
 pub fn extend_cooldown(
     state: &mut State,
     now: u64,
@@ -24,7 +26,12 @@ pub fn extend_cooldown(
 ) -> Deferred {
     let too_long = delay_us.is_none_or(|d| d > params.max_cooldown_us);
     if too_long {
-        let event = close(state, now, delay_us, ClosedBy::ServerDelay);
+        let event = close(
+            state,
+            now,
+            Some(params.max_cooldown_us),
+            ClosedBy::ServerDelay,
+        );
         return Deferred {
             extended: false,
             blocked_for: us(state.blocked_until.saturating_sub(now)),

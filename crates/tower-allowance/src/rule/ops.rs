@@ -469,7 +469,9 @@ pub struct Deferred {
     pub extended: bool,
     /// Time from now until the (possibly unchanged) cooldown deadline.
     pub blocked_for: Duration,
-    /// Set when the delay closed the allowance instead (longer than `max_cooldown`).
+    /// Set when the delay closed the allowance instead (longer than `max_cooldown`, or
+    /// unrepresentable): for how long it is closed now (`max_cooldown`, or longer when an
+    /// earlier closure ends later; `None`: until cleared).
     pub closed: Option<Option<Duration>>,
     /// What reservation holders must apply, when anything changed.
     pub event: Option<Event>,

@@ -208,24 +208,51 @@ fn a_delay_beyond_max_cooldown_closes_the_allowance() {
     let p = *config.params();
     let mut s = State::default();
     assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    // Closed for exactly max_cooldown, however much longer the server asked for.
     let d = defer_at(&mut s, 0, &p, 3_600_000_001);
-    assert_eq!(d.closed, Some(Some(Duration::from_micros(3_600_000_001))));
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(3600))));
     assert_eq!(
         admit_at(&mut s, 10, &p, FIRST),
         Admission::Closed {
-            until: Some(Duration::from_micros(3_599_999_991)),
+            until: Some(Duration::from_micros(3_599_999_990)),
             by: ClosedBy::ServerDelay
         }
     );
-    // An unrepresentable delay closes until cleared; a shorter closure never shortens it.
+    // An unrepresentable delay too: for max_cooldown from now (never until cleared).
     let d = match apply(&mut s, 20, &p, &Op::Defer { delay_us: None }) {
+        Reply::Defer(d) => d,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(3600))));
+    // It reopens by itself then, and a server that asks again closes it again.
+    assert_eq!(
+        admit_at(&mut s, 3_600_000_020, &p, FIRST),
+        Admission::Admitted
+    );
+    let d = match apply(&mut s, 3_600_000_030, &p, &Op::Defer { delay_us: None }) {
+        Reply::Defer(d) => d,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(3600))));
+    // A diagnosed quota exhaustion without a reset closes until cleared; a shorter closure
+    // never shortens it.
+    apply(
+        &mut s,
+        3_600_000_040,
+        &p,
+        &Op::Close {
+            delay_us: None,
+            by: ClosedBy::Quota,
+        },
+    );
+    let d = match apply(&mut s, 3_600_000_050, &p, &Op::Defer { delay_us: None }) {
         Reply::Defer(d) => d,
         other => panic!("{other:?}"),
     };
     assert_eq!(d.closed, Some(None));
     apply(
         &mut s,
-        30,
+        3_600_000_060,
         &p,
         &Op::Close {
             delay_us: Some(5),
@@ -233,12 +260,15 @@ fn a_delay_beyond_max_cooldown_closes_the_allowance() {
         },
     );
     assert!(matches!(
-        admit_at(&mut s, 40, &p, FIRST),
+        admit_at(&mut s, 3_600_000_070, &p, FIRST),
         Admission::Closed { until: None, .. }
     ));
     // An operator clears it.
-    apply(&mut s, 50, &p, &Op::Clear);
-    assert_eq!(admit_at(&mut s, 60, &p, FIRST), Admission::Admitted);
+    apply(&mut s, 3_600_000_080, &p, &Op::Clear);
+    assert_eq!(
+        admit_at(&mut s, 3_600_000_090, &p, FIRST),
+        Admission::Admitted
+    );
 }
 
 #[test]
@@ -929,7 +959,7 @@ fn settled_only_once_a_closure_ends_or_is_cleared() {
         .with_max_cooldown(Duration::from_secs(60))
         .expect("valid")
         .params();
-    // A 429 asking for longer than max_cooldown closes for as long.
+    // A 429 asking for longer than max_cooldown closes for max_cooldown.
     let mut s = State::default();
     let _ = apply(
         &mut s,
@@ -940,25 +970,31 @@ fn settled_only_once_a_closure_ends_or_is_cleared() {
             age_us: 0,
         },
     );
-    assert!(!is_settled(&s, 599_999_999, &p));
-    assert!(is_settled(&s, 600_000_000, &p));
-    // An unrepresentable one, or an operator's `Close`, until cleared.
-    for op in [
-        Op::Throttle {
+    assert!(!is_settled(&s, 59_999_999, &p));
+    assert!(is_settled(&s, 60_000_000, &p));
+    // An unrepresentable one: for max_cooldown too.
+    let mut s = State::default();
+    let _ = apply(
+        &mut s,
+        0,
+        &p,
+        &Op::Throttle {
             delay_us: None,
             age_us: 0,
         },
-        Op::Close {
-            delay_us: None,
-            by: ClosedBy::Quota,
-        },
-    ] {
-        let mut s = State::default();
-        let _ = apply(&mut s, 0, &p, &op);
-        assert!(!is_settled(&s, FOREVER - 1, &p), "{op:?}");
-        let _ = apply(&mut s, 5, &p, &Op::Clear);
-        assert!(is_settled(&s, 1_000_000, &p), "{op:?} cleared");
-    }
+    );
+    assert!(!is_settled(&s, 59_999_999, &p));
+    assert!(is_settled(&s, 60_000_000, &p));
+    // A quota spent without a known reset (or an operator's `Close`): until cleared.
+    let op = Op::Close {
+        delay_us: None,
+        by: ClosedBy::Quota,
+    };
+    let mut s = State::default();
+    let _ = apply(&mut s, 0, &p, &op);
+    assert!(!is_settled(&s, FOREVER - 1, &p), "{op:?}");
+    let _ = apply(&mut s, 5, &p, &Op::Clear);
+    assert!(is_settled(&s, 1_000_000, &p), "{op:?} cleared");
 }
 
 #[test]

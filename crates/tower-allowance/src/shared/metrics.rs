@@ -7,6 +7,7 @@
 //! | `tower_allowance_retries_total` | counter | `allowance` |
 //! | `tower_allowance_abandoned_total` | counter | `allowance`, `reason` |
 //! | `tower_allowance_cooldowns_total` | counter | `allowance` |
+//! | `tower_allowance_closures_total` | counter | `allowance`, `reason` (`cooldown_too_long`, `quota_exhausted`) |
 //! | `tower_allowance_throttled_responses_total` | counter | `allowance`, `status` |
 //! | `tower_allowance_store_errors_total` | counter | `allowance`, `kind` |
 //! | `tower_allowance_wait_seconds` | histogram | `allowance` |
@@ -47,6 +48,9 @@ mod disabled {
 
         #[inline]
         pub(crate) fn cooldown(&self, _remaining: Duration) {}
+
+        #[inline]
+        pub(crate) fn closed(&self, _by: crate::rule::ClosedBy) {}
 
         #[inline]
         pub(crate) fn throttled(&self, _status: u16) {}

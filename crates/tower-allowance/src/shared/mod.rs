@@ -15,7 +15,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    error::Exhausted,
+    error::{AbandonReason, Exhausted},
     rule::{Deferred, Event, Op, Reply, Reservation},
     store::{EventSink, Store, StoreError, StoreFuture},
     AllowanceConfig,
@@ -155,7 +155,8 @@ impl Shared {
     }
 
     /// What a cooldown raise did, for this process: counters, holders, the known deadline.
-    pub(crate) fn after_defer(&self, now: Instant, deferred: &Deferred) {
+    /// `asked`: what the server asked for, for the warning when it closed the allowance.
+    pub(crate) fn after_defer(&self, now: Instant, deferred: &Deferred, asked: Option<&str>) {
         if deferred.extended {
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.cooldown(deferred.blocked_for);
@@ -169,18 +170,34 @@ impl Shared {
             }
         }
         if let Some(closed) = deferred.closed {
+            let by = crate::rule::ClosedBy::ServerDelay;
             let until = closed.and_then(|d| now.checked_add(d));
-            self.holders
-                .learn_closed(Exhausted::new(until, crate::rule::ClosedBy::ServerDelay));
+            self.holders.learn_closed(Exhausted::new(until, by));
+            self.stats.metrics.closed(by);
+            let at = closed.and_then(|d| crate::signals::wall_clock().checked_add(d));
             tracing::warn!(
                 allowance = &*self.name,
-                until = ?closed,
+                asked = asked.unwrap_or("?"),
+                reopens_in = ?closed,
+                reopens_at = %at.map_or("when cleared".into(), httpdate::fmt_http_date),
                 "a server asked for a wait beyond max_cooldown: allowance closed"
             );
         }
         if let Some(event) = deferred.event {
             self.holders.event(event);
         }
+    }
+
+    /// The closure this process knows of, if it holds at `now`: every caller refused while
+    /// it holds reports its reason, whatever its own deadline or `max_attempts`.
+    pub(crate) fn closure(&self, now: Instant) -> Option<Exhausted> {
+        let closed = self.holders.known().closed?;
+        closed.until().is_none_or(|u| u > now).then_some(closed)
+    }
+
+    /// `reason`, or the reason of a closure that holds now (see [`Shared::closure`]).
+    pub(crate) fn or_closed(&self, reason: AbandonReason) -> AbandonReason {
+        self.closure(Instant::now()).map_or(reason, |e| e.reason())
     }
 
     /// A response's `Date` was not trusted: warn once per allowance.

@@ -64,6 +64,7 @@ pub(crate) async fn run_probe(shared: Arc<Shared>) {
                 shared
                     .holders
                     .learn_closed(Exhausted::new(now.checked_add(retry_in), ClosedBy::Quota));
+                shared.stats.metrics.closed(ClosedBy::Quota);
                 tracing::warn!(
                     allowance = &*shared.name,
                     ?retry_in,

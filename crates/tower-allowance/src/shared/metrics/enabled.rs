@@ -7,7 +7,11 @@ use std::{
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
-use crate::{error::AbandonReason, rule::StoreState, store::StoreErrorKind};
+use crate::{
+    error::AbandonReason,
+    rule::{ClosedBy, StoreState},
+    store::StoreErrorKind,
+};
 
 /// The allowance's metric handles.
 pub(crate) struct Metrics {
@@ -17,6 +21,8 @@ pub(crate) struct Metrics {
     retries: Counter,
     abandoned: Vec<Counter>,
     cooldowns: Counter,
+    /// Closures, by reason: server delay, quota.
+    closures: [Counter; 2],
     store_errors: [Counter; 3],
     wait: Histogram,
     store_call: Histogram,
@@ -40,6 +46,10 @@ impl Metrics {
                 })
                 .collect(),
             cooldowns: counter!("tower_allowance_cooldowns_total", "allowance" => n()),
+            closures: [ClosedBy::ServerDelay, ClosedBy::Quota].map(|by| {
+                let reason = AbandonReason::closed_by(by).as_str();
+                counter!("tower_allowance_closures_total", "allowance" => n(), "reason" => reason)
+            }),
             store_errors: ["unavailable", "rejected", "protocol"].map(|k| {
                 counter!("tower_allowance_store_errors_total", "allowance" => n(), "kind" => k)
             }),
@@ -76,6 +86,10 @@ impl Metrics {
     pub(crate) fn cooldown(&self, remaining: Duration) {
         self.cooldowns.increment(1);
         self.cooldown_remaining.set(remaining.as_secs_f64());
+    }
+
+    pub(crate) fn closed(&self, by: ClosedBy) {
+        self.closures[usize::from(by == ClosedBy::Quota)].increment(1);
     }
 
     pub(crate) fn throttled(&self, status: u16) {
