@@ -101,11 +101,14 @@ mod cooldown;
 mod gcra;
 mod ops;
 mod params;
+#[cfg(feature = "quota")]
 mod probe;
 mod state;
 
+#[cfg(feature = "quota")]
+pub use self::probe::*;
 pub use self::{
-    adaptive::*, budget::*, clock::*, cooldown::*, gcra::*, ops::*, params::*, probe::*, state::*,
+    adaptive::*, budget::*, clock::*, cooldown::*, gcra::*, ops::*, params::*, state::*,
 };
 
 /// The largest delay any store accepts: 2^53 microseconds (about 285 years).
@@ -184,9 +187,11 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
         },
         Op::Close { delay_us, by } => Reply::Changed(close(state, now, delay_us, by)),
         Op::Clear => Reply::Changed(clear(state, now)),
+        #[cfg(feature = "quota")]
         Op::Lease { ttl_us, token } => Reply::Lease {
             granted: lease(state, now, ttl_us, token),
         },
+        #[cfg(feature = "quota")]
         Op::FinishProbe { token, outcome } => {
             Reply::ProbeFinished(finish_probe(state, now, params, token, outcome))
         }
@@ -215,4 +220,4 @@ pub fn read(state: &mut State, now: u64, params: &Params) -> StoreState {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -1,7 +1,10 @@
 //! The operations a store applies, their replies, and the events and reservations they carry.
 
-use super::{micros_ceil, micros_floor, Params, MAX_DELAY_US, MAX_LIMITS};
 use std::time::Duration;
+
+#[cfg(feature = "quota")]
+use super::ProbeOutcome;
+use super::{micros_ceil, micros_floor, Params, MAX_DELAY_US, MAX_LIMITS};
 
 /// What an admission asks for.
 ///
@@ -477,20 +480,6 @@ pub struct Deferred {
     pub event: Option<Event>,
 }
 
-/// What a quota probe found, reported with [`Op::FinishProbe`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProbeOutcome {
-    /// Quota remains.
-    Available,
-    /// The quota is spent until `retry_in` from now.
-    Exhausted {
-        /// Time until it renews.
-        retry_in: Duration,
-    },
-    /// The probe failed (an error, a panic, a cancellation): back off before the next one.
-    Failed,
-}
-
 /// A read of the shared state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -573,7 +562,9 @@ pub enum Op {
     },
     /// Lift the cooldown, the closed state and the probe backoff (an operator's decision).
     Clear,
-    /// Take the quota probe's single-flight lease for `ttl_us`, as `token`.
+    /// Take the quota probe's single-flight lease for `ttl_us`, as `token` (feature `quota`,
+    /// like every op and reply of the probe: nothing else asks for them).
+    #[cfg(feature = "quota")]
     Lease {
         /// How long the lease lasts unless finished (a dead prober's lease expires).
         ttl_us: u64,
@@ -581,6 +572,7 @@ pub enum Op {
         token: u64,
     },
     /// Report a quota probe's outcome and release the lease held as `token`.
+    #[cfg(feature = "quota")]
     FinishProbe {
         /// The prober's token.
         token: u64,
@@ -614,12 +606,14 @@ pub enum Reply {
     },
     /// To [`Op::Close`] and [`Op::Clear`]: the event holders must apply.
     Changed(Event),
-    /// To [`Op::Lease`].
+    /// To `Op::Lease`.
+    #[cfg(feature = "quota")]
     Lease {
         /// Whether this caller holds the lease now and should probe.
         granted: bool,
     },
-    /// To [`Op::FinishProbe`]: the event when the probe closed the allowance.
+    /// To `Op::FinishProbe`: the event when the probe closed the allowance.
+    #[cfg(feature = "quota")]
     ProbeFinished(Option<Event>),
     /// To [`Op::Read`].
     State(StoreState),

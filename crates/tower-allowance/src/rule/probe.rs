@@ -1,6 +1,23 @@
-//! The quota probe's lease: one probe at a time per allowance, across processes.
+//! The quota probe's lease: one probe at a time per allowance, across processes (feature
+//! `quota`; the Redis crate builds with it).
 
-use super::{close, micros_ceil, ClosedBy, Event, Params, ProbeOutcome, State};
+use std::time::Duration;
+
+use super::{close, micros_ceil, ClosedBy, Event, Params, State};
+
+/// What a quota probe found, reported with [`Op::FinishProbe`](super::Op::FinishProbe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeOutcome {
+    /// Quota remains.
+    Available,
+    /// The quota is spent until `retry_in` from now.
+    Exhausted {
+        /// Time until it renews.
+        retry_in: Duration,
+    },
+    /// The probe failed (an error, a panic, a cancellation): back off before the next one.
+    Failed,
+}
 
 /// Grants the quota probe's lease to `token` unless the allowance is closed, a probe is
 /// backing off, or another prober holds an unexpired lease.

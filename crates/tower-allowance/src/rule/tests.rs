@@ -419,6 +419,7 @@ fn weighted_costs_and_a_cost_that_never_fits() {
 }
 
 #[test]
+#[cfg(feature = "quota")]
 fn quota_probe_lease_is_single_flight_and_backs_off() {
     let p = params(2, 2);
     let mut s = State::default();
@@ -1047,6 +1048,7 @@ fn an_adaptive_rate_keeps_what_it_learned() {
 }
 
 #[test]
+#[cfg(feature = "quota")]
 fn a_quota_probe_keeps_the_state_while_leased_or_backing_off() {
     let p = params(100, 100);
     let mut s = State::default();
@@ -1116,6 +1118,7 @@ fn decision(reply: Reply) -> Reply {
             ..d
         }),
         Reply::Changed(e) => Reply::Changed(event(e)),
+        #[cfg(feature = "quota")]
         Reply::ProbeFinished(e) => Reply::ProbeFinished(e.map(event)),
         Reply::State(s) => Reply::State(StoreState {
             epoch: 0,
@@ -1141,15 +1144,8 @@ fn settled_op() -> impl Strategy<Value = Op> {
             .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
         1 => (1u64..3_000_000).prop_map(|d| Op::Close { delay_us: Some(d), by: ClosedBy::Quota }),
         1 => Just(Op::Clear),
-        1 => (0u64..3).prop_map(|token| Op::Lease { ttl_us: 500_000, token }),
-        1 => (0u64..3, 0u8..3).prop_map(|(token, o)| Op::FinishProbe {
-            token,
-            outcome: match o {
-                0 => ProbeOutcome::Available,
-                1 => ProbeOutcome::Failed,
-                _ => ProbeOutcome::Exhausted { retry_in: Duration::from_millis(700) },
-            },
-        }),
+        1 => (0u64..3).prop_map(lease_op),
+        1 => (0u64..3, 0u8..3).prop_map(|(token, o)| finish_op(token, o)),
         1 => Just(Op::Read { deposits: 0 }),
     ]
 }
@@ -1215,5 +1211,39 @@ proptest! {
                 prop_assert_eq!(decision(got), decision(want), "op #{} {:?} at {}", i, op_old, now);
             }
         }
+    }
+}
+
+/// The quota probe's ops (feature `quota`); without it, a read in their place.
+pub(crate) fn lease_op(token: u64) -> Op {
+    #[cfg(feature = "quota")]
+    return Op::Lease {
+        ttl_us: 500_000,
+        token,
+    };
+    #[cfg(not(feature = "quota"))]
+    {
+        let _ = token;
+        Op::Read { deposits: 0 }
+    }
+}
+
+/// A probe's outcome reported (feature `quota`); without it, a read in its place.
+pub(crate) fn finish_op(token: u64, o: u8) -> Op {
+    #[cfg(feature = "quota")]
+    return Op::FinishProbe {
+        token,
+        outcome: match o {
+            0 => ProbeOutcome::Available,
+            1 => ProbeOutcome::Failed,
+            _ => ProbeOutcome::Exhausted {
+                retry_in: Duration::from_millis(700),
+            },
+        },
+    };
+    #[cfg(not(feature = "quota"))]
+    {
+        let _ = (token, o);
+        Op::Read { deposits: 0 }
     }
 }

@@ -87,7 +87,9 @@ impl MemoryStore {
 /// The event a reply carries, if any.
 fn event_of(reply: &Reply) -> Option<Event> {
     match *reply {
-        Reply::Defer(Deferred { event, .. }) | Reply::ProbeFinished(event) => event,
+        Reply::Defer(Deferred { event, .. }) => event,
+        #[cfg(feature = "quota")]
+        Reply::ProbeFinished(event) => event,
         Reply::Changed(event) => Some(event),
         _ => None,
     }

@@ -1,7 +1,10 @@
 use std::time::Duration;
 
 use super::*;
-use crate::{rule::ProbeOutcome, AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig};
+use crate::{
+    rule::tests::{finish_op, lease_op},
+    AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
+};
 use proptest::prelude::*;
 
 fn op_strategy() -> impl Strategy<Value = Op> {
@@ -16,15 +19,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         2 => Just(Op::Admit(AdmitRequest::first())),
         1 => proptest::option::of(0u64..2_000_000).prop_map(|delay_us| Op::Defer { delay_us }),
         1 => Just(Op::Clear),
-        1 => (0u64..4).prop_map(|token| Op::Lease { ttl_us: 500_000, token }),
-        1 => (0u64..4, 0u8..3).prop_map(|(token, o)| Op::FinishProbe {
-            token,
-            outcome: match o {
-                0 => ProbeOutcome::Available,
-                1 => ProbeOutcome::Failed,
-                _ => ProbeOutcome::Exhausted { retry_in: Duration::from_millis(700) },
-            },
-        }),
+        1 => (0u64..4).prop_map(lease_op),
+        1 => (0u64..4, 0u8..3).prop_map(|(token, o)| finish_op(token, o)),
         1 => (0u64..3).prop_map(|deposits| Op::Read { deposits }),
         1 => (proptest::option::of(prop_oneof![Just(0u64), 0u64..2_000_000]), 0u64..2_000_000)
             .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
