@@ -361,3 +361,250 @@ async fn a_request_queued_before_a_cut_but_sent_after_it_cuts_again() {
     // counted as sent when it queued, before the cut, the rate would have stayed near 8.5/s.
     assert_eq!(rate(&allowance).await, 5_955);
 }
+
+/// `now` as epoch seconds.
+fn epoch(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+fn cooling(a: &Allowance) -> Option<Duration> {
+    a.snapshot().cooling_for
+}
+
+/// A success saying the allowance is spent until a reset cools it down until the reset,
+/// whatever `Retry-After` (or `retry-after-ms`) it also carries: one longer than the reset
+/// used to wipe it (issue 20).
+#[tokio::test(start_paused = true)]
+async fn a_spent_success_waits_for_its_reset_whatever_its_retry_after() {
+    let thirty = Some(Duration::from_secs(30));
+    for ra in [60u64, 5] {
+        let now = wall();
+        let a = allowance(Dialect::github());
+        observe(
+            &a,
+            200,
+            &[
+                ("date", httpdate::fmt_http_date(now)),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", (epoch(now) + 30).to_string()),
+                ("retry-after", ra.to_string()),
+            ],
+        )
+        .await;
+        assert_eq!(cooling(&a), thirty, "github, retry-after {ra}");
+        let a = allowance(Dialect::ietf());
+        observe(
+            &a,
+            200,
+            &[
+                ("ratelimit", "\"d\";r=0;t=30".into()),
+                ("retry-after", ra.to_string()),
+            ],
+        )
+        .await;
+        assert_eq!(cooling(&a), thirty, "ietf, retry-after {ra}");
+        let a = allowance(Dialect::openai());
+        observe(
+            &a,
+            200,
+            &[
+                ("x-ratelimit-remaining-requests", "0".into()),
+                ("x-ratelimit-reset-requests", "30s".into()),
+                ("retry-after-ms", (ra * 1000).to_string()),
+            ],
+        )
+        .await;
+        assert_eq!(cooling(&a), thirty, "openai, retry-after-ms {ra}000");
+    }
+    // A `Retry-After` alone on a success is still no wait.
+    let a = allowance(Dialect::github());
+    observe(&a, 200, &[("retry-after", "60".into())]).await;
+    assert_eq!(cooling(&a), None);
+}
+
+/// On a throttling response `Retry-After` takes precedence over the IETF fields' reset (as the
+/// draft says); against any other reset the longest wait wins.
+#[tokio::test(start_paused = true)]
+async fn a_throttling_response_combines_its_waits_by_one_rule() {
+    for (ra, want) in [("5", 5), ("60", 60)] {
+        let a = allowance(Dialect::ietf());
+        observe(
+            &a,
+            429,
+            &[
+                ("ratelimit", "\"d\";r=0;t=30".into()),
+                ("retry-after", ra.into()),
+            ],
+        )
+        .await;
+        assert_eq!(cooling(&a), Some(Duration::from_secs(want)), "ietf {ra}");
+        let now = wall();
+        let a = allowance(Dialect::github());
+        observe(
+            &a,
+            429,
+            &[
+                ("date", httpdate::fmt_http_date(now)),
+                ("x-ratelimit-remaining", "0".into()),
+                ("x-ratelimit-reset", (epoch(now) + 30).to_string()),
+                ("retry-after", ra.into()),
+            ],
+        )
+        .await;
+        let longest = Duration::from_secs(want.max(30));
+        assert_eq!(cooling(&a), Some(longest), "github {ra}");
+    }
+}
+
+/// An upstream answering `first` once, then 200s, recording when each request arrived.
+fn once_then_ok(
+    first: Response<String>,
+) -> (
+    tower::util::BoxCloneService<Request<String>, Response<String>, Infallible>,
+    Arc<Mutex<Vec<Duration>>>,
+) {
+    let start = Instant::now();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let seen = sent.clone();
+    let first = Arc::new(Mutex::new(Some(first)));
+    let svc = tower::service_fn(move |_r: Request<String>| {
+        seen.lock().expect("lock").push(start.elapsed());
+        let res = first.lock().expect("lock").take().unwrap_or_default();
+        async move { Ok::<_, Infallible>(res) }
+    });
+    (tower::util::BoxCloneService::new(svc), sent)
+}
+
+fn response(status: u16, headers: &[(&str, String)]) -> Response<String> {
+    let mut res = Response::new(String::new());
+    *res.status_mut() = StatusCode::from_u16(status).expect("status");
+    for (k, v) in headers {
+        res.headers_mut().append(
+            http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            v.parse().expect("value"),
+        );
+    }
+    res
+}
+
+/// GitHub's limits answer "403 or 429": with the GitHub dialect a 403 carrying its rate-limit
+/// signals (a secondary limit's `retry-after`, a primary limit's spent remaining and reset) is
+/// throttling: it cools the allowance down and is retried after the wait. A plain 403, or a
+/// 403 with another dialect, stays a final 403.
+#[tokio::test(start_paused = true)]
+async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
+    let now = wall();
+    // GitHub's documented headers: a secondary limit, then a spent primary limit.
+    let secondary = vec![
+        ("retry-after", "60".to_string()),
+        ("x-ratelimit-limit", "5000".into()),
+        ("x-ratelimit-remaining", "4987".into()),
+        ("x-ratelimit-used", "13".into()),
+        ("x-ratelimit-reset", (epoch(now) + 3000).to_string()),
+        ("x-ratelimit-resource", "core".into()),
+    ];
+    let primary = vec![
+        ("date", httpdate::fmt_http_date(now)),
+        ("x-ratelimit-limit", "60".into()),
+        ("x-ratelimit-remaining", "0".into()),
+        ("x-ratelimit-used", "60".into()),
+        ("x-ratelimit-reset", (epoch(now) + 30).to_string()),
+        ("x-ratelimit-resource", "core".into()),
+    ];
+    for (headers, wait) in [(secondary, 60), (primary, 30)] {
+        let a = allowance(Dialect::github());
+        let (upstream, sent) = once_then_ok(response(403, &headers));
+        let svc = ServiceBuilder::new()
+            .layer(AllowanceLayer::new(a.clone(), RetryConfig::default()))
+            .service(upstream);
+        let result = svc.oneshot(Request::new(String::new())).await;
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Completed,
+            "retried, {wait} s"
+        );
+        let wait = Duration::from_secs(wait);
+        assert_eq!(*sent.lock().expect("lock"), [Duration::ZERO, wait]);
+        assert_eq!(a.snapshot().retries_spent, 1);
+    }
+    // Plain 403s: no signals, signals that do not parse, or not the GitHub dialect.
+    let plain: [(Dialect, Vec<(&str, String)>); 3] = [
+        (
+            Dialect::github(),
+            vec![("x-ratelimit-remaining", "56".into())],
+        ),
+        (Dialect::github(), vec![("retry-after", "later".into())]),
+        (Dialect::standard(), vec![("retry-after", "60".into())]),
+    ];
+    for (dialect, headers) in plain {
+        let a = allowance(dialect);
+        let (upstream, sent) = once_then_ok(response(403, &headers));
+        let svc = ServiceBuilder::new()
+            .layer(AllowanceLayer::new(a.clone(), RetryConfig::default()))
+            .service(upstream);
+        let result = svc.oneshot(Request::new(String::new())).await;
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Unsuccessful(StatusCode::FORBIDDEN),
+            "{headers:?}"
+        );
+        assert_eq!(sent.lock().expect("lock").len(), 1);
+        assert_eq!(cooling(&a), None);
+    }
+}
+
+/// Epoch milliseconds where epoch seconds are expected are milliseconds: a reset 30 s ahead,
+/// not a wait of millennia that closes the allowance. A legacy `RateLimit-Reset` sent as an
+/// epoch is an epoch.
+#[tokio::test(start_paused = true)]
+async fn epoch_milliseconds_and_epoch_legacy_resets_are_read_as_such() {
+    let now = wall();
+    let ms = (epoch(now) + 30) * 1000;
+    let cases = [
+        (
+            Dialect::x_ratelimit(),
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            ms,
+        ),
+        (
+            Dialect::github(),
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset",
+            ms,
+        ),
+        (
+            Dialect::ietf(),
+            "ratelimit-remaining",
+            "ratelimit-reset",
+            ms,
+        ),
+        (
+            Dialect::ietf(),
+            "ratelimit-remaining",
+            "ratelimit-reset",
+            ms / 1000,
+        ),
+    ];
+    for (dialect, remaining, reset, value) in cases {
+        let a = allowance(dialect);
+        observe(
+            &a,
+            200,
+            &[
+                ("date", httpdate::fmt_http_date(now)),
+                (remaining, "0".into()),
+                (reset, value.to_string()),
+            ],
+        )
+        .await;
+        assert_eq!(
+            cooling(&a),
+            Some(Duration::from_secs(30)),
+            "{reset}: {value}"
+        );
+        assert!(a.snapshot().closed.is_none());
+    }
+}

@@ -101,6 +101,10 @@ pub trait Classify: Clone + Send + Sync + 'static {
 /// The default classifier: 429 and 503 are throttling, 2xx and 3xx success, everything
 /// else a failure, unless listed as transient.
 ///
+/// The allowance's dialect may add to it: with `Dialect::github()` (feature `dialects`), the
+/// cooldown layer classifies a 403 that this calls a failure as throttling when it carries
+/// GitHub's rate-limit signals (see `signals`, "GitHub's 403").
+///
 /// # Configuration files
 ///
 /// With the `serde` feature it deserializes from the table a file writes; both lists are

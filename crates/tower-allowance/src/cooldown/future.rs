@@ -16,7 +16,7 @@ use crate::{
     extensions::SentAt,
     rule::{self, Op, Reply},
     shared::Applying,
-    signals::{self, ReadContext, Reader, Wait},
+    signals::{self, ReadContext, Wait},
     store::{StoreError, StoreFuture},
     Allowance, AllowanceConfig, BoxError,
 };
@@ -91,7 +91,6 @@ pub(crate) fn read_response<C: Classify>(
 ) -> Read {
     // The classifier's own reading (a gRPC pushback, say), then the dialect's.
     let base = classifier.classify_response(status, response_headers);
-    let class = base.class;
     if response_headers.is_empty() {
         return Read {
             classified: base,
@@ -106,25 +105,31 @@ pub(crate) fn read_response<C: Classify>(
     let cx = ReadContext::new(signals::wall_clock()).with_max_skew(config.max_date_skew());
     #[cfg_attr(not(feature = "dialects"), allow(unused_mut))]
     let mut reading = config.readers().read(response_headers, &cx);
-    let dialect_delay = reading.wait.as_ref().map(|w| match w {
+    // A 403 the dialect says a rate limit refused (GitHub's) is throttling.
+    let class = match base.class {
+        Classification::Failure if reading.refused && status == 403 => Classification::Throttled,
+        class => class,
+    };
+    // One rule (see `signals`): a throttling response waits `wait`; a success, only `reset`.
+    let throttling = matches!(class, Classification::Throttled | Classification::Transient);
+    let wait = if throttling {
+        &reading.wait
+    } else {
+        &reading.reset
+    };
+    let dialect_delay = wait.as_ref().map(|w| match w {
         Wait::For(d) => ServerDelay::After(*d),
         Wait::TooLong { .. } => ServerDelay::TooLong,
     });
     let delay = longest(base.delay, dialect_delay);
-    let asked = match (delay, &reading.wait) {
+    let asked = match (delay, wait) {
         (Some(ServerDelay::TooLong), Some(Wait::TooLong { value })) => Some(value.clone()),
         (Some(ServerDelay::After(d)), _) if d > config.max_cooldown() => Some(format!("{d:?}")),
         _ => None,
     };
-    let from_retry_after = matches!(
-        reading.source,
-        Some(Reader::RetryAfter | Reader::RetryAfterMs)
-    );
     let (classified, spent_until) = match class {
-        Classification::Throttled | Classification::Transient => {
-            (Classified::new(class, delay), None)
-        }
-        Classification::Success if !from_retry_after => (Classified::new(class, None), delay),
+        _ if throttling => (Classified::new(class, delay), None),
+        Classification::Success => (Classified::new(class, None), delay),
         _ => (Classified::new(class, None), None),
     };
     let advertised_milli = reading.policy.and_then(|p| {

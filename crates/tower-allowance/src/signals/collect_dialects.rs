@@ -42,6 +42,27 @@ impl Collector<'_> {
             .map(str::to_owned);
     }
 
+    /// Offers the wait a spent remaining count asks for (`remaining: 0` until `value`): the
+    /// longest is kept as [`Reading::reset`](crate::signals::Reading::reset), and it is offered
+    /// as a wait too, unless it is the IETF fields' and a `Retry-After` (or `retry-after-ms`)
+    /// was read: the draft gives `Retry-After` precedence. (The readers run in [`Reader`]
+    /// order, `RetryAfter` and `RetryAfterMs` first, so any `Retry-After` is read by now.)
+    pub(super) fn reset(&mut self, reader: Reader, value: Value, text: &str) {
+        let wait = self.measure(value, text);
+        let reset = &mut self.reading.reset;
+        if reset.as_ref().is_none_or(|c| wait.is_longer_than(c)) {
+            *reset = Some(wait);
+        }
+        let ietf = matches!(reader, Reader::Ietf | Reader::IetfLegacy);
+        let retry_after = matches!(
+            self.reading.source,
+            Some(Reader::RetryAfter | Reader::RetryAfterMs)
+        );
+        if !(ietf && retry_after) {
+            self.wait(reader, value, text);
+        }
+    }
+
     /// The common "remaining 0 + reset" rule: when the smallest count of `remaining` is 0,
     /// every valid value of `reset` (read by `parse`) is offered as a wait.
     pub(super) fn wait_when_spent(
@@ -55,7 +76,7 @@ impl Collector<'_> {
         if left == Some(0) {
             for text in values::texts(self.headers, reset) {
                 if let Some(value) = parse(text) {
-                    self.wait(reader, value, text);
+                    self.reset(reader, value, text);
                 }
             }
         }

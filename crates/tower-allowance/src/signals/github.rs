@@ -2,10 +2,10 @@
 //! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](crate::signals::Reader::RetryAfter)
 //! reader's.
 
-use http::HeaderName;
+use http::{header, HeaderName};
 
 use super::grammars;
-use crate::signals::{Collector, Reader};
+use crate::signals::{values, Collector, Reader, Value};
 
 pub(super) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub(super) const X_RATELIMIT_REMAINING: HeaderName =
@@ -13,7 +13,9 @@ pub(super) const X_RATELIMIT_REMAINING: HeaderName =
 pub(super) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 const X_RATELIMIT_RESOURCE: HeaderName = HeaderName::from_static("x-ratelimit-resource");
 
-/// `x-ratelimit-remaining: 0` waits until `x-ratelimit-reset`, in epoch seconds.
+/// `x-ratelimit-remaining: 0` waits until `x-ratelimit-reset`, in epoch seconds. GitHub's
+/// limits answer "403 or 429": a response with a valid `retry-after`, or spent with a valid
+/// reset, is [`refused`](crate::signals::Reading::refused), so that a 403 with them throttles.
 pub(super) fn read(c: &mut Collector<'_>) {
     let left = c.wait_when_spent(
         Reader::Github,
@@ -21,6 +23,17 @@ pub(super) fn read(c: &mut Collector<'_>) {
         &X_RATELIMIT_RESET,
         grammars::epoch_seconds,
     );
+    let valid = |name: &HeaderName, parse: fn(&str) -> Option<Value>| {
+        values::texts(c.headers, name).any(|text| parse(text).is_some())
+    };
+    let retry_after = |text: &str| {
+        values::delay_seconds(text).or_else(|| httpdate::parse_http_date(text).ok().map(Value::At))
+    };
+    if (left == Some(0) && valid(&X_RATELIMIT_RESET, grammars::epoch_seconds))
+        || valid(&header::RETRY_AFTER, retry_after)
+    {
+        c.reading.refused = true;
+    }
     if let Some(left) = left {
         c.remaining(left);
     }
@@ -100,5 +113,44 @@ mod tests {
             let r = Dialect::github().read(&h, &cx());
             assert!(matches!(r.wait, Some(Wait::TooLong { .. })), "{far:?}");
         }
+    }
+
+    #[test]
+    fn refused_by_the_documented_signals_only() {
+        // GitHub's "403 or 429": spent with a reset (a primary limit), or a `retry-after` (a
+        // secondary limit), with the documented example headers.
+        let r = Dialect::github().read(&example(b"0"), &cx());
+        assert!(r.refused);
+        let mut h = example(b"4999");
+        h.insert("retry-after", http::HeaderValue::from_static("60"));
+        assert!(Dialect::github().read(&h, &cx()).refused);
+        // Neither: a plain 403 (permissions), or signals that do not parse.
+        assert!(!Dialect::github().read(&example(b"56"), &cx()).refused);
+        let mut h = example(b"0");
+        h.insert("x-ratelimit-reset", http::HeaderValue::from_static("soon"));
+        h.insert("retry-after", http::HeaderValue::from_static("later"));
+        assert!(!Dialect::github().read(&h, &cx()).refused);
+        // Only the GitHub reader says so.
+        let r = Dialect::generic().read(&example(b"0"), &cx());
+        assert!(!r.refused);
+    }
+
+    #[test]
+    fn epoch_milliseconds_are_milliseconds() {
+        // `1372700873000`: the documented reset, in milliseconds.
+        let mut h = example(b"0");
+        h.insert(
+            "x-ratelimit-reset",
+            http::HeaderValue::from_static("1372700873000"),
+        );
+        let r = Dialect::github().read(&h, &cx());
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1247))));
+        // Just below the threshold: seconds, past any representable wait.
+        h.insert(
+            "x-ratelimit-reset",
+            http::HeaderValue::from_static("999999999999"),
+        );
+        let r = Dialect::github().read(&h, &cx());
+        assert!(matches!(r.wait, Some(Wait::TooLong { .. })));
     }
 }

@@ -79,14 +79,15 @@ pub(super) fn read(c: &mut Collector<'_>) {
 }
 
 /// The earlier drafts' trio: `RateLimit-Remaining: 0` with `RateLimit-Reset` (delta
-/// seconds) waits until the reset. `RateLimit-Limit` may carry draft-01 style policies
+/// seconds; a value of at least `EPOCH_THRESHOLD` is an epoch, as servers send) waits until
+/// the reset. `RateLimit-Limit` may carry draft-01 style policies
 /// (`10, 10;w=1`): its first number is the limit.
 pub(super) fn read_legacy(c: &mut Collector<'_>) {
     let left = c.wait_when_spent(
         Reader::IetfLegacy,
         &RATELIMIT_REMAINING,
         &RATELIMIT_RESET,
-        values::delay_seconds,
+        grammars::epoch_or_delta,
     );
     if let Some(left) = left {
         c.remaining(left);
@@ -342,7 +343,7 @@ impl<'de> ParameterVisitor<'de> for LimitParams<'_, '_, '_, '_, 'de> {
                 .reset
                 .or_else(|| matched().filter_map(|p| p.window).max());
             if let Some(secs) = reset {
-                c.wait(Reader::Ietf, Value::Delay(Duration::from_secs(secs)), text);
+                c.reset(Reader::Ietf, Value::Delay(Duration::from_secs(secs)), text);
             }
         }
         Ok(())
@@ -529,5 +530,81 @@ mod tests {
             ],
         );
         assert_eq!(r.wait, secs(50));
+    }
+
+    #[test]
+    fn retry_after_takes_precedence_over_the_ietf_resets() {
+        // A 429's wait: `Retry-After` over `t` (draft-ietf-httpapi-ratelimit-headers), shorter
+        // or longer; the reset is still the success's wait.
+        for (ra, ms) in [(&b"5"[..], false), (b"60", false), (b"5000", true)] {
+            let name = if ms { "retry-after-ms" } else { "retry-after" };
+            let r = read(
+                Dialect::generic(),
+                &[(name, ra), ("ratelimit", br#""d";r=0;t=30"#)],
+            );
+            let asked = if ra == b"60" { 60 } else { 5 };
+            assert_eq!(r.wait, secs(asked), "{name}: {ra:?}");
+            assert_eq!(r.reset, secs(30));
+            // The legacy trio likewise.
+            let r = read(
+                Dialect::generic(),
+                &[
+                    (name, ra),
+                    ("ratelimit-remaining", b"0"),
+                    ("ratelimit-reset", b"30"),
+                ],
+            );
+            assert_eq!((r.wait, r.reset), (secs(asked), secs(30)), "{name}: {ra:?}");
+        }
+        // An invalid `Retry-After` takes no precedence; without one the longest reset wins.
+        let r = read(
+            Dialect::ietf(),
+            &[("retry-after", b"later"), ("ratelimit", br#""d";r=0;t=30"#)],
+        );
+        assert_eq!((r.wait, r.source), (secs(30), Some(Reader::Ietf)));
+        let r = read(
+            Dialect::ietf(),
+            &[
+                ("ratelimit", br#""d";r=0;t=30"#),
+                ("ratelimit-remaining", b"0"),
+                ("ratelimit-reset", b"40"),
+            ],
+        );
+        assert_eq!((r.wait, r.reset), (secs(40), secs(40)));
+        // Another provider's reset is not the IETF's: with `Retry-After` the longest wins.
+        let r = read(
+            Dialect::generic(),
+            &[
+                ("retry-after", b"5"),
+                ("x-ratelimit-remaining", b"0"),
+                ("x-ratelimit-reset", b"30"),
+            ],
+        );
+        assert_eq!((r.wait, r.source), (secs(30), Some(Reader::XRateLimit)));
+    }
+
+    #[test]
+    fn a_legacy_reset_sent_as_an_epoch_is_an_epoch() {
+        use crate::signals::tests::headers;
+        use crate::signals::ReadContext;
+        let epoch = 1_700_000_030;
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(epoch - 30);
+        for reset in [epoch.to_string(), (epoch * 1000).to_string()] {
+            let h = headers(&[
+                ("ratelimit-remaining", b"0"),
+                ("ratelimit-reset", reset.as_bytes()),
+            ]);
+            let r = Dialect::ietf().read(&h, &ReadContext::new(now));
+            assert_eq!(r.wait, secs(30), "{reset}");
+        }
+        // Delta seconds below the threshold, as before.
+        let r = read(
+            Dialect::ietf(),
+            &[
+                ("ratelimit-remaining", b"0"),
+                ("ratelimit-reset", b"999999999"),
+            ],
+        );
+        assert_eq!(r.wait, secs(999_999_999));
     }
 }

@@ -48,7 +48,7 @@
 //! | [`RetryAfter`](Reader::RetryAfter) | `Retry-After`: delay-seconds (`1*DIGIT`) or an HTTP-date (IMF-fixdate, RFC 850, asctime) | present |
 //! | [`RetryAfterMs`](Reader::RetryAfterMs) | `retry-after-ms`: milliseconds, `1*DIGIT ["." 1*DIGIT]` | present |
 //! | `Ietf` (`dialects`) | `RateLimit-Policy: "default";q=100;w=60`, `RateLimit: "default";r=0;t=30` (draft-ietf-httpapi-ratelimit-headers-10) | an item has `r=0` |
-//! | `IetfLegacy` (`dialects`) | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds; drafts up to -06) | remaining is 0 |
+//! | `IetfLegacy` (`dialects`) | `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (delta seconds, or an epoch; drafts up to -06) | remaining is 0 |
 //! | `Github` (`dialects`) | `x-ratelimit-limit`, `-remaining`, `-reset` (epoch seconds), `-resource` (`-used` is not needed) | remaining is 0 |
 //! | `OpenAi` (`dialects`) | `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go durations (`1s`, `6m0s`, `20ms`) | a remaining is 0 |
 //! | `Anthropic` (`dialects`) | `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`, resets in RFC 3339 | a remaining is 0 |
@@ -58,11 +58,28 @@
 //!
 //! # Semantics
 //!
+//! - **Every signal is read, and combined by one rule.** A response's waits come in two kinds:
+//!   a `Retry-After` (or `retry-after-ms`), and a *reset* (a spent remaining count:
+//!   `remaining: 0` with its reset time, in any reader). [`Reading::reset`] is the longest
+//!   reset. [`Reading::wait`], the wait of a throttling response, is the longest of them all,
+//!   with one exception the IETF draft makes: when a `Retry-After` was read, it takes
+//!   precedence over the IETF fields' resets (`RateLimit`'s `t`, the legacy `RateLimit-Reset`),
+//!   which are then left out of it (draft-ietf-httpapi-ratelimit-headers: when a response
+//!   has both, `Retry-After` takes precedence and the reset may be ignored); every other
+//!   reset still counts, and the longest wins. The cooldown layer applies it so: a
+//!   **throttling** response (or a transient one) waits [`Reading::wait`]; a **success**
+//!   waits only [`Reading::reset`]
+//!   (`remaining: 0` with a reset is the allowance spent until then), and a `Retry-After` on
+//!   it is no wait and never wipes the reset. So a 200 with `x-ratelimit-remaining: 0`, a
+//!   reset 30 s ahead and `Retry-After: 60` (or `: 5`) cools down for 30 s; a 429 with
+//!   `RateLimit: "d";r=0;t=30` and `Retry-After: 5` for 5 s; a 429 with GitHub's reset 30 s
+//!   ahead and `Retry-After: 5` for 30 s.
 //! - **The longest wait wins.** Over every reader in the set and every duplicate field line,
-//!   [`Reading::wait`] is the longest, and [`Reading::source`] names the reader that asked
-//!   for it (on a tie, the first in [`Reader`] order). A value too large to represent
-//!   ([`Wait::TooLong`]: beyond [`MAX_DELAY`], 2^53 µs, or digits that overflow) is longer
-//!   than any other and is never clamped: `Retry-After: 1` plus
+//!   [`Reading::wait`] is the longest (but for the precedence above), and
+//!   [`Reading::source`] names the reader that asked for it (on a tie, the first in
+//!   [`Reader`] order). A value too large to represent ([`Wait::TooLong`]: beyond
+//!   [`MAX_DELAY`], 2^53 µs, or digits that overflow) is longer than any other and is never
+//!   clamped: `Retry-After: 1` plus
 //!   `Retry-After: 99999999999999999999` is `TooLong`. Arithmetic is checked throughout.
 //! - **Invalid values are ignored.** `later`, `-1`, `1.5` (for `Retry-After`), empty values and
 //!   bytes that are not UTF-8 never invent a wait and never shorten one. Each IETF field
@@ -90,6 +107,16 @@
 //!   reader (`Dialect::x_ratelimit`, `Dialect::generic`) a generic `X-RateLimit-Reset` of at least
 //!   `EPOCH_THRESHOLD` (1,000,000,000: September 2001) is epoch seconds, and a smaller one
 //!   delta seconds: no API resets a window 31 years ahead, and no server's clock reads 2001.
+//!   The legacy `RateLimit-Reset` (delta seconds by the drafts) is read the same way, since
+//!   servers send epochs there too. Where epoch seconds are expected (GitHub's reset, an epoch
+//!   `X-RateLimit-Reset` or `RateLimit-Reset`), a value of at least `EPOCH_MILLIS_THRESHOLD`
+//!   (10^12) is epoch *milliseconds*: `1767225600000` is 2026-01-01, not a wait of some
+//!   56,000 years that would close the allowance.
+//! - **GitHub's 403.** GitHub answers its primary and secondary limits with "403 or 429". The
+//!   `Github` reader marks a response carrying a valid `retry-after`, or
+//!   `x-ratelimit-remaining: 0` with a valid reset, as [`Reading::refused`]; the cooldown layer
+//!   then classifies a 403 that its classifier calls a failure as throttling (so it waits and
+//!   is retried). A 403 without those signals stays a final 403, and no other reader sets it.
 //!
 //! [`MAX_DELAY`]: crate::MAX_DELAY
 //!
@@ -125,7 +152,7 @@ use values::Value;
 
 #[cfg(feature = "dialects")]
 #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
-pub use named::EPOCH_THRESHOLD;
+pub use named::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///
@@ -189,10 +216,18 @@ pub struct ReadContext {
 /// What a response's headers say about the allowance. See the [module docs](self).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Reading {
-    /// The longest wait any reader in the set asked for.
+    /// The wait a throttling response asks for: the longest any reader in the set asked for,
+    /// but a `Retry-After` takes precedence over the IETF fields' resets (see the
+    /// [module docs](self)).
     pub wait: Option<Wait>,
     /// The reader that produced [`wait`](Self::wait).
     pub source: Option<Reader>,
+    /// The longest wait a spent remaining count asked for (`remaining: 0` with a reset): the
+    /// wait of a success (see the [module docs](self)).
+    pub reset: Option<Wait>,
+    /// The provider's headers say the request was refused by a rate limit (GitHub's: a
+    /// `retry-after`, or `x-ratelimit-remaining: 0` with a reset): a 403 with them throttles.
+    pub refused: bool,
     /// The smallest remaining request count reported.
     pub remaining: Option<u64>,
     /// The smallest request limit reported.
@@ -452,34 +487,30 @@ struct Collector<'a> {
 impl Collector<'_> {
     /// Offers a wait `value` (as read from `text`) from `reader`; the longest is kept.
     fn wait(&mut self, reader: Reader, value: Value, text: &str) {
-        let delay = match value {
-            Value::Delay(d) => Some(d),
-            Value::At(at) => Some(
-                at.duration_since(self.reference())
-                    .unwrap_or(Duration::ZERO),
-            ),
-            Value::TooLong => None,
-        };
-        let wait = match delay {
-            Some(d) if d <= MAX_DELAY => Wait::For(d),
-            _ => {
-                // Allocate the text only when it will be kept.
-                if matches!(self.reading.wait, Some(Wait::TooLong { .. })) {
-                    return;
-                }
-                Wait::TooLong {
-                    value: text.to_owned(),
-                }
-            }
-        };
+        let wait = self.measure(value, text);
         if self
             .reading
             .wait
             .as_ref()
-            .is_none_or(|current| wait.is_longer_than(current))
+            .is_none_or(|c| wait.is_longer_than(c))
         {
             self.reading.wait = Some(wait);
             self.reading.source = Some(reader);
+        }
+    }
+
+    /// `value` (as read from `text`) as a wait from the response.
+    fn measure(&mut self, value: Value, text: &str) -> Wait {
+        let delay = match value {
+            Value::Delay(d) => Some(d),
+            Value::At(at) => Some(at.duration_since(self.reference()).unwrap_or_default()),
+            Value::TooLong => None,
+        };
+        match delay {
+            Some(d) if d <= MAX_DELAY => Wait::For(d),
+            _ => Wait::TooLong {
+                value: text.to_owned(),
+            },
         }
     }
 

@@ -20,7 +20,7 @@ mod openai;
 #[path = "x_ratelimit.rs"]
 mod x_ratelimit;
 
-pub use self::x_ratelimit::EPOCH_THRESHOLD;
+pub use self::x_ratelimit::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
 
 impl Dialect {
     #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]

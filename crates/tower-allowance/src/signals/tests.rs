@@ -254,12 +254,23 @@ fn the_longest_wait_wins_across_readers_and_ties_go_to_the_first() {
         ("ratelimit", br#""x";r=0;t=20"#),
         ("ratelimit-remaining", b"0"),
         ("ratelimit-reset", b"20"),
+        ("x-ratelimit-remaining", b"0"),
+        ("x-ratelimit-reset", b"20"),
     ];
     let r = read(Dialect::generic(), &h);
     assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(20))));
+    assert_eq!(r.source, Some(Reader::XRateLimit));
+    assert_eq!(r.reset, Some(Wait::For(Duration::from_secs(20))));
+    // Without `Retry-After` the IETF resets count, and the first in order wins the tie.
+    let r = read(Dialect::generic(), &h[1..]);
     assert_eq!(r.source, Some(Reader::Ietf));
-    let r = read(Dialect::generic().without(Reader::Ietf), &h);
+    let r = read(Dialect::generic().without(Reader::Ietf), &h[1..]);
     assert_eq!(r.source, Some(Reader::IetfLegacy));
+    // With it, and no other reset, `Retry-After` takes precedence over theirs.
+    let r = read(Dialect::generic(), &h[..4]);
+    assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(10))));
+    assert_eq!(r.source, Some(Reader::RetryAfter));
+    assert_eq!(r.reset, Some(Wait::For(Duration::from_secs(20))));
 }
 
 #[test]
@@ -290,6 +301,8 @@ proptest! {
         let dialect = dialect_of(mask);
         let reading = dialect.read(&to_map(&pairs), &ReadContext::new(at(NOW)));
         prop_assert_eq!(reading.wait.is_some(), reading.source.is_some());
+        // Every reset is a wait too, unless a `Retry-After` was read.
+        prop_assert!(reading.reset.is_none() || reading.wait.is_some());
         if let Some(source) = reading.source {
             prop_assert!(dialect.contains(source));
         }

@@ -6,8 +6,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use http::{HeaderMap, HeaderName};
 
+use super::x_ratelimit::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
 use crate::rule::MAX_DELAY;
-use crate::signals::values::{digits, fraction_ceil, texts, Value};
+use crate::signals::values::{self, digits, fraction_ceil, texts, Value};
 
 /// A count (`1*DIGIT`) that fits a `u64`; anything else, including an overflowing number,
 /// is ignored (a count is only an observation).
@@ -20,14 +21,28 @@ pub(in crate::signals) fn smallest_count(headers: &HeaderMap, name: &HeaderName)
     texts(headers, name).filter_map(count).min()
 }
 
-/// Seconds since the Unix epoch, `1*DIGIT`.
+/// Seconds since the Unix epoch, `1*DIGIT`; a value of at least [`EPOCH_MILLIS_THRESHOLD`]
+/// is milliseconds (a server sending `Date.now()` where seconds are expected).
 pub(in crate::signals) fn epoch_seconds(text: &str) -> Option<Value> {
-    Some(match digits(text)? {
-        Some(secs) => UNIX_EPOCH
-            .checked_add(Duration::from_secs(secs))
+    let since = match digits(text)? {
+        Some(ms) if ms >= EPOCH_MILLIS_THRESHOLD => Duration::from_millis(ms),
+        Some(secs) => Duration::from_secs(secs),
+        None => return Some(Value::TooLong),
+    };
+    Some(
+        UNIX_EPOCH
+            .checked_add(since)
             .map_or(Value::TooLong, Value::At),
-        None => Value::TooLong,
-    })
+    )
+}
+
+/// Epoch or delta seconds: a value of at least [`EPOCH_THRESHOLD`] is an epoch (seconds, or
+/// milliseconds as in [`epoch_seconds`]), a smaller one delta seconds.
+pub(in crate::signals) fn epoch_or_delta(text: &str) -> Option<Value> {
+    match count(text) {
+        Some(n) if n < EPOCH_THRESHOLD => values::delay_seconds(text),
+        _ => epoch_seconds(text),
+    }
 }
 
 /// A Go `time.Duration` string as OpenAI sends it: `1s`, `6m0s`, `20ms`, `1m30.5s`, `2h1m`;

@@ -6,7 +6,7 @@ use http::HeaderName;
 
 use super::github::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
 use super::grammars;
-use crate::signals::{values, Collector, Reader, Value};
+use crate::signals::{Collector, Reader};
 
 const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-bucket");
 
@@ -14,14 +14,20 @@ const X_RATELIMIT_BUCKET: HeaderName = HeaderName::from_static("x-ratelimit-buck
 /// after 2001-09-09T01:46:40Z); smaller ones are delta seconds.
 pub const EPOCH_THRESHOLD: u64 = 1_000_000_000;
 
+/// In an epoch-seconds reset (GitHub's `x-ratelimit-reset`, a generic `X-RateLimit-Reset`, a
+/// legacy `RateLimit-Reset` sent as an epoch), values at least this large are epoch
+/// *milliseconds* (on or after 2001-09-09T01:46:40Z): as seconds they would be past the year
+/// 33000, as milliseconds they are what `Date.now()` sends.
+pub const EPOCH_MILLIS_THRESHOLD: u64 = 1_000_000_000_000;
+
 /// `X-RateLimit-Remaining: 0` waits until `X-RateLimit-Reset`, epoch or delta by
-/// [`EPOCH_THRESHOLD`].
+/// [`EPOCH_THRESHOLD`] (and epoch milliseconds by [`EPOCH_MILLIS_THRESHOLD`]).
 pub(super) fn read(c: &mut Collector<'_>) {
     let left = c.wait_when_spent(
         Reader::XRateLimit,
         &X_RATELIMIT_REMAINING,
         &X_RATELIMIT_RESET,
-        epoch_or_delta,
+        grammars::epoch_or_delta,
     );
     if let Some(left) = left {
         c.remaining(left);
@@ -30,13 +36,6 @@ pub(super) fn read(c: &mut Collector<'_>) {
         c.limit(limit);
     }
     c.bucket(&X_RATELIMIT_BUCKET);
-}
-
-fn epoch_or_delta(text: &str) -> Option<Value> {
-    match grammars::count(text) {
-        Some(n) if n < EPOCH_THRESHOLD => values::delay_seconds(text),
-        _ => grammars::epoch_seconds(text),
-    }
 }
 
 #[cfg(test)]
@@ -113,6 +112,14 @@ mod tests {
         );
         let r = read_reset("1700000030");
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));
+        // Epoch milliseconds (`Date.now()`): 30 s ahead, not a closure.
+        let r = read_reset("1700000030000");
+        assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));
+        let r = read_reset("1767225600000");
+        assert!(
+            matches!(r.wait, Some(Wait::For(d)) if d.as_secs() / 86_400 == 778),
+            "{r:?}"
+        );
         let r = read_reset("99999999999999999999");
         assert!(matches!(r.wait, Some(Wait::TooLong { .. })));
         // A positive remaining never waits, whatever the reset says.
