@@ -1235,6 +1235,53 @@ mod tests {
         assert_eq!((snapshot.deferred, snapshot.retries_spent), (1, 1));
     }
 
+    /// gRPC retries draw on the allowance's shared budget like HTTP's: four calls against a
+    /// channel that always answers RESOURCE_EXHAUSTED, with a budget of two retries for the
+    /// whole allowance, make exactly six attempts (the first call spends both retries and
+    /// ends at its cap of three; the others are refused a retry), and none ends as a success.
+    #[tokio::test(start_paused = true)]
+    async fn grpc_retries_draw_on_the_shared_budget() {
+        let allowance = Allowance::new(
+            AllowanceConfig::per_second(10, 10)
+                .expect("valid")
+                .with_retry_budget(crate::RetryBudgetConfig::fixed(2)),
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let always_exhausted = tower::service_fn(move |_req: Request<String>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut res = Response::new(String::new());
+                let h = res.headers_mut();
+                h.insert("content-type", HeaderValue::from_static("application/grpc"));
+                h.insert("grpc-status", HeaderValue::from_static("8"));
+                h.insert("grpc-retry-pushback-ms", HeaderValue::from_static("100"));
+                Ok::<_, BoxError>(res)
+            }
+        });
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(always_exhausted);
+        let first = stack.clone().oneshot(call()).await;
+        assert_eq!(
+            Outcome::of(&first),
+            Outcome::Abandoned(crate::error::AbandonReason::MaxAttempts)
+        );
+        for _ in 0..3 {
+            let result = stack.clone().oneshot(call()).await;
+            assert_eq!(
+                Outcome::of(&result),
+                Outcome::Abandoned(crate::error::AbandonReason::BudgetExhausted)
+            );
+        }
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            6,
+            "four first attempts, two retries"
+        );
+        assert_eq!(allowance.snapshot().retries_spent, 2);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_negative_pushback_is_not_retried_and_invents_no_cooldown() {
         let allowance = grpc_allowance();
