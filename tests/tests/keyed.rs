@@ -857,3 +857,74 @@ fn a_shared_store_keeps_the_state_across_an_eviction() {
         );
     });
 }
+
+/// Outage × keyed: a keyed registry over a Redis that stops. With `OutagePolicy::FailFast`
+/// every key's request fails at once as a store failure (nothing reaches the upstream
+/// without its admission, an existing key and a new one alike); once Redis is back, both
+/// keys are admitted again through the same registry.
+#[test]
+fn a_keyed_registry_over_a_stopped_redis_fails_fast_and_recovers() {
+    real().block_on(async {
+        let mut redis = TestRedis::start_private().await;
+        let base = RedisStore::connect(
+            redis.url(),
+            &unique_name("outage"),
+            RedisStoreOptions::new().connect_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect("connect");
+        let config =
+            per_second(100, 100).with_outage_policy(tower_allowance::OutagePolicy::FailFast);
+        let keyed = Keyed::builder(KeyedConfig::new(config))
+            .secret(KeySecret::derive(unique_name("secret").as_bytes()).expect("valid"))
+            .name_prefix("outage")
+            .stores(SharedStores(move |name: &str| base.for_allowance(name)))
+            .build()
+            .expect("valid");
+        let seen = Seen::default();
+        let svc = ServiceBuilder::new()
+            .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+            .service(recording(seen.clone()));
+        let ok = svc.clone().oneshot(keyed_request("a")).await;
+        assert_eq!(Outcome::of(&ok), Outcome::Completed);
+
+        redis.kill();
+        for key in ["a", "b"] {
+            let refused = svc.clone().oneshot(keyed_request(key)).await;
+            assert_eq!(
+                Outcome::of(&refused),
+                Outcome::Failed,
+                "{key}: a store failure"
+            );
+        }
+        assert_eq!(
+            seen.lock().expect("seen").len(),
+            1,
+            "nothing sent without admission"
+        );
+
+        redis.restart().await;
+        // The store reconnects by itself; a lower bound only (load can only make it later).
+        let started = Instant::now();
+        for key in ["a", "b"] {
+            loop {
+                let result = svc.clone().oneshot(keyed_request(key)).await;
+                if Outcome::of(&result) == Outcome::Completed {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{key}: not admitted again within a minute of the restart"
+                );
+                tokio::time::sleep(100 * MS).await;
+            }
+        }
+        let sent: Vec<String> = seen
+            .lock()
+            .expect("seen")
+            .iter()
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(sent, ["a", "a", "b"]);
+    });
+}
