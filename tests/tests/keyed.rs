@@ -890,11 +890,19 @@ fn a_keyed_registry_over_a_stopped_redis_fails_fast_and_recovers() {
 
         redis.kill();
         for key in ["a", "b"] {
+            // Fail fast: at most the 2 s connect timeout (a default `Wait` policy would hold
+            // it for 60 s); 10 s leaves a margin of 8 s for load.
+            let asked = Instant::now();
             let refused = svc.clone().oneshot(keyed_request(key)).await;
             assert_eq!(
                 Outcome::of(&refused),
                 Outcome::Failed,
                 "{key}: a store failure"
+            );
+            assert!(
+                asked.elapsed() < Duration::from_secs(10),
+                "{key}: {:?}",
+                asked.elapsed()
             );
         }
         assert_eq!(
