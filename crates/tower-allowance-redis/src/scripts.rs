@@ -34,7 +34,7 @@ use tower_allowance::rule::{
     Admission, AdmitRequest, BudgetParams, ClosedBy, Deferred, Event, Op, Params, ProbeOutcome,
     Reply, Reservation, StoreState, Unit, ADDITIVE_INCREASE_PERIOD_US, BUDGET_SLOTS, CUT_PER_MILLE,
     EVENT_WORDS, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US, FOREVER, MAX_DELAY_US, MAX_LIMITS,
-    PENDING_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
+    PENDING_GRACE_US, ROUND_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
 };
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
@@ -86,7 +86,8 @@ fn constants() -> String {
          local SLOW_START_DOUBLING_US = {SLOW_START_DOUBLING_US}\n\
          local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
          local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
-         local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n"
+         local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n\
+         local ROUND_GRACE_US = {ROUND_GRACE_US}\n"
     )
 }
 

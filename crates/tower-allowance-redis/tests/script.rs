@@ -7,8 +7,8 @@ use redis::{aio::MultiplexedConnection, Script};
 use tower_allowance::{
     rule::{
         ADDITIVE_INCREASE_PERIOD_US, BUDGET_SLOTS, CUT_PER_MILLE, EVENT_WORDS, FAST_CUT_PER_MILLE,
-        FAST_CUT_WINDOW_US, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US, SLOT_GRANULARITY_US,
-        SLOW_START_DOUBLING_US,
+        FAST_CUT_WINDOW_US, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US, ROUND_GRACE_US,
+        SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
     },
     Allowance, AllowanceConfig,
 };
@@ -39,7 +39,8 @@ fn constants() -> String {
          local SLOW_START_DOUBLING_US = {SLOW_START_DOUBLING_US}\n\
          local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
          local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
-         local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n"
+         local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n\
+         local ROUND_GRACE_US = {ROUND_GRACE_US}\n"
     )
 }
 

@@ -30,7 +30,8 @@ local function effective_limits(at)
     tol[l] = P.tol[l]
   end
   local saved = now
-  now = at
+  -- The rate when the next slot falls: after the last one reserved (rule/adaptive.rs).
+  now = math.max(at, s.ru)
   local rate = adaptive_rate()
   now = saved
   if rate then
@@ -42,16 +43,18 @@ local function effective_limits(at)
   return iv, tol
 end
 
--- A throttling response cuts the adaptive rate, once per round of requests in flight.
+-- A throttling response cuts the adaptive rate once per round (sent until s.rr, the last
+-- slot reserved before the last cut, moved with the schedule by cooldowns since).
 local function cut_rate(age)
   local rate = adaptive_rate()
   if rate then
     local sent = sat_sub(now, age)
-    if s.ca == 0 or sent > s.ca then
+    if s.ca == 0 or sent > math.max(s.ca, s.rr + ROUND_GRACE_US) then
       local keep = CUT_PER_MILLE
       if s.ca ~= 0 and now - s.ca < FAST_CUT_WINDOW_US then keep = FAST_CUT_PER_MILLE end
       s.rc = math.max(math.floor(rate * keep / 1000), math.max(P.ad_floor, 1))
       s.ca = math.max(now, 1)
+      s.rr = math.max(s.ru, now)
     end
   end
 end

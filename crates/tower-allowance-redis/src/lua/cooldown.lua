@@ -45,6 +45,7 @@ local function extend_cooldown(delay)
     s['t' .. l] = s['t' .. l] + shift[l]
     if shift[l] > 0 then moved = true end
   end
+  if P.ad_on == 1 and s.rr > now then s.rr = s.rr + shift[1] end
   if moved then
     local last = until_us
     for l = 1, P.n do last = math.max(last, sat_sub(s['t' .. l], P.tol[l])) end

@@ -58,7 +58,7 @@ for i = 0, BUDGET_SLOTS - 1 do
   BUDGET[#BUDGET + 1] = 'w' .. i
 end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
-local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
+local ADAPTIVE = {'rc', 'ca', 'sa', 'av', 'rr'}
 
 load(BASE)
 if P.ad_on == 1 then load(ADAPTIVE) end

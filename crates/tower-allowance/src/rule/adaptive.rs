@@ -69,7 +69,11 @@ pub const FAST_CUT_WINDOW_US: u64 = 2_500_000;
 /// from the adaptive rate when it adapts.
 pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
     let mut limits = params.limits;
-    if let (Some(rate), Some(a)) = (adaptive_rate(state, now, params), params.adaptive) {
+    // The rate when the next slot falls: after the last one reserved. A schedule reserved
+    // ahead (one slot per waiting worker) is spaced by the rate as it will then be, so a
+    // slow start from far below the limit is not stuck behind slots reserved at its start.
+    let at = now.max(state.reserved_until);
+    if let (Some(rate), Some(a)) = (adaptive_rate(state, at, params), params.adaptive) {
         let interval_us = 1_000_000_000u64.div_ceil(rate.max(1)).max(1);
         limits[0].interval_us = interval_us;
         limits[0].tolerance_us = interval_us.saturating_mul(a.burst).min(MAX_DELAY_US);
@@ -77,12 +81,19 @@ pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParam
     limits
 }
 
-/// A throttling response cuts the adaptive rate, unless the throttled request was sent
-/// before the last cut (one cut per round of requests in flight): see [`throttle`](super::throttle).
+/// A throttling response cuts the adaptive rate once per round: unless the throttled request
+/// was sent in the last cut's round, that is before the cut or on a slot reserved before it
+/// (until `round_until`, the latest slot then reserved, moved with the schedule by the
+/// cooldowns since, give or take [`ROUND_GRACE_US`]). Slots reserved at the old rate go out
+/// at its spacing and may be throttled too; each of their refusals cutting again collapsed
+/// the rate with many workers (one cut per worker's slot). See [`throttle`](super::throttle).
 pub fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64) {
     if let Some(rate) = adaptive_rate(state, now, params) {
         let sent = now.saturating_sub(age_us);
-        if state.cut_at == 0 || sent > state.cut_at {
+        let round_end = state
+            .cut_at
+            .max(state.round_until.saturating_add(ROUND_GRACE_US));
+        if state.cut_at == 0 || sent > round_end {
             let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
             let keep = if fast {
                 FAST_CUT_PER_MILLE
@@ -92,9 +103,14 @@ pub fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64) {
             let floor = params.adaptive.map_or(1, |a| a.floor_milli.max(1));
             state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
             state.cut_at = now.max(1);
+            state.round_until = state.reserved_until.max(now);
         }
     }
 }
+
+/// A request sent this long after the end of a cut's round still belongs to it (1 ms, the
+/// slots' granularity: a timer firing late on the last slot reserved before the cut).
+pub const ROUND_GRACE_US: u64 = 1_000;
 
 /// A server advertised its rate: the adaptive rate is capped at it from now on and, when
 /// configured to adopt it, restarts from it. Returns the adaptive rate now (0: not adaptive).

@@ -54,6 +54,10 @@ pub fn extend_cooldown(
     for (l, s) in shift.iter().enumerate().take(params.limit_count) {
         state.tat[l] = state.tat[l].saturating_add(*s);
     }
+    if state.round_until > now {
+        // An adaptive rate's round moves with the slots reserved in it.
+        state.round_until = state.round_until.saturating_add(shift[0]);
+    }
     if shift.iter().any(|s| *s > 0) {
         // The last reservation's new slot: where every limit conforms again.
         let mut last = until;

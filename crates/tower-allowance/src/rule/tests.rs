@@ -742,11 +742,11 @@ fn adaptive_rate_starts_slow_then_cuts_and_grows_additively() {
     throttle_at(&mut s, 5_000_010, &p, 10);
     assert_eq!(rate(&s, 5_000_010), (27_200 + 272) * 700 / 1000);
     assert!(rate(&s, 5_000_010) < 20_000);
-    // Never below the floor.
+    // Never below the floor (each a round of its own: sent after the one before).
     for i in 0..40 {
-        throttle_at(&mut s, 5_000_020 + i, &p, 0);
+        throttle_at(&mut s, 5_000_020 + i * 2_000, &p, 0);
     }
-    assert_eq!(rate(&s, 5_000_100), 500);
+    assert_eq!(rate(&s, 5_100_000), 500);
 }
 
 #[test]
@@ -759,6 +759,64 @@ fn adaptive_rate_meters_admissions_at_the_current_rate() {
         .map(|_| admitted_at(0, admit_at(&mut s, 0, &p, FIRST)).expect("admitted") / 1_000)
         .collect();
     assert_eq!(at, [0, 0, 0, 0, 500, 1000]);
+}
+
+#[test]
+#[cfg(feature = "adaptive")]
+fn a_slow_start_spaces_a_schedule_reserved_ahead_by_its_rate_then() {
+    // Sixteen workers at once from 2/s: each slot is spaced by the rate when it falls (after
+    // the last one reserved), not all by the 2/s of the first admission (7.5 s for the last).
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    let at: Vec<u64> = (0..16)
+        .map(|_| admitted_at(0, admit_at(&mut s, 0, &p, FIRST)).expect("admitted") / 1_000)
+        .collect();
+    assert_eq!(
+        at,
+        [0, 0, 0, 0, 500, 1000, 1500, 2750, 3375, 3688, 3750, 3813, 3875, 3938, 4000, 4063]
+    );
+}
+
+#[test]
+#[cfg(feature = "adaptive")]
+fn an_adaptive_rate_is_cut_once_per_round_of_reserved_slots() {
+    let p = adaptive_params(200.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    let rate = |s: &State, now| adaptive_rate(s, now, &p).expect("adaptive");
+    // Twenty workers at once at 200/s: four now, sixteen reserved 5 ms apart (to 80 ms).
+    let slots: Vec<u64> = (0..20)
+        .map(|_| admitted_at(1, admit_at(&mut s, 1, &p, FIRST)).expect("admitted"))
+        .collect();
+    assert_eq!(slots[4..6], [6_000, 11_000]);
+    assert_eq!(slots[19], 81_000);
+    let throttle = |s: &mut State, now: u64| {
+        let _ = apply(
+            s,
+            now,
+            &p,
+            &Op::Throttle {
+                delay_us: Some(1_000_000),
+                age_us: 0,
+            },
+        );
+    };
+    // The fifth, sent at 5 ms, is throttled: cut to 170/s, and the round is every slot
+    // reserved until then; the cooldown (1 s) moves them, and the round with them.
+    throttle(&mut s, 5_001);
+    assert_eq!(rate(&s, 5_001), 170_000);
+    assert_eq!(s.round_until, 1_081_000);
+    // The slots of that round, sent after the cooldown at the old spacing and throttled
+    // again, do not cut again (each used to: a cut per waiting worker).
+    throttle(&mut s, 1_030_001);
+    throttle(&mut s, 2_040_001);
+    assert_eq!((s.rate_at_cut, s.cut_at), (170_000, 5_001));
+    assert_eq!(s.round_until, 3_081_000, "moved by both cooldowns");
+    // A request reserved after the cut, sent after the round, is throttled: a new cut.
+    let next = admitted_at(2_050_001, admit_at(&mut s, 2_050_001, &p, FIRST)).expect("admitted");
+    assert_eq!(next, 3_083_000);
+    throttle(&mut s, next);
+    let before = 170_000 + 170_000 * (next - 5_001) / 100_000_000;
+    assert_eq!((s.rate_at_cut, s.cut_at), (before * 850 / 1_000, next));
 }
 
 #[test]
