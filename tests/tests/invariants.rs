@@ -403,3 +403,41 @@ async fn a_cancelled_slot_goes_to_the_next_waiter() {
     assert_eq!(last.await.expect("task").as_millis(), 800);
     assert_eq!(allowance.snapshot().admitted, 9);
 }
+
+/// Two processes on one store: a slot the store cannot take back (the other process reserved
+/// after it) is kept as a spare for this process's next arrival, instead of being lost.
+#[tokio::test(start_paused = true)]
+async fn a_slot_the_store_refuses_goes_to_the_next_local_arrival() {
+    let store = Arc::new(tower_allowance::store::MemoryStore::new());
+    let config = AllowanceConfig::per_second(10, 1).expect("valid");
+    let (p1, p2) = (
+        Allowance::with_store(config.clone(), store.clone()),
+        Allowance::with_store(config, store),
+    );
+    let start = Instant::now();
+    p1.acquire().await.expect("the first is admitted now");
+    let wait = |a: &Allowance| {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.acquire().await.expect("admitted");
+            start.elapsed().as_millis()
+        })
+    };
+    let a = wait(&p1); // 100 ms
+    tokio::task::yield_now().await;
+    let b = wait(&p2); // 200 ms: the store's tail
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    a.abort();
+    let _ = a.await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let c = wait(&p1); // takes the spare: 100 ms, not 300 ms
+    assert_eq!(c.await.expect("task"), 100);
+    assert_eq!(b.await.expect("task"), 200);
+    assert_eq!(
+        wait(&p1).await.expect("task"),
+        300,
+        "then the store's next slot"
+    );
+    assert_eq!(p1.snapshot().admitted, 3);
+}
