@@ -116,10 +116,10 @@ async fn restart_after_cooldown_is_metered() {
     assert_eq!(times, [2000, 2000, 2500, 3000, 3500, 4000, 4500, 5000]);
 }
 
-/// A waiter cancelled in the middle of the schedule leaves its slot unused: a bounded loss
-/// of one slot, never a stall and never an extra admission.
+/// A waiter cancelled in the middle of the schedule hands its slot down: the waiter behind
+/// it moves up, the tail goes back to the schedule; never a stall, never an extra admission.
 #[tokio::test(start_paused = true)]
-async fn cancelled_waiter_in_the_middle_costs_at_most_its_slot() {
+async fn cancelled_waiter_in_the_middle_hands_its_slot_down() {
     let allowance = allowance(2, 1); // one token per 500 ms
     allowance.acquire().await.expect("first"); // spend the burst
     let start = Instant::now();
@@ -146,10 +146,12 @@ async fn cancelled_waiter_in_the_middle_costs_at_most_its_slot() {
     cancelled.abort();
     assert!(cancelled.await.expect_err("aborted").is_cancelled());
     assert_eq!(allowance.snapshot().waiting, 2);
-    // The others keep their slots: no stall; the cancelled slot (1000 ms) stays unused.
+    // The third takes the cancelled slot (1000 ms); its own (1500 ms) goes to the next caller.
     assert_eq!(first.await.expect("a"), 500);
-    assert_eq!(third.await.expect("c"), 1500);
-    assert_eq!(allowance.snapshot().admitted, 3);
+    assert_eq!(third.await.expect("c"), 1000);
+    allowance.acquire().await.expect("next");
+    assert_eq!(ms_since(start), 1500);
+    assert_eq!(allowance.snapshot().admitted, 4);
 }
 
 /// The latest waiter, cancelled, gives its slot back: the next caller gets it.
@@ -194,8 +196,8 @@ async fn cancelling_the_head_does_not_stall_the_queue() {
     let _ = head.await;
     assert_eq!(
         next.await.expect("next"),
-        2000,
-        "the next waiter keeps its own slot: no stall (the head's slot is the bounded loss)"
+        1000,
+        "the next waiter takes the head's slot"
     );
 }
 
@@ -306,9 +308,9 @@ async fn later_cooldown_fails_doomed_waiters_promptly() {
         "failed when the cooldown arrived, not at its deadline"
     );
     // Pending slots (1 s, 2 s, 3 s) move back by the cooldown that was added (30 s from
-    // 200 ms): order and spacing kept; the doomed waiter's slot is the bounded loss.
+    // 200 ms): order and spacing kept; the doomed waiter's slot goes to the patient one.
     assert_eq!(head.await.expect("task"), (Ok(()), 31_000));
-    assert_eq!(patient.await.expect("task"), (Ok(()), 33_000));
+    assert_eq!(patient.await.expect("task"), (Ok(()), 32_000));
 }
 
 #[tokio::test(start_paused = true)]

@@ -192,9 +192,8 @@ proptest! {
 }
 
 /// 5,000 waiters; half dropped at random moments; deadlines expiring; cooldowns arriving.
-/// Every survivor is admitted, in order; no token goes to a cancelled waiter; and the only
-/// slots lost are the reserved slots of callers that left (at most one each) and the time
-/// cooldowns added: the run is never longer than that explains.
+/// Every survivor is admitted, in order; no token goes to a cancelled waiter; and no slot is
+/// lost: the run is never longer than its admissions and the time cooldowns added.
 #[tokio::test(start_paused = true)]
 async fn cancellation_storm() {
     const N: usize = 5_000;
@@ -266,11 +265,12 @@ async fn cancellation_storm() {
         by_arrival.windows(2).all(|w| w[0].1 <= w[1].1),
         "FIFO among survivors"
     );
-    // Bounded loss: the run spans at most one interval per admission, per caller that left
-    // (cancelled, or failed by its deadline), and the time cooldowns added.
+    // Nothing lost: a caller that left (cancelled, or failed by its deadline) handed its slot
+    // down the line, so the run spans one interval per admission and the time cooldowns added
+    // (one interval of slack for the first admission's place on the grid).
     let left = cancelled.iter().filter(|c| **c).count() + log.iter().filter(|e| !e.2).count();
     let span_us = admitted.last().map_or(0, |a| a.1) - admitted.first().map_or(0, |a| a.1);
-    let bound_us = (admitted.len() + left) as u64 * 1_000 + cooldown_added.as_micros() as u64;
+    let bound_us = (admitted.len() + 1) as u64 * 1_000 + cooldown_added.as_micros() as u64;
     let idle_us = span_us.saturating_sub(admitted.len() as u64 * 1_000);
     eprintln!(
         "storm: {} admitted, {left} left, span {} ms, idle {} ms ({:.1}% of the run), cooldowns {} ms",
@@ -355,4 +355,89 @@ async fn absurd_values_are_typed_errors_never_panics() {
     ] {
         assert!(AllowanceConfig::new(rate, period, burst).is_err());
     }
+}
+
+/// A waiter that leaves hands its slot down the line: every later waiter moves up one slot,
+/// in order, the tail goes back to the schedule, and no two sends are closer than the
+/// interval (burst 1): 10/s, nine waiters behind a first admission, two cancelled.
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_slot_goes_to_the_next_waiter() {
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 1).expect("valid"));
+    let start = Instant::now();
+    allowance
+        .acquire()
+        .await
+        .expect("the first is admitted now");
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for id in 1..10 {
+        let (a, log) = (allowance.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            a.acquire().await.expect("admitted");
+            log.lock().expect("lock").push((id, start.elapsed()));
+        }));
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    tasks[2].abort(); // waiter 3, due at 300 ms
+    tasks[5].abort(); // waiter 6, due at 600 ms
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let late = allowance.clone();
+    let last = tokio::spawn(async move {
+        late.acquire().await.expect("admitted");
+        start.elapsed()
+    });
+    for t in tasks {
+        let _ = t.await;
+    }
+    let log = log.lock().expect("lock").clone();
+    let ids: Vec<u32> = log.iter().map(|e| e.0).collect();
+    assert_eq!(ids, [1, 2, 4, 5, 7, 8, 9], "in order");
+    let ms: Vec<u128> = log.iter().map(|e| e.1.as_millis()).collect();
+    assert_eq!(
+        ms,
+        [100, 200, 300, 400, 500, 600, 700],
+        "moved up, one slot each"
+    );
+    // Both freed slots went back: the next arrival is right behind the last waiter.
+    assert_eq!(last.await.expect("task").as_millis(), 800);
+    assert_eq!(allowance.snapshot().admitted, 9);
+}
+
+/// Two processes on one store: a slot the store cannot take back (the other process reserved
+/// after it) is kept as a spare for this process's next arrival, instead of being lost.
+#[tokio::test(start_paused = true)]
+async fn a_slot_the_store_refuses_goes_to_the_next_local_arrival() {
+    let store = Arc::new(tower_allowance::store::MemoryStore::new());
+    let config = AllowanceConfig::per_second(10, 1).expect("valid");
+    let (p1, p2) = (
+        Allowance::with_store(config.clone(), store.clone()),
+        Allowance::with_store(config, store),
+    );
+    let start = Instant::now();
+    p1.acquire().await.expect("the first is admitted now");
+    let wait = |a: &Allowance| {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.acquire().await.expect("admitted");
+            start.elapsed().as_millis()
+        })
+    };
+    let a = wait(&p1); // 100 ms
+    tokio::task::yield_now().await;
+    let b = wait(&p2); // 200 ms: the store's tail
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    a.abort();
+    let _ = a.await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let c = wait(&p1); // takes the spare: 100 ms, not 300 ms
+    assert_eq!(c.await.expect("task"), 100);
+    assert_eq!(b.await.expect("task"), 200);
+    assert_eq!(
+        wait(&p1).await.expect("task"),
+        300,
+        "then the store's next slot"
+    );
+    assert_eq!(p1.snapshot().admitted, 3);
 }

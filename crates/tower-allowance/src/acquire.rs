@@ -20,7 +20,7 @@ use std::{
     ops::Deref,
     pin::Pin,
     sync::Arc,
-    task::{ready, Context, Poll},
+    task::{ready, Context, Poll, Waker},
     time::Duration,
 };
 
@@ -124,6 +124,9 @@ pub(crate) fn begin(
     let started = *progress.started.get_or_insert(now);
     let overloaded =
         shared.holders.waiting() >= shared.config.max_waiters() + usize::from(progress.in_outage);
+    if let Some(Some((id, at))) = (!overloaded).then(|| shared.holders.take_spare(now, options)) {
+        return Begin::Hold(id, at);
+    }
     let deposits = shared.take_deposits();
     let mut req = if options.retry {
         AdmitRequest::retry()
@@ -184,29 +187,11 @@ fn decide(
         }
         Admission::Reserved { wait, reservation } => {
             let at = now.checked_add(wait).unwrap_or(now);
-            // The waker is replaced on the first poll; until then nothing can wake us late.
-            let (id, check) =
-                shared
-                    .holders
-                    .register(reservation, at, options.deadline, futures_noop_waker());
-            match check {
-                Check::Wait(at) => Begin::Hold(id, at),
-                Check::Reask => {
-                    // Reserved in a state already replaced: ask the current one.
-                    shared.holders.remove(id);
-                    Begin::Outage(now)
-                }
-                Check::Closed(e) => {
-                    shared.holders.remove(id);
-                    Begin::Ready(Err(exhausted(shared, progress, e)))
-                }
-                Check::Doomed | Check::Gone => {
-                    if let Some(res) = shared.holders.remove(id) {
-                        shared.release(res);
-                    }
-                    Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))
-                }
-            }
+            // Its checks (a state already replaced, a closure, a deadline) come on the first
+            // poll, which also replaces the waker; until then nothing can wake us late.
+            let id =
+                (shared.holders).register(reservation, at, options.deadline, Some(Waker::noop()));
+            Begin::Hold(id, at)
         }
         Admission::Refused { .. } if asked.overloaded => {
             shared.stats.abandon(AbandonReason::Overloaded);
@@ -217,11 +202,8 @@ fn decide(
         }
         Admission::BudgetExhausted => {
             tracing::debug!(allowance = &*shared.name, "retry budget exhausted");
-            Begin::Ready(Err(abandon(
-                shared,
-                progress,
-                AbandonReason::BudgetExhausted,
-            )))
+            let reason = AbandonReason::BudgetExhausted;
+            Begin::Ready(Err(abandon(shared, progress, reason)))
         }
         Admission::Closed { until, by } => {
             let e = Exhausted::new(until.and_then(|d| now.checked_add(d)), by);
@@ -293,11 +275,6 @@ fn exhausted(shared: &Shared, progress: &mut Progress, e: Exhausted) -> AcquireE
     AcquireError::Exhausted(e)
 }
 
-/// A waker that does nothing, for registering before the first poll supplies the real one.
-fn futures_noop_waker() -> &'static std::task::Waker {
-    std::task::Waker::noop()
-}
-
 pin_project! {
     #[project = StateProj]
     enum State {
@@ -324,8 +301,8 @@ pin_project! {
             let this = this.project();
             if let StateProj::Holding { id, .. } = this.state.project() {
                 // Left before its slot: give the slot back (a bounded loss when it cannot be).
-                if let Some(res) = this.shared.holders.remove(*id) {
-                    this.shared.release(res);
+                if let Some((res, at)) = this.shared.holders.remove(*id) {
+                    this.shared.release(res, at);
                 }
             }
             end_outage(this.shared, this.progress);
@@ -410,16 +387,8 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     begin(shared, this.options, this.progress, now)
                 }
                 StateProj::Asking { fut, asked } => {
-                    let result = ready!(fut.as_mut().poll(cx));
-                    let asked = *asked;
-                    decide(
-                        shared,
-                        this.options,
-                        this.progress,
-                        Instant::now(),
-                        result,
-                        asked,
-                    )
+                    let (result, now) = (ready!(fut.as_mut().poll(cx)), Instant::now());
+                    decide(shared, this.options, this.progress, now, result, *asked)
                 }
                 StateProj::Holding { id, mut sleep } => {
                     let id = *id;
@@ -431,9 +400,8 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             ready!(sleep.poll(cx));
                             shared.holders.remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
-                            shared
-                                .stats
-                                .admitted(Some(waited.unwrap_or_default()), this.options.retry);
+                            let waited = waited.unwrap_or_default();
+                            shared.stats.admitted(Some(waited), this.options.retry);
                             Begin::Ready(Ok(()))
                         }
                         Check::Closed(e) => {
@@ -441,14 +409,11 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             Begin::Ready(Err(exhausted(shared, this.progress, e)))
                         }
                         Check::Doomed => {
-                            if let Some(res) = shared.holders.remove(id) {
-                                shared.release(res);
+                            if let Some((res, at)) = shared.holders.remove(id) {
+                                shared.release(res, at);
                             }
-                            Begin::Ready(Err(abandon(
-                                shared,
-                                this.progress,
-                                AbandonReason::Deadline,
-                            )))
+                            let reason = AbandonReason::Deadline;
+                            Begin::Ready(Err(abandon(shared, this.progress, reason)))
                         }
                         Check::Reask => {
                             // The store lost the state this slot was reserved in (and every

@@ -138,6 +138,17 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
 /// Gives a reserved slot back: each limit whose schedule still ends with this reservation
 /// moves back by its units; a retry's budget unit is refunded. Returns whether every limit
 /// took its slot back (otherwise the rest is a bounded loss: at most this one slot).
+///
+/// Only the tail can go back: a slot in the middle of the schedule has later slots granted
+/// after it, and moving the schedule back under them would grant one instant twice. So a
+/// process first hands a leaving holder's slot down its own line (each later holder of the
+/// same cost moves up one slot, the last one's slot is released here: the tail whenever no
+/// other process reserved since), and keeps a slot this refuses as a spare for its next
+/// arrival (`shared/holders.rs`). Every send stays on an instant this rule granted, used
+/// once, never later than granted: nothing goes over the rate. What remains lost: a spare
+/// no local arrival takes before its instant passes (the end of a run; a process whose
+/// callers stop coming; a retry reserved behind it), a slot already due when its holder
+/// leaves, and, with several limits, a release some of them refused.
 pub fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
     if res.generation != state.generation {
         // Made in a state that is gone: the current one never scheduled it.

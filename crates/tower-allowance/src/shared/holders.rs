@@ -18,6 +18,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
+    acquire::AcquireOptions,
     error::Exhausted,
     rule::{Applied, ClosedBy, Event, EventKind, Params, Reservation, FOREVER},
 };
@@ -48,6 +49,8 @@ struct Entry {
     closed: Option<Exhausted>,
     /// Reserved in a state the store has since lost.
     lost: bool,
+    /// A slot nobody holds, kept for the next arrival.
+    spare: bool,
 }
 
 /// The local view of the shared state, for snapshots.
@@ -151,16 +154,17 @@ impl Holders {
         self.lock().known.closed = Some(closed);
     }
 
-    /// Registers a holder of `reservation`, due at `at`; applies any event it missed.
+    /// Registers a holder of `reservation`, due at `at`; applies any event it missed. Without
+    /// a waker, a spare: a slot nobody holds, last in the line, for [`Holders::take_spare`].
     pub(crate) fn register(
         &self,
         reservation: Reservation,
         at: Instant,
         deadline: Option<Instant>,
-        waker: &Waker,
-    ) -> (u64, Check) {
+        waker: Option<&Waker>,
+    ) -> u64 {
         let mut wake = Vec::new();
-        let (id, check) = {
+        let id = {
             let mut r = self.lock();
             r.adopt(reservation.generation(), &mut wake);
             self.generation.store(r.generation, Ordering::Relaxed);
@@ -170,18 +174,22 @@ impl Holders {
                 reservation,
                 at,
                 deadline,
-                waker: Some(waker.clone()),
+                waker: waker.cloned(),
                 closed: None,
                 lost: false,
+                spare: waker.is_none(),
             };
             catch_up(&mut entry, &r.log, &self.params);
-            let check = entry.check();
+            if entry.spare {
+                pass_down(&mut r, &mut entry, &mut wake);
+            }
             r.entries.insert(id, entry);
-            (id, check)
+            id
         };
-        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.waiting
+            .fetch_add(usize::from(waker.is_some()), Ordering::AcqRel);
         wake.into_iter().for_each(Waker::wake);
-        (id, check)
+        id
     }
 
     /// The holder's current instruction; keeps `waker` for the next change.
@@ -197,11 +205,44 @@ impl Holders {
         entry.check()
     }
 
-    /// Removes a holder (its slot came, or it left); returns its reservation as it stands.
-    pub(crate) fn remove(&self, id: u64) -> Option<Reservation> {
-        let entry = self.lock().entries.remove(&id)?;
+    /// Removes a holder (its slot came, or it left); one that leaves before its slot hands
+    /// it down the line ([`pass_down`]). Returns the line's last slot, the schedule's tail
+    /// unless another process reserved since, for the store to take back, and its instant.
+    pub(crate) fn remove(&self, id: u64) -> Option<(Reservation, Instant)> {
+        let (mut wake, mut r) = (Vec::new(), self.lock());
+        let mut freed = r.entries.remove(&id)?;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
-        Some(entry.reservation)
+        pass_down(&mut r, &mut freed, &mut wake);
+        drop(r);
+        wake.into_iter().for_each(Waker::wake);
+        Some((freed.reservation, freed.at))
+    }
+
+    /// A slot the store did not take back (another process reserved after it) is kept as a
+    /// spare, if of the current state and with one limit (with more, the store may have taken
+    /// it back from some); its budget unit was refunded.
+    pub(crate) fn keep_spare(&self, mut reservation: Reservation, at: Instant) {
+        if self.params.limit_count == 1 && reservation.generation == self.generation() {
+            reservation.retry = false;
+            self.register(reservation, at, None, None);
+        }
+    }
+
+    /// Takes the earliest spare still to come that a first attempt (without `not_before`) can
+    /// use by its deadline: registered as its holder, without asking the store (it granted it).
+    pub(crate) fn take_spare(&self, now: Instant, o: &AcquireOptions) -> Option<(u64, Instant)> {
+        let mut r = self.lock();
+        (r.entries).retain(|_, e| !e.spare || e.at > now && !e.lost && e.closed.is_none());
+        // Only a spare behind every holder: an arrival never goes before an earlier one.
+        let last = r.entries.values().filter(|e| !e.spare).map(|e| e.at).max();
+        let (id, e) = (r.entries.iter_mut())
+            .filter(|(_, e)| e.spare && e.reservation.cost == o.cost.unwrap_or(1))
+            .filter(|(_, e)| !o.retry && o.not_before.is_none() && last.is_none_or(|l| l <= e.at))
+            .filter(|(_, e)| o.deadline.is_none_or(|d| d >= e.at))
+            .min_by_key(|(_, e)| e.at)?;
+        (e.spare, e.deadline) = (false, o.deadline);
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        Some((*id, e.at))
     }
 
     /// Applies `event` (from a reply or from another process) to every holder, once, in epoch
@@ -285,6 +326,30 @@ impl Holders {
             }
         }
         wake.into_iter().for_each(Waker::wake);
+    }
+}
+
+/// Hands a leaving holder's slot down the line: each later holder of the same cost and state
+/// takes the slot before its own (keeping its own budget unit), so the order holds, no slot is
+/// used twice and none moves later; `freed` ends with the last one's. A slot already due is
+/// not handed on: sent now, it would be late, closer to the next than the rule spaced them.
+fn pass_down(r: &mut Registry, freed: &mut Entry, wake: &mut Vec<Waker>) {
+    if freed.lost || freed.closed.is_some() || freed.at <= Instant::now() {
+        return;
+    }
+    let (cost, generation) = (freed.reservation.cost, freed.reservation.generation);
+    let mut later: Vec<&mut Entry> = (r.entries.values_mut())
+        .filter(|e| e.at > freed.at && !e.lost && e.closed.is_none())
+        .filter(|e| e.reservation.cost == cost && e.reservation.generation == generation)
+        .collect();
+    later.sort_unstable_by_key(|e| e.at);
+    for e in later {
+        std::mem::swap(&mut e.reservation, &mut freed.reservation);
+        std::mem::swap(&mut e.at, &mut freed.at);
+        let (a, b) = (&mut e.reservation, &mut freed.reservation);
+        (a.retry, a.budget_slot, b.retry, b.budget_slot) =
+            (b.retry, b.budget_slot, a.retry, a.budget_slot);
+        wake.extend(e.waker.take());
     }
 }
 

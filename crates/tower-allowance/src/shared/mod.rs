@@ -226,30 +226,30 @@ impl Shared {
         }
         match self.apply(Instant::now(), Op::Advertise { rate_milli }) {
             Applying::Done(_) => {}
-            Applying::Pending(fut) => {
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(fut);
-                }
-            }
+            Applying::Pending(fut) => spawn(fut),
         }
     }
 
-    /// Gives a slot back whose holder left before using it (best effort: a release that
-    /// cannot be made is a bounded loss of one slot).
-    pub(crate) fn release(&self, reservation: Reservation) {
-        let op = Op::Release(reservation);
-        match self.apply(Instant::now(), op) {
-            Applying::Done(_) => {}
-            Applying::Pending(fut) => {
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(async move {
-                        if let Err(e) = fut.await {
-                            tracing::debug!(error = %e, "could not release a reserved slot");
-                        }
-                    });
-                }
-            }
+    /// Gives a slot back whose holder left before using it (due at `at`): a slot the store
+    /// cannot take back is kept for this process's next arrival ([`Holders::keep_spare`]).
+    pub(crate) fn release(&self, reservation: Reservation, at: Instant) {
+        let holders = self.holders.clone();
+        let kept = move |r: Result<Reply, StoreError>| match r {
+            Ok(Reply::Release { released: false }) => holders.keep_spare(reservation, at),
+            Err(e) => tracing::debug!(error = %e, "could not release a reserved slot"),
+            Ok(_) => {}
+        };
+        match self.apply(Instant::now(), Op::Release(reservation)) {
+            Applying::Done(r) => kept(r),
+            Applying::Pending(fut) => spawn(async move { kept(fut.await) }),
         }
+    }
+}
+
+/// Runs `fut` on the current runtime, if there is one (best effort, like what it does).
+fn spawn<F: std::future::Future<Output: Send> + Send + 'static>(fut: F) {
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        handle.spawn(fut);
     }
 }
 
