@@ -195,7 +195,7 @@ fn decide(
         }
         Admission::Refused { .. } if asked.overloaded => {
             shared.stats.abandon(AbandonReason::Overloaded);
-            Begin::Ready(Err(AcquireError::Overloaded(Overloaded::new())))
+            Begin::Ready(Err(AcquireError::Overloaded(Overloaded {})))
         }
         Admission::Refused { .. } => {
             Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))

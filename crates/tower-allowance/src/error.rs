@@ -161,12 +161,6 @@ impl std::error::Error for Abandoned {}
 #[non_exhaustive]
 pub struct Overloaded {}
 
-impl Overloaded {
-    pub(crate) const fn new() -> Self {
-        Self {}
-    }
-}
-
 impl fmt::Display for Overloaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("allowance wait queue is full")
