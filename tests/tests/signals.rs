@@ -458,13 +458,14 @@ async fn a_throttling_response_combines_its_waits_by_one_rule() {
     }
 }
 
+/// An upstream, boxed.
+type Upstream = tower::util::BoxCloneService<Request<String>, Response<String>, Infallible>;
+
+/// When each request reached an upstream, from its start.
+type Arrivals = Arc<Mutex<Vec<Duration>>>;
+
 /// An upstream answering `first` once, then 200s, recording when each request arrived.
-fn once_then_ok(
-    first: Response<String>,
-) -> (
-    tower::util::BoxCloneService<Request<String>, Response<String>, Infallible>,
-    Arc<Mutex<Vec<Duration>>>,
-) {
+fn once_then_ok(first: Response<String>) -> (Upstream, Arrivals) {
     let start = Instant::now();
     let sent = Arc::new(Mutex::new(Vec::new()));
     let seen = sent.clone();
