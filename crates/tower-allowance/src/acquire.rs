@@ -32,49 +32,8 @@ use crate::{
     rule::{Admission, AdmitRequest, Op, Reply},
     shared::{holders::Check, Applying, Shared},
     store::{StoreError, StoreFuture, WrongReply},
-    OutagePolicy,
+    AcquireOptions, OutagePolicy,
 };
-
-/// Options for one admission; see [`Allowance::acquire_with`](crate::Allowance::acquire_with).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AcquireOptions {
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) retry: bool,
-    pub(crate) cost: Option<u32>,
-    pub(crate) not_before: Option<Duration>,
-}
-
-impl AcquireOptions {
-    /// A first attempt of cost 1, without a deadline.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Fail with [`AbandonReason::Deadline`] rather than be admitted after `deadline`; nothing
-    /// is reserved when the slot would be later.
-    pub fn deadline(mut self, deadline: Instant) -> Self {
-        self.deadline = Some(deadline);
-        self
-    }
-
-    /// This attempt is a retry: spend one unit of the shared retry budget in the same step.
-    pub fn retry(mut self, retry: bool) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// The attempt's cost, charged to limits that count cost (default 1).
-    pub fn cost(mut self, cost: u32) -> Self {
-        self.cost = Some(cost);
-        self
-    }
-
-    /// Not before `delay` from now (a server's `Retry-After`, a backoff).
-    pub fn not_before(mut self, delay: Duration) -> Self {
-        self.not_before = Some(delay);
-        self
-    }
-}
 
 /// The first step of an admission, made synchronously where the store allows it.
 pub(crate) enum Begin {

@@ -129,12 +129,12 @@ pub use crate::allowance::RateLimitObservation;
 #[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub use crate::config::AdaptiveRate;
 pub use crate::{
-    acquire::{Acquire, AcquireOptions},
+    acquire::Acquire,
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
     config::{
         AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
     },
-    extensions::{Attempt, Cost, Deadline},
+    extensions::{AcquireOptions, Attempt, Cost, Deadline},
     layer::AllowanceLayer,
     outcome::Outcome,
     rule::MAX_DELAY,

@@ -6,8 +6,8 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use crate::{
-    acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
-    extensions::{Attempt, Cost, SentAt},
+    acquire::{self, Begin, OwnedAdmit, Progress},
+    extensions::{AcquireOptions, Attempt, Cost, SentAt},
     retry::ticket::{RetryTicket, Ticket},
     Allowance, BoxError, Deadline,
 };

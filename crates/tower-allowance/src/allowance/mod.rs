@@ -9,12 +9,12 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    acquire::{Acquire, AcquireOptions, OwnedAcquire},
+    acquire::{Acquire, OwnedAcquire},
     error::{AbandonReason, AcquireError, CooldownError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
     store::{StoreError, WrongReply},
-    AllowanceConfig,
+    AcquireOptions, AllowanceConfig,
 };
 
 mod builder;

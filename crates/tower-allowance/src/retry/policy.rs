@@ -17,12 +17,12 @@ use super::{
     RetryConfig,
 };
 use crate::{
-    acquire::{self, AcquireOptions, Begin, OwnedAdmit, Progress},
+    acquire::{self, Begin, OwnedAdmit, Progress},
     body::{Replay, Replayable},
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
     cooldown::{read_response, FinalAttempt},
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
-    extensions::{Attempt, Cost},
+    extensions::{AcquireOptions, Attempt, Cost},
     shared::Shared,
     Allowance, BoxError, Deadline,
 };

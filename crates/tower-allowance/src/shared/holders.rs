@@ -18,9 +18,9 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    acquire::AcquireOptions,
     error::Exhausted,
     rule::{Applied, ClosedBy, Event, EventKind, Params, Reservation, FOREVER},
+    AcquireOptions,
 };
 
 /// Recent events kept for holders that register (or catch up) late.
