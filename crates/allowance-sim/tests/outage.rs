@@ -180,9 +180,13 @@ async fn check(fault: Fault) {
         "{fault:?}: {early} 429s not explained by delivery jitter (of {}), at most {allowed} allowed",
         rejected.len()
     );
+    // Each 429 that delivery jitter explains (printed above with its cause) costs the whole
+    // group the upstream's `Retry-After: 1` as a shared cooldown: its known price, added to
+    // the bound; any other 429 has already failed the check above.
+    let jitter = strays.iter().filter(|s| s.is_jitter()).count() as u64;
     assert!(
-        report.makespan_ms <= report.min_makespan_ms + slack_ms,
-        "{fault:?}: makespan {} ms > minimum {} + outage {} + 1000 ms",
+        report.makespan_ms <= report.min_makespan_ms + slack_ms + 1000 * jitter,
+        "{fault:?}: makespan {} ms > minimum {} + outage {} + 1000 ms + {jitter} x 1000 ms (jitter 429s)",
         report.makespan_ms,
         report.min_makespan_ms,
         outage.as_millis()
