@@ -193,8 +193,18 @@ async fn a_cooldown_reaches_the_waiters_of_every_process_within_10_ms() {
     );
     assert_eq!(report.completed, 100, "{report:?}");
     // The 429 came while jobs were waiting, and every other 429 is delivery jitter (printed
-    // above with the request that caused it).
-    assert!(cooldown.sent_at_ms < 2000, "{cooldown:?}");
+    // above with the request that caused it). Each such 429 before the forced one held the
+    // group for its 1 s `Retry-After`, so the forced one comes that much later: its known
+    // price, added to the bound.
+    let jitter_before = cooldown
+        .other_429s_at_ms
+        .iter()
+        .filter(|at| **at < cooldown.sent_at_ms)
+        .count() as u64;
+    assert!(
+        cooldown.sent_at_ms < 2000 + 1000 * jitter_before,
+        "{cooldown:?}"
+    );
     assert_eq!(early, 0, "429s not explained by delivery jitter (above)");
 }
 
