@@ -373,6 +373,26 @@ fn cooling(a: &Allowance) -> Option<Duration> {
     a.snapshot().cooling_for
 }
 
+/// Asserts a cooldown until the epoch second `reset`, read from a response that arrived
+/// between the wall times `before` and `after`: its whole-second `Date` is refined by the
+/// local clock, so the wait is the reset minus the arrival (to the millisecond).
+fn assert_until(
+    got: Option<Duration>,
+    reset: u64,
+    before: SystemTime,
+    after: SystemTime,
+    what: &str,
+) {
+    let at = SystemTime::UNIX_EPOCH + Duration::from_secs(reset);
+    let from = |t: SystemTime| at.duration_since(t).unwrap_or_default();
+    let (least, most) = (from(after), from(before) + Duration::from_millis(1));
+    let got = got.unwrap_or_else(|| panic!("{what}: no cooldown"));
+    assert!(
+        (least..=most).contains(&got),
+        "{what}: {got:?} not in {least:?}..={most:?}"
+    );
+}
+
 /// A success saying the allowance is spent until a reset cools it down until the reset,
 /// whatever `Retry-After` (or `retry-after-ms`) it also carries: one longer than the reset
 /// used to wipe it (issue 20).
@@ -393,7 +413,8 @@ async fn a_spent_success_waits_for_its_reset_whatever_its_retry_after() {
             ],
         )
         .await;
-        assert_eq!(cooling(&a), thirty, "github, retry-after {ra}");
+        let what = format!("github, retry-after {ra}");
+        assert_until(cooling(&a), epoch(now) + 30, now, wall(), &what);
         let a = allowance(Dialect::ietf());
         observe(
             &a,
@@ -453,8 +474,17 @@ async fn a_throttling_response_combines_its_waits_by_one_rule() {
             ],
         )
         .await;
-        let longest = Duration::from_secs(want.max(30));
-        assert_eq!(cooling(&a), Some(longest), "github {ra}");
+        if want > 30 {
+            assert_eq!(cooling(&a), Some(Duration::from_secs(want)), "github {ra}");
+        } else {
+            assert_until(
+                cooling(&a),
+                epoch(now) + 30,
+                now,
+                wall(),
+                &format!("github {ra}"),
+            );
+        }
     }
 }
 
@@ -520,14 +550,21 @@ async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
         let svc = ServiceBuilder::new()
             .layer(AllowanceLayer::new(a.clone(), RetryConfig::default()))
             .service(upstream);
+        let before = wall();
         let result = svc.oneshot(Request::new(String::new())).await;
         assert_eq!(
             Outcome::of(&result),
             Outcome::Completed,
             "retried, {wait} s"
         );
-        let wait = Duration::from_secs(wait);
-        assert_eq!(*sent.lock().expect("lock"), [Duration::ZERO, wait]);
+        let sent = sent.lock().expect("lock").clone();
+        assert_eq!((sent.len(), sent[0]), (2, Duration::ZERO));
+        if wait == 60 {
+            assert_eq!(sent[1], Duration::from_secs(60), "retry-after");
+        } else {
+            // The reset, an epoch second, from the response's arrival.
+            assert_until(Some(sent[1]), epoch(now) + 30, before, wall(), "reset");
+        }
         assert_eq!(a.snapshot().retries_spent, 1);
     }
     // Plain 403s: no signals, signals that do not parse, or not the GitHub dialect.
@@ -601,11 +638,8 @@ async fn epoch_milliseconds_and_epoch_legacy_resets_are_read_as_such() {
             ],
         )
         .await;
-        assert_eq!(
-            cooling(&a),
-            Some(Duration::from_secs(30)),
-            "{reset}: {value}"
-        );
+        let what = format!("{reset}: {value}");
+        assert_until(cooling(&a), epoch(now) + 30, now, wall(), &what);
         assert!(a.snapshot().closed.is_none());
     }
 }

@@ -31,8 +31,14 @@ impl AdaptiveRate {
         })
     }
 
-    /// Also adopt a rate the server advertises (`RateLimit-Policy`,
-    /// `x-ratelimit-limit-requests`...) as the current rate, not only cap at it.
+    /// Also adopt a rate the server advertises as the current rate, not only cap at it.
+    ///
+    /// What each dialect advertises, as its provider documents it: IETF `RateLimit-Policy`
+    /// (`q` per `w` seconds); OpenAI's `x-ratelimit-limit-requests` and Anthropic's
+    /// `anthropic-ratelimit-requests-limit` per minute; GitHub's `x-ratelimit-limit` per hour
+    /// (per minute for the `search` and `code_search` resources). A limit without a
+    /// documented window (the legacy `RateLimit-Limit`, a generic `X-RateLimit-Limit`) is
+    /// no rate and is neither adopted nor capped at.
     pub fn adopt_advertised(mut self, adopt: bool) -> Self {
         self.adopt = adopt;
         self

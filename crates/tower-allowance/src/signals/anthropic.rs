@@ -2,6 +2,8 @@
 //! remaining,reset}`, resets as RFC 3339 timestamps; `retry-after` is the
 //! [`RetryAfter`](crate::signals::Reader::RetryAfter) reader's.
 
+use std::time::Duration;
+
 use http::HeaderName;
 
 use super::grammars;
@@ -41,8 +43,9 @@ pub(super) fn read(c: &mut Collector<'_>) {
     for (remaining, reset) in &TOKEN_FAMILIES {
         c.wait_when_spent(reader, remaining, reset, grammars::rfc3339);
     }
+    // Anthropic documents its request limits per minute (RPM), replenished continuously.
     if let Some(limit) = grammars::smallest_count(c.headers, &REQUESTS_LIMIT) {
-        c.limit(limit);
+        c.limit_per(limit, Duration::from_secs(60));
     }
 }
 
@@ -51,7 +54,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::signals::tests::{at, headers};
-    use crate::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
+    use crate::signals::{DateTrust, Dialect, Policy, ReadContext, Reader, Wait};
 
     /// The headers of Anthropic's "Rate limits" page (its response-header table), with
     /// values of ours: a minute's request budget, and token budgets.
@@ -95,6 +98,15 @@ mod tests {
     fn documented_headers() {
         let r = Dialect::anthropic().read(&headers(&EXAMPLE), &cx());
         assert_eq!((r.wait, r.remaining, r.limit), (None, Some(49), Some(50)));
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            r.policy,
+            Some(Policy {
+                quota: 50,
+                window: minute
+            }),
+            "RPM"
+        );
         let r =
             Dialect::anthropic().read(&set("anthropic-ratelimit-requests-remaining", "0"), &cx());
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(30))));

@@ -17,6 +17,16 @@ impl Collector<'_> {
         *l = Some(l.map_or(limit, |l| l.min(limit)));
     }
 
+    /// Offers a request limit its provider documents per `window`: a limit, and the policy
+    /// an adaptive rate caps at (or adopts).
+    pub(super) fn limit_per(&mut self, limit: u64, window: std::time::Duration) {
+        self.limit(limit);
+        self.policy(Policy {
+            quota: limit,
+            window,
+        });
+    }
+
     /// Offers an advertised policy; the most restrictive (lowest quota per window) is kept.
     pub(super) fn policy(&mut self, policy: Policy) {
         let stricter = |a: &Policy, b: &Policy| {

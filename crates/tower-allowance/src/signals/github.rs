@@ -2,6 +2,8 @@
 //! `-resource`; `retry-after` on secondary limits is the [`RetryAfter`](crate::signals::Reader::RetryAfter)
 //! reader's.
 
+use std::time::Duration;
+
 use http::{header, HeaderName};
 
 use super::grammars;
@@ -37,10 +39,15 @@ pub(super) fn read(c: &mut Collector<'_>) {
     if let Some(left) = left {
         c.remaining(left);
     }
-    if let Some(limit) = grammars::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
-        c.limit(limit);
-    }
     c.bucket(&X_RATELIMIT_RESOURCE);
+    // GitHub documents `x-ratelimit-limit` per hour; its search resources per minute.
+    if let Some(limit) = grammars::smallest_count(c.headers, &X_RATELIMIT_LIMIT) {
+        let per_minute = matches!(c.reading.bucket.as_deref(), Some("search" | "code_search"));
+        c.limit_per(
+            limit,
+            Duration::from_secs(if per_minute { 60 } else { 3600 }),
+        );
+    }
 }
 
 #[cfg(test)]
@@ -48,7 +55,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::signals::tests::{at, headers};
-    use crate::signals::{DateTrust, Dialect, ReadContext, Reader, Wait};
+    use crate::signals::{DateTrust, Dialect, Policy, ReadContext, Reader, Wait};
 
     /// GitHub's documented example ("Rate limits for the REST API" and the older
     /// "Resources in the REST API" page): `Date` and an epoch reset 1247 s later.
@@ -85,6 +92,26 @@ mod tests {
         assert_eq!(r.wait, Some(Wait::For(Duration::from_secs(1247))));
         assert_eq!(r.source, Some(Reader::Github));
         assert_eq!(r.date, DateTrust::Trusted);
+    }
+
+    #[test]
+    fn the_limit_is_advertised_per_the_documented_window() {
+        let per = |quota, secs| {
+            Some(Policy {
+                quota,
+                window: Duration::from_secs(secs),
+            })
+        };
+        let r = Dialect::github().read(&example(b"56"), &cx());
+        assert_eq!(r.policy, per(60, 3600), "core: requests per hour");
+        let mut h = example(b"29");
+        h.insert("x-ratelimit-limit", http::HeaderValue::from_static("30"));
+        h.insert(
+            "x-ratelimit-resource",
+            http::HeaderValue::from_static("search"),
+        );
+        let r = Dialect::github().read(&h, &cx());
+        assert_eq!(r.policy, per(30, 60), "search: requests per minute");
     }
 
     #[test]

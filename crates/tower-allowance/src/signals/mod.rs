@@ -97,9 +97,15 @@
 //!   its policy declares another quota unit (`qu`). [`Reading::policy`] is the most
 //!   restrictive request policy with a window (lowest `q/w`); the first 16 policies are
 //!   read.
+//! - **Limits are policies where the provider documents a window**: OpenAI's and
+//!   Anthropic's request limits per minute, GitHub's per hour (per minute for `search` and
+//!   `code_search`). A limit with no documented window is [`Reading::limit`] only.
 //! - **Absolute times** (epoch seconds, RFC 3339, HTTP-date) are measured against the
 //!   response's `Date` when it parses and lies within [`ReadContext::max_skew`] of the
-//!   local clock ([`DateTrust::Trusted`]). Otherwise they are measured against the local
+//!   local clock ([`DateTrust::Trusted`]). `Date` has whole seconds, so it only places the
+//!   server's time within a second: the local clock, at the response's arrival, is clamped
+//!   into `[Date, Date + 1 s]` and measured against (a reset at `Date + 30.0 s` read 0.6 s
+//!   into that second is a wait of 29.4 s, not 30 s, when the clocks agree). Otherwise they are measured against the local
 //!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
@@ -534,7 +540,10 @@ impl Collector<'_> {
                     };
                     let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
                     if off <= self.cx.max_skew {
-                        (DateTrust::Trusted, date)
+                        // `Date` has whole seconds: the server's time was in
+                        // `[date, date + 1 s)`. The local clock places it inside that second.
+                        let end = date.checked_add(Duration::from_secs(1)).unwrap_or(date);
+                        (DateTrust::Trusted, now.clamp(date, end))
                     } else {
                         (DateTrust::Untrusted { skew }, now)
                     }

@@ -1,6 +1,8 @@
 //! OpenAI's API: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, resets as Go
 //! durations (`1s`, `6m0s`, `20ms`).
 
+use std::time::Duration;
+
 use http::HeaderName;
 
 use super::grammars;
@@ -11,6 +13,8 @@ const REMAINING_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-rema
 const RESET_REQUESTS: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
 const REMAINING_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-remaining-tokens");
 const RESET_TOKENS: HeaderName = HeaderName::from_static("x-ratelimit-reset-tokens");
+
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// A spent request or token budget waits until its reset. Token counts are not request
 /// counts: they only matter when they reach zero.
@@ -31,8 +35,9 @@ pub(super) fn read(c: &mut Collector<'_>) {
         &RESET_TOKENS,
         grammars::go_duration,
     );
+    // OpenAI documents its request limits per minute (RPM).
     if let Some(limit) = grammars::smallest_count(c.headers, &LIMIT_REQUESTS) {
-        c.limit(limit);
+        c.limit_per(limit, MINUTE);
     }
 }
 
@@ -41,7 +46,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::signals::tests::read;
-    use crate::signals::{DateTrust, Dialect, Reader, Wait};
+    use crate::signals::{DateTrust, Dialect, Policy, Reader, Wait};
 
     /// The example of OpenAI's rate-limit guide ("Rate limits in headers").
     const EXAMPLE: [(&str, &[u8]); 6] = [
@@ -67,6 +72,15 @@ mod tests {
     fn documented_example_never_waits() {
         let r = read(Dialect::openai(), &EXAMPLE);
         assert_eq!((r.wait, r.remaining, r.limit), (None, Some(59), Some(60)));
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            r.policy,
+            Some(Policy {
+                quota: 60,
+                window: minute
+            }),
+            "RPM"
+        );
         assert_eq!(r.date, DateTrust::NotNeeded);
     }
 

@@ -291,6 +291,22 @@ fn the_skew_bound_is_configurable() {
     assert_eq!(cx.now(), at(NOW));
 }
 
+#[test]
+fn a_whole_second_date_is_refined_by_the_local_clock() {
+    // A reset 30 s after `Date`, read 600 ms into `Date`'s second: 29.4 s, not 30 s.
+    let h = headers(&[
+        ("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT"),
+        ("date", b"Sun, 06 Nov 1994 08:49:37 GMT"),
+    ]);
+    let wait = |local: SystemTime| Dialect::standard().read(&h, &ReadContext::new(local)).wait;
+    let ms = Duration::from_millis;
+    assert_eq!(wait(at(NOW) + ms(600)), Some(Wait::For(ms(29_400))));
+    // A local clock outside that second is brought to its nearest end: `Date` still corrects
+    // it, to within the second `Date` can state.
+    assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(29_000))));
+    assert_eq!(wait(at(NOW) - ms(2_500)), Some(Wait::For(ms(30_000))));
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
