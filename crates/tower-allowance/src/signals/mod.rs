@@ -542,8 +542,11 @@ impl Collector<'_> {
                     if off <= self.cx.max_skew {
                         // `Date` has whole seconds: the server's time was in
                         // `[date, date + 1 s)`. The local clock places it inside that second.
-                        let end = date.checked_add(Duration::from_secs(1)).unwrap_or(date);
-                        (DateTrust::Trusted, now.clamp(date, end))
+                        // (An HTTP-date ends in 9999: adding a second cannot overflow.)
+                        (
+                            DateTrust::Trusted,
+                            now.clamp(date, date + Duration::from_secs(1)),
+                        )
                     } else {
                         (DateTrust::Untrusted { skew }, now)
                     }
