@@ -526,32 +526,29 @@ impl Collector<'_> {
             return reference;
         }
         let now = self.cx.now;
-        let (trust, reference) = match self.headers.get(header::DATE) {
+        let date = self.headers.get(header::DATE).map(|v| {
+            let text = std::str::from_utf8(v.as_bytes()).ok();
+            text.and_then(|d| httpdate::parse_http_date(d.trim_matches([' ', '\t'])).ok())
+        });
+        let (trust, reference) = match date {
             None => (DateTrust::Absent, now),
-            Some(value) => match std::str::from_utf8(value.as_bytes())
-                .ok()
-                .and_then(|d| httpdate::parse_http_date(d.trim_matches([' ', '\t'])).ok())
-            {
-                None => (DateTrust::Unparseable, now),
-                Some(date) => {
-                    let skew = match date.duration_since(now) {
-                        Ok(ahead) => Skew::Ahead(ahead),
-                        Err(behind) => Skew::Behind(behind.duration()),
-                    };
-                    let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
-                    if off <= self.cx.max_skew {
-                        // `Date` has whole seconds: the server's time was in
-                        // `[date, date + 1 s)`. The local clock places it inside that second.
-                        // (An HTTP-date ends in 9999: adding a second cannot overflow.)
-                        (
-                            DateTrust::Trusted,
-                            now.clamp(date, date + Duration::from_secs(1)),
-                        )
-                    } else {
-                        (DateTrust::Untrusted { skew }, now)
-                    }
+            Some(None) => (DateTrust::Unparseable, now),
+            Some(Some(date)) => {
+                let skew = match date.duration_since(now) {
+                    Ok(ahead) => Skew::Ahead(ahead),
+                    Err(behind) => Skew::Behind(behind.duration()),
+                };
+                let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
+                // `Date` has whole seconds: the server's time was in `[date, date + 1 s)`,
+                // and the local clock places it inside that second. (An HTTP-date ends in
+                // 9999: adding a second cannot overflow.)
+                let second = date + Duration::from_secs(1);
+                if off <= self.cx.max_skew {
+                    (DateTrust::Trusted, now.clamp(date, second))
+                } else {
+                    (DateTrust::Untrusted { skew }, now)
                 }
-            },
+            }
         };
         self.reading.date = trust;
         self.reference = Some(reference);
