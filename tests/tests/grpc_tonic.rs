@@ -54,11 +54,13 @@ enum Answer {
     Ok,
     /// This code, with this `grpc-retry-pushback-ms` if any.
     Refuse(Code, Option<&'static str>),
+    /// The same, after this many milliseconds (unary calls).
+    Slow(u64, Code, Option<&'static str>),
 }
 
 impl Answer {
     fn status(self) -> Option<Status> {
-        let Answer::Refuse(code, pushback) = self else {
+        let (Answer::Refuse(code, pushback) | Answer::Slow(_, code, pushback)) = self else {
             return None;
         };
         let mut status = Status::new(code, "refused by the test server");
@@ -148,6 +150,9 @@ impl UnaryService<Msg> for Svc {
     fn call(&mut self, request: tonic::Request<Msg>) -> Self::Future {
         let answer = self.arrive(UNARY, &request.metadata().clone().into_headers(), 1);
         Box::pin(async move {
+            if let Answer::Slow(ms, ..) = answer {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
             match answer.status() {
                 Some(status) => Err(status),
                 None => Ok(tonic::Response::new(request.into_inner())),
@@ -372,6 +377,41 @@ async fn a_call_whose_deadline_passes_in_the_queue_fails_at_once() {
     );
     assert_eq!(rig.elapsed_ms(), 0);
     assert!(rig.seen().is_empty());
+}
+
+/// A call queued within its deadline fails as soon as a cooldown raised meanwhile pushes its
+/// slot past the deadline, not when the slot would have come.
+#[tokio::test(start_paused = true)]
+async fn a_queued_call_pushed_past_its_deadline_fails_when_it_is_pushed() {
+    // The first call is answered after 200 ms: RESOURCE_EXHAUSTED, pushback 3 s.
+    let rig = Rig::start(|n, _| {
+        if n == 0 {
+            Answer::Slow(200, Code::ResourceExhausted, Some("3000"))
+        } else {
+            Answer::Ok
+        }
+    })
+    .await;
+    let allowance = allowance(1);
+    let mut first = rig.client(&allowance, retry_all());
+    let mut second = rig.client(&allowance, retry_all());
+    let start = Instant::now();
+    let (first, second) = futures::future::join(unary(&mut first, timed(1, 10_000)), async {
+        // Queued for the slot at 1,000 ms, within its 1,500 ms.
+        let result = unary(&mut second, timed(2, 1500)).await;
+        (result, start.elapsed())
+    })
+    .await;
+    let (second, ended) = second;
+    let status = second.expect_err("pushed past its deadline");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(abandoned(&status), Some("deadline"));
+    assert_eq!(ended, Duration::from_millis(200), "when the cooldown came");
+    // The first call is retried, no earlier than its pushback; the second never reached
+    // the server.
+    assert_eq!(first.map(|m| m.n).ok(), Some(1));
+    let arrivals = rig.arrivals_ms();
+    assert!(arrivals.len() == 2 && arrivals[1] >= 3200, "{arrivals:?}");
 }
 
 // === the stack's own refusals ===
