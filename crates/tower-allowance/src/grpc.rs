@@ -33,12 +33,14 @@
 //! # In the stack
 //!
 //! [`GrpcClassifier`] classifies each response by its gRPC status where it has one
-//! (RESOURCE_EXHAUSTED is throttling, UNAVAILABLE transient, every other code final) and
-//! reads `grpc-retry-pushback-ms` as the server's delay, fed to the same shared cooldown as
-//! `Retry-After`. A status that comes in the trailers is read by [`TrailersLayer`] as the
-//! trailers pass, without holding the body back: a RESOURCE_EXHAUSTED there cools the
-//! allowance down for everyone (the call itself is over by then, so it is not retried).
-//! [`GrpcLayer`] stacks both: the whole allowance stack for a tonic `Channel`.
+//! (RESOURCE_EXHAUSTED is throttling, and so is UNAVAILABLE with a pushback; UNAVAILABLE
+//! without one is transient, every other code final) and reads `grpc-retry-pushback-ms` as
+//! the server's delay, fed to the same shared cooldown as `Retry-After`. A status that comes
+//! in the trailers is read by [`TrailersLayer`] as the trailers pass, without holding the
+//! body back: a RESOURCE_EXHAUSTED there cools the allowance down for everyone (the call
+//! itself is over by then, so it is not retried). [`GrpcLayer`] stacks both, under a
+//! [`GrpcCall`] that makes `grpc-timeout` the call's deadline and tells a tonic caller what
+//! the stack did: the whole allowance stack for a tonic `Channel`.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -432,7 +434,7 @@ impl GrpcResponse {
 ///
 /// | response | classification | delay |
 /// |----------|----------------|-------|
-/// | `grpc-status` in the headers (trailers-only) | by [`Code::classification`] | `grpc-retry-pushback-ms` (see [`Pushback::server_delay`]) |
+/// | `grpc-status` in the headers (trailers-only) | by [`GrpcStatus::classification`] (the code's, but UNAVAILABLE with a pushback delay is throttling) | `grpc-retry-pushback-ms` (see [`Pushback::server_delay`]) |
 /// | a gRPC 200 whose status comes in the trailers | success, as far as the head goes (see [`TrailersLayer`]) | none |
 /// | anything else (a proxy's 429 or 503) | by the HTTP classifier, [`StatusClassifier`] by default | `Retry-After` |
 ///
@@ -685,7 +687,7 @@ where
 /// gRPC calls are POSTs: a call is retried only if its method is listed in the
 /// [`RetryConfig`] (`with_replayable_methods([Method::POST])` when every call is
 /// idempotent) or it carries `Idempotency-Key`; otherwise a RESOURCE_EXHAUSTED is returned
-/// as is, marked abandoned ([`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable)).
+/// as is, marked abandoned ([`AbandonReason::NotReplayable`]).
 /// The [module docs](self#deadlines-and-what-a-tonic-caller-sees) say what a call's
 /// `grpc-timeout` does and what a tonic caller is told.
 ///
@@ -858,25 +860,20 @@ struct Refusal {
 /// The gRPC status for the stack's own errors; `None` for any other (a transport error is
 /// tonic's to map).
 fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
-    let ms_left = |at: Option<Instant>| {
-        at.map_or(-1, |at| {
-            let left = at.saturating_duration_since(Instant::now());
-            i64::try_from(left.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+    // Milliseconds, rounded up (never early); `None`: -1, do not retry.
+    let ms = |left: Option<Duration>| {
+        left.map_or(-1, |d| {
+            i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
         })
     };
     let (code, pushback, reason) = if let Some(x) = find::<Exhausted>(e) {
-        (
-            Code::RESOURCE_EXHAUSTED,
-            Some(ms_left(x.until())),
-            Some(x.reason()),
-        )
+        let left = x
+            .until()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        (Code::RESOURCE_EXHAUSTED, Some(ms(left)), Some(x.reason()))
     } else if let Some(o) = find::<Overloaded>(e) {
-        let wait = Instant::now().checked_add(o.wait);
-        (
-            Code::UNAVAILABLE,
-            Some(ms_left(wait)),
-            Some(AbandonReason::Overloaded),
-        )
+        let reason = Some(AbandonReason::Overloaded);
+        (Code::UNAVAILABLE, Some(ms(Some(o.wait))), reason)
     } else if let Some(a) = find::<Abandoned>(e) {
         match a.reason() {
             AbandonReason::Deadline => (Code::DEADLINE_EXCEEDED, None, Some(a.reason())),
@@ -912,15 +909,15 @@ impl Refusal {
         if let Some(ms) = self.pushback {
             headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
         }
+        if let Some(reason) = self.reason {
+            let reason = HeaderValue::from_static(reason.as_str());
+            headers.insert(X_ALLOWANCE_ABANDONED, reason);
+        }
+        // For `Outcome::of`: abandoned with its reason, or (a store failure) not a success.
         let extensions = response.extensions_mut();
         extensions.insert(Classified::new(self.code.classification(), None));
         if let Some(reason) = self.reason {
-            let headers = response.headers_mut();
-            headers.insert(
-                X_ALLOWANCE_ABANDONED,
-                HeaderValue::from_static(reason.as_str()),
-            );
-            response.extensions_mut().insert(Abandoned::new(reason));
+            extensions.insert(Abandoned::new(reason));
         }
         response
     }
@@ -1943,12 +1940,22 @@ mod tests {
 
     #[test]
     fn refusals_map_to_codes_a_client_can_act_on() {
-        let cases: [(BoxError, Code, Option<i64>); 4] = [
+        let store = crate::store::StoreError::unavailable("connection refused");
+        let cases: [(BoxError, Code, Option<i64>); 6] = [
             (
                 Abandoned::new(AbandonReason::Deadline).into(),
                 Code::DEADLINE_EXCEEDED,
                 None,
             ),
+            (
+                Overloaded {
+                    wait: Duration::from_micros(1_500),
+                }
+                .into(),
+                Code::UNAVAILABLE,
+                Some(2),
+            ),
+            (StoreUnavailable::new(store).into(), Code::UNAVAILABLE, None),
             (
                 Abandoned::new(AbandonReason::BudgetExhausted).into(),
                 Code::RESOURCE_EXHAUSTED,

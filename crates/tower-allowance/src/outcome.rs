@@ -69,7 +69,7 @@ impl Outcome {
 
     /// Classifies an error alone: the layers' errors as [`Outcome::of`] does. With the
     /// `tonic` feature, a `tonic::Status` whose metadata has `x-allowance-abandoned` (what
-    /// [`GrpcLayer`](crate::grpc) adds to a call it gave up on, or refused) is
+    /// `grpc::GrpcLayer` (feature `grpc`) adds to a call it gave up on, or refused) is
     /// `Abandoned` with that reason; any other `Status` is the server's own answer:
     /// `Failed` (read its `code()`).
     ///
