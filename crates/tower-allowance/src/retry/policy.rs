@@ -276,18 +276,16 @@ impl<C: Classify> RetryPolicy<C> {
                 None
             }
             Plan::Retry { sleep, not_before } => {
-                let mut options = AcquireOptions::new().retry(true);
-                if let Some(delay) = not_before {
-                    options = options.not_before(delay);
-                }
-                if let Some(Deadline(d)) = extensions.get::<Deadline>() {
+                let deadline = extensions.get::<Deadline>().map(|Deadline(d)| {
                     // The slot must come strictly before the deadline.
-                    options =
-                        options.deadline(d.checked_sub(Duration::from_micros(1)).unwrap_or(*d));
-                }
-                if let Some(Cost(c)) = extensions.get::<Cost>() {
-                    options = options.cost(*c);
-                }
+                    d.checked_sub(Duration::from_micros(1)).unwrap_or(*d)
+                });
+                let options = AcquireOptions {
+                    deadline,
+                    retry: true,
+                    cost: extensions.get::<Cost>().map(|Cost(c)| *c),
+                    not_before,
+                };
                 let shared = &self.shared.allowance.shared;
                 // Nothing to sleep before asking: ask now, as the wait's first poll would, at
                 // the same instant. A store that decides at once (the in-memory one does)
