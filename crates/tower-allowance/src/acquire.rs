@@ -145,6 +145,7 @@ fn decide(
             Begin::Ready(Ok(()))
         }
         Admission::Reserved { wait, reservation } => {
+            tracing::debug!(allowance = &*shared.name, ?wait, "waiting for a slot");
             let at = now.checked_add(wait).unwrap_or(now);
             // Its checks (a state already replaced, a closure, a deadline) come on the first
             // poll, which also replaces the waker; until then nothing can wake us late.
@@ -152,9 +153,9 @@ fn decide(
                 (shared.holders).register(reservation, at, options.deadline, Some(Waker::noop()));
             Begin::Hold(id, at)
         }
-        Admission::Refused { .. } if asked.overloaded => {
+        Admission::Refused { wait, .. } if asked.overloaded => {
             shared.stats.abandon(AbandonReason::Overloaded);
-            Begin::Ready(Err(AcquireError::Overloaded(Overloaded {})))
+            Begin::Ready(Err(AcquireError::Overloaded(Overloaded { wait })))
         }
         Admission::Refused { .. } => {
             Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))

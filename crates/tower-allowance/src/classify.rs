@@ -135,7 +135,7 @@ pub trait Classify: Clone + Send + Sync + 'static {
 ///
 /// `Copy`: the status lists are bitsets over 100..=999 held inline, so the copies tower
 /// makes per request (the retry policy, the cooldown future) never allocate.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "de::RawStatusClassifier"))]
 pub struct StatusClassifier {
@@ -149,15 +149,6 @@ impl Default for StatusClassifier {
             throttled: StatusSet::from_codes([429, 503]),
             transient: StatusSet::EMPTY,
         }
-    }
-}
-
-impl fmt::Debug for StatusClassifier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StatusClassifier")
-            .field("throttled", &self.throttled)
-            .field("transient", &self.transient)
-            .finish()
     }
 }
 

@@ -30,6 +30,7 @@ use crate::{
 mod adaptive;
 #[cfg(feature = "serde")]
 mod de;
+mod debug;
 #[cfg(feature = "dialects")]
 mod dialects;
 
@@ -238,7 +239,7 @@ impl Limit {
 /// assert_eq!(stacked.limits().len(), 3);
 /// # Ok::<(), tower_allowance::ConfigError>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
 #[cfg_attr(feature = "serde", serde(try_from = "de::RawAllowanceConfig"))]
 pub struct AllowanceConfig {

@@ -159,7 +159,11 @@ impl std::error::Error for Abandoned {}
 /// The wait queue already held `max_waiters` callers; the call failed at once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Overloaded {}
+pub struct Overloaded {
+    /// How long until the allowance could admit a call, as the store said when it refused
+    /// this one (after every slot already reserved): when to try again.
+    pub wait: std::time::Duration,
+}
 
 impl fmt::Display for Overloaded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -233,10 +237,7 @@ impl Exhausted {
 
 impl fmt::Display for Exhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = match self.by {
-            ClosedBy::Quota => "the provider's quota is spent",
-            ClosedBy::ServerDelay => "a server asked for a wait beyond max_cooldown",
-        };
+        let why = self.reason().describe();
         match self.until {
             Some(until) => write!(
                 f,

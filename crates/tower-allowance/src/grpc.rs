@@ -33,12 +33,14 @@
 //! # In the stack
 //!
 //! [`GrpcClassifier`] classifies each response by its gRPC status where it has one
-//! (RESOURCE_EXHAUSTED is throttling, UNAVAILABLE transient, every other code final) and
-//! reads `grpc-retry-pushback-ms` as the server's delay, fed to the same shared cooldown as
-//! `Retry-After`. A status that comes in the trailers is read by [`TrailersLayer`] as the
-//! trailers pass, without holding the body back: a RESOURCE_EXHAUSTED there cools the
-//! allowance down for everyone (the call itself is over by then, so it is not retried).
-//! [`GrpcLayer`] stacks both: the whole allowance stack for a tonic `Channel`.
+//! (RESOURCE_EXHAUSTED is throttling, and so is UNAVAILABLE with a pushback; UNAVAILABLE
+//! without one is transient, every other code final) and reads `grpc-retry-pushback-ms` as
+//! the server's delay, fed to the same shared cooldown as `Retry-After`. A status that comes
+//! in the trailers is read by [`TrailersLayer`] as the trailers pass, without holding the
+//! body back: a RESOURCE_EXHAUSTED there cools the allowance down for everyone (the call
+//! itself is over by then, so it is not retried). [`GrpcLayer`] stacks both, under a
+//! [`GrpcCall`] that makes `grpc-timeout` the call's deadline and tells a tonic caller what
+//! the stack did: the whole allowance stack for a tonic `Channel`.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -73,6 +75,64 @@
 //! # }
 //! ```
 //!
+//! # Deadlines, and what a tonic caller sees
+//!
+//! - **`grpc-timeout` is the call's deadline across every attempt** (gRFC A6), so tonic's
+//!   `Request::set_timeout` is too: [`GrpcCall`] turns it into the call's
+//!   [`Deadline`] (the earlier one if the request carries a `Deadline` already), and each
+//!   attempt says the time left in `grpc-timeout` when it is sent, in the most precise unit
+//!   that fits, rounded down. A retry whose wait (the pushback, the backoff, its admission)
+//!   would pass the deadline is not made: the call ends at once with the last answer, marked
+//!   abandoned (`deadline`). A call whose deadline passes while it waits behind admission or a
+//!   cooldown fails at once, not after the wait, with DEADLINE_EXCEEDED. A value that is not
+//!   1 to 8 digits and a unit is passed on unchanged and sets no deadline.
+//! - **An abandoned call says why**: its answer carries `x-allowance-abandoned: <reason>`
+//!   ([`X_ALLOWANCE_ABANDONED`], an [`AbandonReason::as_str`]) in its headers, which tonic
+//!   hands on in `Status::metadata` (a trailers-only answer: every throttled one) or
+//!   `Response::metadata`; [`Outcome::of_error`](crate::Outcome::of_error) reads it from a
+//!   `tonic::Status` (feature `tonic`). A status tonic infers from a proxy's HTTP answer (a
+//!   429 without `grpc-status`) has no metadata.
+//! - **The stack's own refusals are gRPC answers** (trailers-only: HTTP 200, the status in
+//!   the headers, an empty body), never `Code::Unknown`, each with a `grpc-message` and, but
+//!   for a store failure, `x-allowance-abandoned`:
+//!
+//! | refusal | status | `grpc-retry-pushback-ms` |
+//! |---------|--------|--------------------------|
+//! | a deadline ([`AbandonReason::Deadline`]) | DEADLINE_EXCEEDED | none |
+//! | the allowance closed ([`Exhausted`]: quota spent, a wait beyond `max_cooldown`) | RESOURCE_EXHAUSTED | the time until it reopens, or `-1` (do not retry) when only clearing reopens it |
+//! | the wait queue full ([`Overloaded`]) | UNAVAILABLE | [`Overloaded::wait`](Overloaded#structfield.wait): until the allowance could admit a call |
+//! | the retry budget spent, a cost that never fits, ... (another [`AbandonReason`]) | RESOURCE_EXHAUSTED | `-1`: retrying cannot help |
+//! | the store failed ([`StoreUnavailable`]) | UNAVAILABLE | none |
+//!
+//! A closure is RESOURCE_EXHAUSTED because it is a quota (the provider's, or a server's
+//! order to stay away), to be waited out, not hammered; a full queue is UNAVAILABLE, the
+//! code for "transient, retry with backoff" that client retry policies list, since nothing
+//! was sent and the queue drains; both carry the wait left, which a gRFC A6 client honours.
+//!
+//! # A status in the trailers
+//!
+//! A RESOURCE_EXHAUSTED (or an UNAVAILABLE with a pushback) that comes in the trailers,
+//! after the headers and maybe messages, is **not retried**: by then the response head, and
+//! any message, have reached the caller, and a retry would answer a call that is over (a
+//! stream's caller would see messages twice). It does raise the shared cooldown as it
+//! passes ([`TrailersLayer`]), so the calls that follow wait, and the caller gets the
+//! server's status unchanged.
+//!
+//! # UNAVAILABLE and its pushback
+//!
+//! UNAVAILABLE with a `grpc-retry-pushback-ms` delay is **throttling**, as an HTTP 503 with
+//! `Retry-After` is by default: the server asked for a wait, and the wait is shared, so the
+//! calls that follow wait with the one that heard it. Without a pushback, UNAVAILABLE is
+//! transient: only that call backs off. Measured against a real tonic server (virtual
+//! time, `tests/tests/grpc_tonic.rs`,
+//! `unavailable_with_a_pushback_cools_every_call_down`): ten calls arriving 100 ms apart
+//! while the server sheds load for a second (UNAVAILABLE, pushback 1,000 ms) make 11
+//! attempts and are all done at 1,000 ms with the wait shared, against 20 attempts and
+//! 1,900 ms when each call honours its own pushback (each of the ten is refused, then waits
+//! its own second). The price: an UNAVAILABLE with a pushback from one bad backend holds
+//! every call sharing the allowance for that long; a server that means only "this call"
+//! sends no pushback, or a classifier can say otherwise.
+//!
 //! # What is read, and how strictly
 //!
 //! - `grpc-status` is `1*DIGIT` (the gRPC over HTTP/2 grammar). A value that is not, or
@@ -100,16 +160,25 @@ use tower::retry::Retry;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use tokio::time::Instant;
+
 use crate::{
     admission::Admission,
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
     cooldown::{raise_detached, Cooldown},
+    error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
     retry::{Prepare, RetryConfig, RetryPolicy},
-    rule, Allowance, AllowanceLayer, MAX_DELAY,
+    rule, Allowance, AllowanceLayer, BoxError, Deadline, MAX_DELAY,
 };
 
 const GRPC_STATUS: &str = "grpc-status";
+const GRPC_MESSAGE: &str = "grpc-message";
 const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+const GRPC_TIMEOUT: &str = "grpc-timeout";
+/// The metadata key (a response header, which tonic hands on in `Status::metadata` or
+/// `Response::metadata`) naming why the stack gave up on a call: an
+/// [`AbandonReason::as_str`], such as `deadline` or `budget_exhausted`.
+pub const X_ALLOWANCE_ABANDONED: &str = "x-allowance-abandoned";
 
 /// A gRPC status code, as carried by `grpc-status`.
 ///
@@ -320,11 +389,16 @@ impl GrpcStatus {
         self.pushback
     }
 
-    /// What the call's code means to the allowance (see [`Code::classification`]). A
-    /// [`Pushback::DoNotRetry`] does not change it: a throttled call stays throttled (it
+    /// What the call's code means to the allowance (see [`Code::classification`]), except
+    /// that an UNAVAILABLE with a pushback delay is throttling: the server asked every call
+    /// to wait, so the wait is shared (see the [module docs](self#unavailable-and-its-pushback)).
+    /// A [`Pushback::DoNotRetry`] does not change it: a throttled call stays throttled (it
     /// still cools the allowance down), it is just not retried.
     pub fn classification(&self) -> Classification {
-        self.code.classification()
+        match (self.code, self.pushback) {
+            (Code::UNAVAILABLE, Some(Pushback::Delay(_))) => Classification::Throttled,
+            (code, _) => code.classification(),
+        }
     }
 }
 
@@ -360,7 +434,7 @@ impl GrpcResponse {
 ///
 /// | response | classification | delay |
 /// |----------|----------------|-------|
-/// | `grpc-status` in the headers (trailers-only) | by [`Code::classification`] | `grpc-retry-pushback-ms` (see [`Pushback::server_delay`]) |
+/// | `grpc-status` in the headers (trailers-only) | by [`GrpcStatus::classification`] (the code's, but UNAVAILABLE with a pushback delay is throttling) | `grpc-retry-pushback-ms` (see [`Pushback::server_delay`]) |
 /// | a gRPC 200 whose status comes in the trailers | success, as far as the head goes (see [`TrailersLayer`]) | none |
 /// | anything else (a proxy's 429 or 503) | by the HTTP classifier, [`StatusClassifier`] by default | `Retry-After` |
 ///
@@ -553,7 +627,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    /// Sends the attempt; a call with a `grpc-timeout` (read by [`GrpcLayer`]) says the time
+    /// left before its deadline, now that it is sent.
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if let Some(GrpcDeadline(at)) = req.extensions().get::<GrpcDeadline>() {
+            let left = at.saturating_duration_since(Instant::now());
+            req.headers_mut().insert(GRPC_TIMEOUT, format_timeout(left));
+        }
         TrailersFuture {
             inner: self.inner.call(req),
             allowance: Some(self.allowance.clone()),
@@ -594,19 +674,22 @@ where
         let watch = GrpcResponse::from_head(response.status(), response.headers())
             == Some(GrpcResponse::StatusInTrailers);
         Poll::Ready(Ok(response.map(|inner| WatchTrailers {
-            inner,
+            inner: Some(inner),
             on_trailers: watch.then(|| FeedAllowance::new(allowance)),
         })))
     }
 }
 
-/// The whole allowance stack for gRPC: [`AllowanceLayer`] with a [`GrpcClassifier`], over a
-/// [`TrailersLayer`] feeding the same allowance. For a tonic `Channel`.
+/// The whole allowance stack for gRPC: a [`GrpcCall`] (deadlines in, outcomes out) over
+/// [`AllowanceLayer`] with a [`GrpcClassifier`], over a [`TrailersLayer`] feeding the same
+/// allowance. For a tonic `Channel`.
 ///
 /// gRPC calls are POSTs: a call is retried only if its method is listed in the
 /// [`RetryConfig`] (`with_replayable_methods([Method::POST])` when every call is
 /// idempotent) or it carries `Idempotency-Key`; otherwise a RESOURCE_EXHAUSTED is returned
-/// as is, marked abandoned ([`AbandonReason::NotReplayable`](crate::error::AbandonReason::NotReplayable)).
+/// as is, marked abandoned ([`AbandonReason::NotReplayable`]).
+/// The [module docs](self#deadlines-and-what-a-tonic-caller-sees) say what a call's
+/// `grpc-timeout` does and what a tonic caller is told.
 ///
 /// # Clone
 ///
@@ -628,13 +711,271 @@ impl GrpcLayer {
 }
 
 impl<S> Layer<S> for GrpcLayer {
-    type Service = Prepare<
-        Retry<RetryPolicy<GrpcClassifier>, Cooldown<Admission<Trailers<S>>, GrpcClassifier>>,
+    type Service = GrpcCall<
+        Prepare<
+            Retry<RetryPolicy<GrpcClassifier>, Cooldown<Admission<Trailers<S>>, GrpcClassifier>>,
+        >,
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
-        self.allowance.layer(self.trailers.layer(inner))
+        GrpcCall {
+            inner: self.allowance.layer(self.trailers.layer(inner)),
+        }
     }
+}
+
+/// The call's deadline from its `grpc-timeout`, carried by every attempt, so that the
+/// attempt says the time left when it is sent ([`Trailers`]).
+#[derive(Clone, Copy, Debug)]
+struct GrpcDeadline(Instant);
+
+/// The outermost service of [`GrpcLayer`]: a call's `grpc-timeout` becomes its
+/// [`Deadline`] across every attempt, an abandoned answer says why in
+/// `x-allowance-abandoned`, and the stack's own refusals become trailers-only gRPC
+/// answers (see the [module docs](self#deadlines-and-what-a-tonic-caller-sees)).
+///
+/// ```
+/// use http::{Request, Response};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_allowance::{grpc::GrpcLayer, retry::RetryConfig, Allowance, AllowanceConfig, BoxError};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), BoxError> {
+/// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
+/// let channel = tower::service_fn(|_req: Request<String>| async {
+///     Ok::<_, BoxError>(Response::builder().header("grpc-status", "0").body(String::new())?)
+/// });
+/// let client = ServiceBuilder::new()
+///     .layer(GrpcLayer::new(allowance, RetryConfig::default()))
+///     .service(channel);
+/// client.clone().oneshot(Request::post("/pkg.Svc/Get").body(String::new())?).await?;
+///
+/// // The next slot is a second away: a call with 300 ms left is refused at once.
+/// let call = Request::post("/pkg.Svc/Get").header("grpc-timeout", "300m").body(String::new())?;
+/// let answer = client.oneshot(call).await?;
+/// assert_eq!(answer.headers()["grpc-status"], "4"); // DEADLINE_EXCEEDED
+/// assert_eq!(answer.headers()["x-allowance-abandoned"], "deadline");
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Clone
+///
+/// Only `S` is cloned.
+#[derive(Clone, Debug)]
+pub struct GrpcCall<S> {
+    inner: S,
+}
+
+impl<S> GrpcCall<S> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for GrpcCall<S>
+where
+    S: Service<Request<B>, Response = Response<WatchTrailers<RB, FeedAllowance>>, Error = BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = GrpcCallFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if let Some(timeout) = req.headers().get(GRPC_TIMEOUT).and_then(parse_timeout) {
+            let Deadline(at) = Deadline::after(timeout);
+            let extensions = req.extensions_mut();
+            extensions.insert(GrpcDeadline(at));
+            let earliest = extensions.get::<Deadline>().map_or(at, |d| d.0.min(at));
+            extensions.insert(Deadline(earliest));
+        }
+        GrpcCallFuture {
+            inner: self.inner.call(req),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Response future of [`GrpcCall`].
+    pub struct GrpcCallFuture<F> {
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F> fmt::Debug for GrpcCallFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcCallFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, RB> Future for GrpcCallFuture<F>
+where
+    F: Future<Output = Result<Response<WatchTrailers<RB, FeedAllowance>>, BoxError>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match ready!(self.project().inner.poll(cx)) {
+            Ok(mut response) => {
+                if let Some(abandoned) = response.extensions().get::<Abandoned>() {
+                    let reason = HeaderValue::from_static(abandoned.reason().as_str());
+                    response.headers_mut().insert(X_ALLOWANCE_ABANDONED, reason);
+                }
+                Ok(response)
+            }
+            Err(e) => match refusal(&*e) {
+                Some(refusal) => Ok(refusal.into_response(&*e)),
+                None => Err(e),
+            },
+        })
+    }
+}
+
+/// What the stack answers a tonic caller for one of its own refusals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Refusal {
+    code: Code,
+    /// `grpc-retry-pushback-ms`: milliseconds, or `-1` for "do not retry".
+    pushback: Option<i64>,
+    /// `None` for a store failure: nothing was given up on, the store could not decide.
+    reason: Option<AbandonReason>,
+}
+
+/// The gRPC status for the stack's own errors; `None` for any other (a transport error is
+/// tonic's to map).
+fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
+    // Milliseconds, rounded up (never early); `None`: -1, do not retry.
+    let ms = |left: Option<Duration>| {
+        left.map_or(-1, |d| {
+            i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+        })
+    };
+    let (code, pushback, reason) = if let Some(x) = find::<Exhausted>(e) {
+        let left = x
+            .until()
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        (Code::RESOURCE_EXHAUSTED, Some(ms(left)), Some(x.reason()))
+    } else if let Some(o) = find::<Overloaded>(e) {
+        let reason = Some(AbandonReason::Overloaded);
+        (Code::UNAVAILABLE, Some(ms(Some(o.wait))), reason)
+    } else if let Some(a) = find::<Abandoned>(e) {
+        match a.reason() {
+            AbandonReason::Deadline => (Code::DEADLINE_EXCEEDED, None, Some(a.reason())),
+            // Retrying cannot help: the budget is the batch's, the cost never fits.
+            reason => (Code::RESOURCE_EXHAUSTED, Some(-1), Some(reason)),
+        }
+    } else if find::<StoreUnavailable>(e).is_some() {
+        (Code::UNAVAILABLE, None, None)
+    } else {
+        return None;
+    };
+    Some(Refusal {
+        code,
+        pushback,
+        reason,
+    })
+}
+
+impl Refusal {
+    /// A trailers-only answer: HTTP 200, `content-type: application/grpc`, the status in
+    /// the headers, an empty body.
+    fn into_response<RB, F>(
+        self,
+        e: &(dyn std::error::Error + 'static),
+    ) -> Response<WatchTrailers<RB, F>> {
+        let mut response = Response::new(WatchTrailers::empty());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(GRPC_STATUS, HeaderValue::from(self.code.get()));
+        if let Ok(message) = HeaderValue::try_from(percent_encode(&e.to_string())) {
+            headers.insert(GRPC_MESSAGE, message);
+        }
+        if let Some(ms) = self.pushback {
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(ms));
+        }
+        if let Some(reason) = self.reason {
+            let reason = HeaderValue::from_static(reason.as_str());
+            headers.insert(X_ALLOWANCE_ABANDONED, reason);
+        }
+        // For `Outcome::of`: abandoned with its reason, or (a store failure) not a success.
+        let extensions = response.extensions_mut();
+        extensions.insert(Classified::new(self.code.classification(), None));
+        if let Some(reason) = self.reason {
+            extensions.insert(Abandoned::new(reason));
+        }
+        response
+    }
+}
+
+/// `grpc-message`: percent-encoded outside printable ASCII, and `%` itself (gRPC over HTTP/2).
+fn percent_encode(text: &str) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// Reads `grpc-timeout`: 1 to 8 ASCII digits and a unit (`H`, `M`, `S`, `m`, `u`, `n`);
+/// `None` for anything else (then the call has no deadline from it, and the header is
+/// passed on unchanged).
+fn parse_timeout(value: &HeaderValue) -> Option<Duration> {
+    let (unit, digits) = value.as_bytes().split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// `grpc-timeout` for `left`: the most precise unit whose value fits in 8 digits, rounded
+/// down (the server gives up no later than the caller), as tonic and grpc-go write it.
+fn format_timeout(left: Duration) -> HeaderValue {
+    const MAX: u128 = 99_999_999;
+    let units: [(u128, char); 6] = [
+        (1, 'n'),
+        (1_000, 'u'),
+        (1_000_000, 'm'),
+        (1_000_000_000, 'S'),
+        (60_000_000_000, 'M'),
+        (3_600_000_000_000, 'H'),
+    ];
+    let nanos = left.as_nanos();
+    let (value, unit) = units
+        .iter()
+        .map(|(per, unit)| (nanos / per, *unit))
+        .find(|(value, _)| *value <= MAX)
+        .unwrap_or((MAX, 'H'));
+    HeaderValue::try_from(format!("{value}{unit}")).unwrap_or(HeaderValue::from_static("0n"))
 }
 
 /// The field's only value: `None` when absent, `Some(None)` when sent more than once.
@@ -688,8 +1029,9 @@ pin_project_lite::pin_project! {
     /// # }
     /// ```
     pub struct WatchTrailers<B, F> {
+        // `None`: the stack's own trailers-only answer, an empty body.
         #[pin]
-        inner: B,
+        inner: Option<B>,
         on_trailers: Option<F>,
     }
 }
@@ -700,23 +1042,32 @@ impl<B, F> WatchTrailers<B, F> {
     /// Wraps `body`; `on_trailers` runs when its trailers pass, if they do.
     pub fn new(body: B, on_trailers: F) -> Self {
         Self {
-            inner: body,
+            inner: Some(body),
             on_trailers: Some(on_trailers),
         }
     }
 
-    /// The wrapped body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
+    /// An empty body, with nothing to watch: the body of the trailers-only answers
+    /// [`GrpcLayer`] makes of the stack's own refusals.
+    pub fn empty() -> Self {
+        Self {
+            inner: None,
+            on_trailers: None,
+        }
+    }
+
+    /// The wrapped body; `None` for an [`empty`](Self::empty) one.
+    pub fn get_ref(&self) -> Option<&B> {
+        self.inner.as_ref()
     }
 
     /// The wrapped body, mutably.
-    pub fn get_mut(&mut self) -> &mut B {
-        &mut self.inner
+    pub fn get_mut(&mut self) -> Option<&mut B> {
+        self.inner.as_mut()
     }
 
     /// The wrapped body, unwrapped (`F` is dropped without being called).
-    pub fn into_inner(self) -> B {
+    pub fn into_inner(self) -> Option<B> {
         self.inner
     }
 }
@@ -743,7 +1094,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
-        let polled = this.inner.poll_frame(cx);
+        let Some(inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = inner.poll_frame(cx);
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(trailers) = frame.trailers_ref() {
                 if let Some(on_trailers) = this.on_trailers.take() {
@@ -755,11 +1109,13 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(B::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), B::size_hint)
     }
 }
 
@@ -1034,7 +1390,10 @@ mod tests {
             });
         assert_eq!(watched.size_hint().exact(), Some(5));
         assert!(!watched.is_end_stream());
-        assert_eq!(watched.get_ref().size_hint().exact(), Some(5));
+        assert_eq!(
+            watched.get_ref().map(|b| b.size_hint().exact()),
+            Some(Some(5))
+        );
         let frames = frames(watched);
         assert_eq!(frames.len(), 1);
         assert!(!called.get());
@@ -1101,6 +1460,17 @@ mod tests {
                 ]),
                 Classification::Throttled,
                 Some(ServerDelay::TooLong),
+            ),
+            (
+                "UNAVAILABLE with a pushback: throttling, the wait is shared",
+                StatusCode::OK,
+                map(&[
+                    grpc,
+                    ("grpc-status", "14"),
+                    ("grpc-retry-pushback-ms", "250"),
+                ]),
+                Classification::Throttled,
+                Some(ServerDelay::After(Duration::from_millis(250))),
             ),
             (
                 "UNAVAILABLE: transient",
@@ -1377,6 +1747,235 @@ mod tests {
         response.into_body().collect().await?;
         assert_eq!(allowance.store_state().await?.blocked_for, Duration::ZERO);
         Ok(())
+    }
+
+    // === deadlines, outcomes and the stack's own answers ===
+
+    #[test]
+    fn grpc_timeout_is_read_and_written_as_grpc_does() {
+        let d = Duration::from_millis;
+        for (value, expected) in [
+            ("1500000u", Some(d(1500))),
+            ("300m", Some(d(300))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("3S", Some(Duration::from_secs(3))),
+            ("7n", Some(Duration::from_nanos(7))),
+            ("99999999m", Some(d(99_999_999))),
+            ("123456789m", None),
+            ("m", None),
+            ("5", None),
+            ("-5m", None),
+            ("5x", None),
+            (" 5m", None),
+        ] {
+            let value = HeaderValue::from_static(value);
+            assert_eq!(parse_timeout(&value), expected, "{value:?}");
+        }
+        for (left, written) in [
+            (Duration::ZERO, "0n"),
+            (Duration::from_nanos(99_999_999), "99999999n"),
+            (d(100), "100000u"),
+            (d(1500), "1500000u"),
+            (Duration::from_micros(500_000_999), "500000m"),
+            (Duration::from_secs(200_000), "200000S"),
+            (Duration::from_secs(86_400 * 365 * 30), "15768000M"),
+            (Duration::MAX, "99999999H"),
+        ] {
+            assert_eq!(format_timeout(left), written, "{left:?}");
+            if written != "99999999H" {
+                let back = parse_timeout(&format_timeout(left)).expect("valid");
+                assert!(back <= left, "{left:?}: rounded down");
+            }
+        }
+    }
+
+    /// A channel that records each attempt's `grpc-timeout` and answers `answer(n)` to the
+    /// `n`th attempt (trailers-only fields).
+    fn recording(
+        answer: fn(usize) -> &'static [(&'static str, &'static str)],
+        seen: Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> impl tower_service::Service<
+        Request<String>,
+        Response = Response<String>,
+        Error = BoxError,
+        Future = impl Send,
+    > + Clone {
+        tower::service_fn(move |req: Request<String>| {
+            let timeout = req.headers().get("grpc-timeout");
+            let timeout = timeout.and_then(|t| t.to_str().ok()).unwrap_or("none");
+            let mut seen = seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.push(timeout.to_owned());
+            let fields = answer(seen.len() - 1);
+            async move {
+                let mut res = Response::new(String::new());
+                res.headers_mut()
+                    .insert("content-type", HeaderValue::from_static("application/grpc"));
+                for (name, value) in fields {
+                    res.headers_mut()
+                        .append(*name, HeaderValue::from_static(value));
+                }
+                Ok::<_, BoxError>(res)
+            }
+        })
+    }
+
+    const EXHAUSTED_1S: &[(&str, &str)] =
+        &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "1000")];
+    const OK: &[(&str, &str)] = &[("grpc-status", "0")];
+
+    fn timed_call(timeout: &'static str) -> Request<String> {
+        let mut req = call();
+        req.headers_mut()
+            .insert("grpc-timeout", HeaderValue::from_static(timeout));
+        req
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_attempt_sends_the_time_left_in_grpc_timeout() -> Result<(), BoxError> {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let first_refused = |n| if n == 0 { EXHAUSTED_1S } else { OK };
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(grpc_allowance(), retry_posts()))
+            .service(recording(first_refused, seen.clone()));
+        let start = tokio::time::Instant::now();
+        let result = stack.oneshot(timed_call("1500000u")).await;
+        assert_eq!(Outcome::of(&result), Outcome::Completed);
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        assert_eq!(*seen.lock().expect("not poisoned"), ["1500000u", "500000u"]);
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_that_would_pass_the_deadline_ends_the_call_marked() -> Result<(), BoxError> {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let allowance = grpc_allowance();
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(recording(|_| EXHAUSTED_1S, seen.clone()));
+        let start = tokio::time::Instant::now();
+        let result = stack.oneshot(timed_call("1500m")).await;
+        // Attempts at 0 and 1,000 ms; one at 2,000 ms would pass the deadline: not made.
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        // Each attempt says the time left, the first one too (in the most precise unit).
+        assert_eq!(*seen.lock().expect("not poisoned"), ["1500000u", "500000u"]);
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(AbandonReason::Deadline)
+        );
+        let answer = result?;
+        assert_eq!(
+            answer.headers()["grpc-status"],
+            "8",
+            "the server's own status"
+        );
+        assert_eq!(answer.headers()[X_ALLOWANCE_ABANDONED], "deadline");
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_whose_deadline_passes_in_the_queue_is_refused_at_once() -> Result<(), BoxError>
+    {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let allowance = grpc_allowance();
+        allowance.extend_cooldown(Duration::from_secs(3)).await?;
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(recording(|_| OK, seen.clone()));
+        let start = tokio::time::Instant::now();
+        let result = stack.oneshot(timed_call("300m")).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(
+            seen.lock().expect("not poisoned").is_empty(),
+            "nothing sent"
+        );
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(AbandonReason::Deadline)
+        );
+        let answer = result?;
+        let headers = answer.headers();
+        assert_eq!(headers["grpc-status"], "4", "DEADLINE_EXCEEDED");
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert_eq!(headers[X_ALLOWANCE_ABANDONED], "deadline");
+        assert!(headers.get("grpc-retry-pushback-ms").is_none());
+        assert!(answer.body().is_end_stream(), "trailers-only");
+        Ok(())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_and_a_closure_answer_with_the_wait_left() -> Result<(), BoxError> {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let config = AllowanceConfig::per_second(1, 1)?.with_max_waiters(0);
+        let allowance = Allowance::new(config.with_max_cooldown(Duration::from_secs(10))?);
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .service(recording(|_| OK, seen.clone()));
+        stack.clone().oneshot(call()).await?;
+        // The burst is spent and nobody may wait: UNAVAILABLE, come back in a second.
+        let full = stack.clone().oneshot(call()).await?;
+        let headers = full.headers();
+        assert_eq!(headers["grpc-status"], "14");
+        assert_eq!(headers["grpc-retry-pushback-ms"], "1000");
+        assert_eq!(headers[X_ALLOWANCE_ABANDONED], "overloaded");
+        assert_eq!(
+            headers["grpc-message"], "allowance wait queue is full",
+            "{headers:?}"
+        );
+
+        // A wait beyond max_cooldown closes the allowance (for max_cooldown, 10 s):
+        // RESOURCE_EXHAUSTED, with the time until it reopens.
+        allowance.extend_cooldown(Duration::from_secs(60)).await?;
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let closed = stack.oneshot(call()).await?;
+        let headers = closed.headers();
+        assert_eq!(headers["grpc-status"], "8");
+        assert_eq!(headers["grpc-retry-pushback-ms"], "9750");
+        assert_eq!(headers[X_ALLOWANCE_ABANDONED], "cooldown_too_long");
+        assert_eq!(seen.lock().expect("not poisoned").len(), 1, "one call sent");
+        Ok(())
+    }
+
+    #[test]
+    fn refusals_map_to_codes_a_client_can_act_on() {
+        let store = crate::store::StoreError::unavailable("connection refused");
+        let cases: [(BoxError, Code, Option<i64>); 6] = [
+            (
+                Abandoned::new(AbandonReason::Deadline).into(),
+                Code::DEADLINE_EXCEEDED,
+                None,
+            ),
+            (
+                Overloaded {
+                    wait: Duration::from_micros(1_500),
+                }
+                .into(),
+                Code::UNAVAILABLE,
+                Some(2),
+            ),
+            (StoreUnavailable::new(store).into(), Code::UNAVAILABLE, None),
+            (
+                Abandoned::new(AbandonReason::BudgetExhausted).into(),
+                Code::RESOURCE_EXHAUSTED,
+                Some(-1),
+            ),
+            (
+                Exhausted::new(None, crate::rule::ClosedBy::Quota).into(),
+                Code::RESOURCE_EXHAUSTED,
+                Some(-1),
+            ),
+            ("a transport error".into(), Code::UNKNOWN, None),
+        ];
+        for (e, code, pushback) in cases {
+            match refusal(&*e) {
+                Some(r) => assert_eq!((r.code, r.pushback), (code, pushback), "{e}"),
+                None => assert_eq!(code, Code::UNKNOWN, "{e}: left to tonic"),
+            }
+        }
+        let message = percent_encode("100% sure: \u{e9}t\u{e9}\n");
+        assert_eq!(message, "100%25 sure: %C3%A9t%C3%A9%0A");
     }
 
     // === properties ===

@@ -89,26 +89,20 @@ pub mod admission;
 pub mod body;
 pub mod classify;
 #[cfg(feature = "conformance")]
-#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 pub mod cooldown;
 #[cfg(feature = "cost")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cost")))]
 pub mod cost;
 pub mod error;
 #[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod guide;
 #[cfg(feature = "keyed")]
-#[cfg_attr(docsrs, doc(cfg(feature = "keyed")))]
 pub mod keyed;
 #[cfg(feature = "quota")]
-#[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
 pub mod quota;
 pub mod retry;
 #[cfg(feature = "rule")]
-#[cfg_attr(docsrs, doc(cfg(feature = "rule")))]
 pub mod rule;
 #[cfg(not(feature = "rule"))]
 mod rule;
@@ -116,17 +110,14 @@ mod rule;
 // without it the cooldown reads `Retry-After` and `retry-after-ms` through them, and
 // `retry_after` is the one public piece.
 #[cfg(feature = "dialects")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
 pub mod signals;
 #[cfg(not(feature = "dialects"))]
 mod signals;
 pub mod store;
 
 #[cfg(feature = "dialects")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
 pub use crate::allowance::RateLimitObservation;
 #[cfg(feature = "adaptive")]
-#[cfg_attr(docsrs, doc(cfg(feature = "adaptive")))]
 pub use crate::config::AdaptiveRate;
 pub use crate::{
     acquire::Acquire,

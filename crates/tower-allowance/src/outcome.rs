@@ -67,8 +67,29 @@ impl Outcome {
         }
     }
 
-    /// Classifies an error alone.
+    /// Classifies an error alone: the layers' errors as [`Outcome::of`] does. With the
+    /// `tonic` feature, a `tonic::Status` whose metadata has `x-allowance-abandoned` (what
+    /// `grpc::GrpcLayer` (feature `grpc`) adds to a call it gave up on, or refused) is
+    /// `Abandoned` with that reason; any other `Status` is the server's own answer:
+    /// `Failed` (read its `code()`).
+    ///
+    /// ```
+    /// use tower_allowance::{error::{AbandonReason, Overloaded}, Outcome};
+    ///
+    /// let full = Overloaded::default();
+    /// assert_eq!(Outcome::of_error(&full), Outcome::Abandoned(AbandonReason::Overloaded));
+    /// # #[cfg(feature = "tonic")] {
+    /// let mut status = tonic::Status::resource_exhausted("quota exceeded");
+    /// assert_eq!(Outcome::of_error(&status), Outcome::Failed);
+    /// status.metadata_mut().insert("x-allowance-abandoned", "deadline".parse().expect("ascii"));
+    /// assert_eq!(Outcome::of_error(&status), Outcome::Abandoned(AbandonReason::Deadline));
+    /// # }
+    /// ```
     pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Self {
+        #[cfg(feature = "tonic")]
+        let tonic = crate::body::impl_tonic::abandoned_status(e);
+        #[cfg(not(feature = "tonic"))]
+        let tonic = None;
         if let Some(a) = find::<Abandoned>(e) {
             Self::Abandoned(a.reason())
         } else if find::<Overloaded>(e).is_some() {
@@ -76,7 +97,7 @@ impl Outcome {
         } else if let Some(x) = find::<Exhausted>(e) {
             Self::Abandoned(x.reason())
         } else {
-            Self::Failed
+            tonic.map_or(Self::Failed, Self::Abandoned)
         }
     }
 

@@ -1,4 +1,4 @@
-use std::{sync::atomic::Ordering, time::Duration};
+use std::{fmt, sync::atomic::Ordering, time::Duration};
 
 use tokio::time::Instant;
 
@@ -37,7 +37,6 @@ pub struct Snapshot {
     pub closed: Option<ClosedState>,
     /// The last `X-RateLimit-*` headers seen on a response, if any.
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     pub rate_limit: Option<RateLimitObservation>,
     /// Retries the shared budget could pay for now; `None` for an unlimited budget, and in
     /// [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store knows).
@@ -95,9 +94,66 @@ impl Snapshot {
     }
 }
 
-/// Abandonment counters by [`AbandonReason`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// One line for a log or a status page: the counters, then the shared state as last
+/// learned here (what is known of it).
+///
+/// ```
+/// use tower_allowance::{Allowance, AllowanceConfig};
+///
+/// let allowance = Allowance::builder(AllowanceConfig::per_second(2, 2)?).name("odds-api").build();
+/// assert_eq!(
+///     allowance.snapshot().to_string(),
+///     "odds-api: 0 admitted (0 waited, 0 retries), 0 cooldowns, 0 waiting, 0 abandoned"
+/// );
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+impl fmt::Display for Snapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self;
+        write!(f, "{}: {} admitted", s.name, s.admitted)?;
+        write!(f, " ({} waited, {} retries)", s.waited, s.retries_spent)?;
+        write!(f, ", {} cooldowns, {} waiting", s.deferred, s.waiting)?;
+        write!(f, ", {}", s.abandoned)?;
+        let closed = s.closed.map(|c| match c.reopens_in {
+            Some(d) => format!("closed ({}) for {d:?}", c.reason),
+            None => format!("closed ({}) until cleared", c.reason),
+        });
+        [
+            s.cooling_for.map(|d| format!("cooling down for {d:?}")),
+            closed,
+            s.retries_remaining.map(|n| format!("{n} retries left")),
+            s.adaptive_rate.map(|r| format!("adaptive rate {r:.2}/s")),
+        ]
+        .iter()
+        .flatten()
+        .try_for_each(|part| write!(f, ", {part}"))
+    }
+}
+
+/// Abandonment counters by [`AbandonReason`]. `Debug` names each reason
+/// (`AbandonedCounts { max_attempts: 0, budget_exhausted: 2, .. }`); `Display` gives the
+/// total and the reasons counted (`3 abandoned (budget_exhausted 2, deadline 1)`).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
 pub struct AbandonedCounts([u64; AbandonReason::COUNT]);
+
+impl fmt::Debug for AbandonedCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut counts = f.debug_struct("AbandonedCounts");
+        AbandonReason::each().for_each(|r| _ = counts.field(r.as_str(), &self.get(r)));
+        counts.finish()
+    }
+}
+
+impl fmt::Display for AbandonedCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let counted: Vec<_> = self.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        write!(f, "{} abandoned", self.total())?;
+        match counted.is_empty() {
+            true => Ok(()),
+            false => write!(f, " ({})", counted.join(", ")),
+        }
+    }
+}
 
 impl AbandonedCounts {
     /// The count for one reason.

@@ -236,50 +236,26 @@ impl<B: 'static, C, F: Fn(B) -> C> Source<C> for Mapped<B, F> {
 
 // === impl Replayable ===
 
-impl Replayable for Full<Bytes> {
-    /// Cloned: the clones share the bytes, so the cap does not apply.
-    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
-        let copy = self.clone();
-        (self, Some(Replay::from_fn(move || copy.clone())))
-    }
+/// The bodies that are cheap to copy: each retry sends a clone (the clones share the
+/// bytes, or hold none), so the cap does not apply.
+macro_rules! cloned {
+    ($($body:ty),*) => {$(
+        #[allow(clippy::clone_on_copy)]
+        impl Replayable for $body {
+            /// Cloned: the clones share the bytes (or hold none), so the cap does not apply.
+            fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
+                let copy = self.clone();
+                (self, Some(Replay::from_fn(move || copy.clone())))
+            }
 
-    fn try_clone(&self, _cap: usize) -> Option<Self> {
-        Some(self.clone())
-    }
+            fn try_clone(&self, _cap: usize) -> Option<Self> {
+                Some(self.clone())
+            }
+        }
+    )*};
 }
 
-impl Replayable for () {
-    /// No body at all (tests, examples, services that ignore it): nothing to copy.
-    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
-        (self, Some(Replay::from_fn(|| ())))
-    }
-
-    fn try_clone(&self, _cap: usize) -> Option<Self> {
-        Some(())
-    }
-}
-
-impl Replayable for Bytes {
-    /// Cloned: the clones share the bytes, so the cap does not apply.
-    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
-        let copy = self.clone();
-        (self, Some(Replay::from_fn(move || copy.clone())))
-    }
-
-    fn try_clone(&self, _cap: usize) -> Option<Self> {
-        Some(self.clone())
-    }
-}
-
-impl Replayable for Empty<Bytes> {
-    fn prepare(self, _cap: usize) -> (Self, Option<Replay<Self>>) {
-        (self, Some(Replay::from_fn(Empty::new)))
-    }
-
-    fn try_clone(&self, _cap: usize) -> Option<Self> {
-        Some(Empty::new())
-    }
-}
+cloned!(Full<Bytes>, Bytes, Empty<Bytes>, ());
 
 impl Replayable for String {
     /// Cloned, which copies it: not replayed when longer than the cap.

@@ -21,10 +21,10 @@ use crate::{
     body::{Replay, Replayable},
     classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
     cooldown::{read_response, FinalAttempt},
-    error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
+    error::{find, AbandonReason, Abandoned, StoreUnavailable},
     extensions::{AcquireOptions, Attempt, Cost},
     shared::Shared,
-    Allowance, BoxError, Deadline,
+    Allowance, BoxError, Deadline, Outcome,
 };
 
 /// A [`tower::retry::Policy`] whose extra attempts draw on the allowance's shared budget.
@@ -187,31 +187,19 @@ impl<C> RetryPolicy<C> {
                 return closed(&self.shared, AbandonReason::Deadline);
             }
         }
+        let (attempt, name) = (
+            self.attempts.saturating_add(1),
+            self.shared.allowance.name(),
+        );
+        tracing::debug!(allowance = name, attempt, delay = ?total, reason = ?class, "retrying");
         Plan::Retry { sleep, not_before }
     }
 }
 
 /// The layers' own failures are final: retrying them would only repeat them.
 fn is_own_error(e: &BoxError) -> bool {
-    let e: &(dyn std::error::Error + 'static) = &**e;
-    find::<Abandoned>(e).is_some()
-        || find::<Overloaded>(e).is_some()
-        || find::<StoreUnavailable>(e).is_some()
-        || find::<Exhausted>(e).is_some()
+    Outcome::of_error(&**e) != Outcome::Failed || find::<StoreUnavailable>(&**e).is_some()
 }
-
-/// The `result` slot's stand-in once its response moved into a retry ticket (tower drops
-/// the slot when a retry is scheduled; nobody observes this).
-#[derive(Debug)]
-struct MovedToRetry;
-
-impl fmt::Display for MovedToRetry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("response kept for a retry")
-    }
-}
-
-impl std::error::Error for MovedToRetry {}
 
 impl<C: Classify> RetryPolicy<C> {
     /// Decides what follows an attempt whose result is `result`: `Some(wait)` to retry once
@@ -288,18 +276,16 @@ impl<C: Classify> RetryPolicy<C> {
                 None
             }
             Plan::Retry { sleep, not_before } => {
-                let mut options = AcquireOptions::new().retry(true);
-                if let Some(delay) = not_before {
-                    options = options.not_before(delay);
-                }
-                if let Some(Deadline(d)) = extensions.get::<Deadline>() {
+                let deadline = extensions.get::<Deadline>().map(|Deadline(d)| {
                     // The slot must come strictly before the deadline.
-                    options =
-                        options.deadline(d.checked_sub(Duration::from_micros(1)).unwrap_or(*d));
-                }
-                if let Some(Cost(c)) = extensions.get::<Cost>() {
-                    options = options.cost(*c);
-                }
+                    d.checked_sub(Duration::from_micros(1)).unwrap_or(*d)
+                });
+                let options = AcquireOptions {
+                    deadline,
+                    retry: true,
+                    cost: extensions.get::<Cost>().map(|Cost(c)| *c),
+                    not_before,
+                };
                 let shared = &self.shared.allowance.shared;
                 // Nothing to sleep before asking: ask now, as the wait's first poll would, at
                 // the same instant. A store that decides at once (the in-memory one does)
@@ -328,7 +314,9 @@ impl<C: Classify> RetryPolicy<C> {
                     Some((progress, step)) => (progress, Some(step)),
                     None => (Progress::default(), None),
                 };
-                match std::mem::replace(result, Err(Box::new(MovedToRetry))) {
+                // The slot's stand-in once its response moved to the stash (tower drops the
+                // slot when a retry is scheduled; nobody observes it).
+                match std::mem::replace(result, Err("response kept for a retry".into())) {
                     Ok(response) => {
                         extensions.insert(Stash::new(response));
                     }
@@ -489,10 +477,11 @@ impl RetryWait {
         ticket: RetryTicket,
     ) -> Self {
         let sleep = (!sleep.is_zero()).then(|| tokio::time::sleep(sleep));
+        let admit = Some(OwnedAdmit::new(shared, options));
         Self {
             inner: Box::pin(RetryWaitInner {
                 sleep,
-                admit: Some(OwnedAdmit::new(shared, options)),
+                admit,
                 ticket,
             }),
         }
@@ -508,12 +497,8 @@ impl RetryWait {
         ticket: RetryTicket,
     ) -> Self {
         let admit = match step {
-            Begin::Ready(Ok(())) => {
-                ticket.set(Ticket::Admitted);
-                None
-            }
-            Begin::Ready(Err(e)) => {
-                ticket.set(Ticket::Failed(e));
+            Begin::Ready(result) => {
+                ticket.set(Ticket::of(result));
                 None
             }
             step => Some(OwnedAdmit::resume(shared, options, progress, step)),
@@ -540,10 +525,7 @@ impl Future for RetryWait {
         if let Some(admit) = this.admit.as_mut().as_pin_mut() {
             let result = ready!(admit.poll(cx));
             this.admit.set(None);
-            this.ticket.set(match result {
-                Ok(()) => Ticket::Admitted,
-                Err(e) => Ticket::Failed(e),
-            });
+            this.ticket.set(Ticket::of(result));
         }
         Poll::Ready(())
     }

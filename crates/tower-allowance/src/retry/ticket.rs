@@ -38,6 +38,13 @@ pub(crate) enum Ticket {
     Failed(AcquireError),
 }
 
+impl Ticket {
+    /// The verdict of an admission.
+    pub(crate) fn of(result: Result<(), AcquireError>) -> Self {
+        result.map_or_else(Self::Failed, |()| Self::Admitted)
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     ticket: Option<Ticket>,

@@ -103,6 +103,8 @@ mod ops;
 mod params;
 #[cfg(feature = "quota")]
 mod probe;
+#[cfg(feature = "serde")]
+mod ser;
 mod state;
 
 #[cfg(feature = "quota")]

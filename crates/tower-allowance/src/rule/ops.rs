@@ -491,7 +491,7 @@ pub struct StoreState {
     ///
     /// In JSON (feature `serde`): `null` when open, `{ "for": "2s" }` when closed for a
     /// while, `{ "for": null }` when closed until cleared.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "closed_json"))]
+    #[cfg_attr(feature = "serde", serde(serialize_with = "super::ser::closed_json"))]
     pub closed: Option<Option<Duration>>,
     /// Why it is closed; `None` when open.
     pub closed_by: Option<ClosedBy>,
@@ -506,24 +506,6 @@ pub struct StoreState {
     pub generation: u64,
     /// The adaptive rate now, in thousandths of a request per second (0: not adaptive).
     pub rate_milli: u64,
-}
-
-/// [`StoreState::closed`] without the ambiguity of a nested `Option` (which serde would
-/// write as `null` both when open and when closed until cleared).
-#[cfg(feature = "serde")]
-fn closed_json<S: serde::Serializer>(
-    closed: &Option<Option<Duration>>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    use serde::ser::SerializeMap;
-    match closed {
-        None => serializer.serialize_none(),
-        Some(d) => {
-            let mut map = serializer.serialize_map(Some(1))?;
-            map.serialize_entry("for", &d.map(humantime_serde::Serde::from))?;
-            map.end()
-        }
-    }
 }
 
 /// One operation on an allowance's state.

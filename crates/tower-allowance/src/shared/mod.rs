@@ -160,13 +160,19 @@ impl Shared {
         if deferred.extended {
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.cooldown(deferred.blocked_for);
-            tracing::debug!(
-                allowance = &*self.name,
-                blocked_for = ?deferred.blocked_for,
-                "allowance cooldown extended"
-            );
+            let (name, blocked_for) = (self.name.clone(), deferred.blocked_for);
+            tracing::info!(allowance = &*name, ?blocked_for, "allowance cooling down");
             if let Some(until) = now.checked_add(deferred.blocked_for) {
                 self.holders.learn_cooldown(until);
+                // Its end, logged unless a longer cooldown replaced it (which logs its own).
+                let holders = Arc::downgrade(&self.holders);
+                spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    let known = holders.upgrade().and_then(|h| h.known().blocked_until);
+                    if known == Some(until) {
+                        tracing::info!(allowance = &*name, "allowance cooldown ended");
+                    }
+                });
             }
         }
         if let Some(closed) = deferred.closed {

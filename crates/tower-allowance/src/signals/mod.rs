@@ -157,7 +157,6 @@ mod tests;
 use values::Value;
 
 #[cfg(feature = "dialects")]
-#[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
 pub use named::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
@@ -177,27 +176,21 @@ pub enum Reader {
     /// `retry-after-ms`: a delay in milliseconds.
     RetryAfterMs,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// draft-ietf-httpapi-ratelimit-headers-10: `RateLimit` and `RateLimit-Policy`.
     Ietf,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Earlier drafts: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`.
     IetfLegacy,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// GitHub: `x-ratelimit-*` with an epoch-seconds reset.
     Github,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// OpenAI: `x-ratelimit-*-requests` and `-tokens` with Go-duration resets.
     OpenAi,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Anthropic: `anthropic-ratelimit-*` with RFC 3339 resets.
     Anthropic,
     #[cfg(feature = "dialects")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// The generic `X-RateLimit-Limit`, `-Remaining`, `-Bucket`, `-Reset` (the odds API's shape).
     XRateLimit,
 }

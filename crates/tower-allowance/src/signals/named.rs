@@ -23,7 +23,6 @@ mod x_ratelimit;
 pub use self::x_ratelimit::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
 
 impl Dialect {
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// For a provider whose headers you do not know: [`Dialect::standard`], the IETF fields
     /// (current and older drafts) and the generic `X-RateLimit-*`.
     pub const fn generic() -> Self {
@@ -33,13 +32,11 @@ impl Dialect {
             .with(Reader::XRateLimit)
     }
 
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// GitHub's REST API: `Retry-After` (secondary limits) and `x-ratelimit-*`.
     pub const fn github() -> Self {
         Self::none().with(Reader::RetryAfter).with(Reader::Github)
     }
 
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// OpenAI's API: `Retry-After`, `retry-after-ms` and `x-ratelimit-*-{requests,tokens}`.
     pub const fn openai() -> Self {
         Self::none()
@@ -48,7 +45,6 @@ impl Dialect {
             .with(Reader::OpenAi)
     }
 
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// Anthropic's API: `Retry-After` and `anthropic-ratelimit-*`.
     pub const fn anthropic() -> Self {
         Self::none()
@@ -56,7 +52,6 @@ impl Dialect {
             .with(Reader::Anthropic)
     }
 
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// `Retry-After` and the generic `X-RateLimit-*` (`-Limit`, `-Remaining`, `-Bucket`,
     /// `-Reset`), the shape many APIs send (the Odds API's among them).
     pub const fn x_ratelimit() -> Self {
@@ -65,7 +60,6 @@ impl Dialect {
             .with(Reader::XRateLimit)
     }
 
-    #[cfg_attr(docsrs, doc(cfg(feature = "dialects")))]
     /// The IETF fields only (current and older drafts), with `Retry-After`.
     pub const fn ietf() -> Self {
         Self::none()
