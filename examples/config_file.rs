@@ -192,7 +192,8 @@ pub(crate) async fn build(
         ),
     };
     let allowance = builder.build();
-    let stack = AllowanceLayer::new(allowance.clone(), api.retry.clone())
+    let stack = AllowanceLayer::new(allowance.clone())
+        .with_retry(api.retry.clone())
         .with_classifier(api.classifier)
         .layer(client);
     Ok(Built {

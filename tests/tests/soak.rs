@@ -90,10 +90,7 @@ async fn soak_200_tasks_real_http() {
         })
     };
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service(sent);
     // One event id per call, so that the upstream's log says which call each attempt was.
     let calls = Arc::new(AtomicUsize::new(0));

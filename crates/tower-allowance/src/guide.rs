@@ -100,14 +100,14 @@
 //! use std::{convert::Infallible, time::Duration};
 //! use http::{Request, Response};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_allowance::{error::AbandonReason, retry::RetryConfig};
+//! use tower_allowance::{error::AbandonReason};
 //! use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
 //! let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
 //! let client = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .layer(AllowanceLayer::new(allowance.clone()))
 //!     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("ok")) });
 //!
 //! client.clone().oneshot(Request::new(String::new())).await?; // the burst of 1
