@@ -134,3 +134,6 @@ impl OpenStore for MemorySpec {
         std::future::ready(Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>))
     }
 }
+
+#[cfg(test)]
+mod tests;
