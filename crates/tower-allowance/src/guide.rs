@@ -262,10 +262,17 @@
 //! against the response's `Date` when it is within
 //! [`max_date_skew`](crate::AllowanceConfig::with_max_date_skew) of the local clock.
 //!
+//! The classifier and the retry rules are the allowance's, set once with
+//! [`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier) and
+//! [`with_retry`](crate::AllowanceConfig::with_retry) and inherited by every layer built on it
+//! (a layer's `with_classifier` or `with_retry` overrides them for that layer alone), so the
+//! shared cooldown reacts to a response the same way whichever client received it.
+//!
 //! All of this can be written in a configuration file with the `serde` feature: see
 //! [`AllowanceConfig`](crate::AllowanceConfig),
 //! [`RetryConfig`](crate::retry::RetryConfig#configuration-files) and
-//! [`StatusClassifier`](crate::classify::StatusClassifier#configuration-files).
+//! [`StatusClassifier`](crate::classify::StatusClassifier#configuration-files); an
+//! `AllowanceSpec` (feature `serde`) adds the store and builds the allowance in one call.
 //!
 //! # Observing it
 //!
