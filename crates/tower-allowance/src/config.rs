@@ -20,13 +20,15 @@
 
 use std::{fmt, num::NonZeroU32, time::Duration};
 
+use self::retry::RetryConfig;
 use crate::{
     classify::StatusClassifier,
-    retry::RetryConfig,
     rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
     signals::{Dialect, ReadContext},
 };
 
+// The per-request retry rules an allowance carries (public as `retry::RetryConfig`).
+pub(crate) mod retry;
 // The feature-only setters and getters, in files the default build does not read.
 #[cfg(any(test, feature = "adaptive"))]
 pub(crate) mod adaptive;
@@ -34,7 +36,6 @@ pub(crate) mod adaptive;
 pub(crate) mod de;
 #[cfg(feature = "dialects")]
 mod dialects;
-pub(crate) mod retry;
 
 /// A configuration value was out of range.
 ///
