@@ -76,7 +76,9 @@ pub(crate) fn app(
 ) -> Result<Router, BoxError> {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let retry = RetryConfig::default().with_max_attempts(4)?;
-    let odds = AllowanceLayer::new(allowance.clone(), retry).layer(client);
+    let odds = AllowanceLayer::new(allowance.clone())
+        .with_retry(retry)
+        .layer(client);
     let state = AppState {
         odds,
         allowance,

@@ -1,26 +1,25 @@
-//! Allowances from a configuration file: one per API, each with its store, classifier and
-//! retry rules, read from `examples/allowances.toml`, built into stacks, and tried against a
-//! local throttling upstream (one per API), so that it runs on any machine.
+//! Allowances from a configuration file: one per API, each with its limits, classifier,
+//! retry rules and store, read from `examples/allowances.toml`, built in one call each, and
+//! tried against a local throttling upstream (one per API), so that it runs on any machine.
 //!
-//! The file is read with the `toml` crate into tower-allowance's own types (feature
-//! `serde`): [`AllowanceConfig`], [`StatusClassifier`], [`RetryConfig`], and
-//! tower-allowance-redis's [`RedisStoreOptions`]. Durations are written `"250ms"`, `"1h"`;
-//! unknown fields and out-of-range values are refused with an error naming the field.
+//! Each `[apis.NAME]` table is a [`tower_allowance::AllowanceSpec`] (feature `serde`) whose
+//! store part is tower-allowance-redis's [`StoreSpec`]: `spec.build(name)` opens the store
+//! and builds the allowance, and every layer built on it (`AllowanceLayer::new(allowance)`)
+//! classifies and retries as the file says. Durations are written `"250ms"`, `"1h"`; unknown
+//! fields and out-of-range values are refused with an error naming the field.
 //!
 //! ```text
-//! cargo run --example config_file                            # the shipped file
-//! cargo run --example config_file -- redis://127.0.0.1:6379/  # Redis at this URL
-//! cargo run --example config_file -- --config my.toml        # another file
+//! cargo run --example config_file                                        # the shipped file
+//! ALLOWANCE_REDIS_URL=redis://127.0.0.1:6379/ cargo run --example config_file   # with Redis
+//! cargo run --example config_file -- --config my.toml                    # another file
 //! cargo run --example config_file -- --help
 //! ```
 //!
-//! The Redis URL is never in the file (it may carry a password): it is the first argument,
-//! or `ALLOWANCE_REDIS_URL`. The APIs the file keeps in Redis are kept there when a URL is
-//! given (and then Redis must be usable: a refusal stops the run), or when a Redis answers on
-//! `127.0.0.1:6379`. Otherwise the example says so, and keeps those allowances in memory for
-//! this run: shared by this process's tasks only.
+//! The shipped file keeps two APIs in Redis at `$ALLOWANCE_REDIS_URL` (`url_env`: the URL may
+//! carry a password, so the file names the variable). When it is not set, the example keeps
+//! those allowances in memory for this run, and says so; when it is, Redis must be usable.
 
-use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
+use std::{collections::BTreeMap, time::Duration};
 
 use allowance_testkit::upstream::{Upstream, UpstreamConfig, API_KEY_HEADER, DEFAULT_KEY};
 use bytes::Bytes;
@@ -32,16 +31,15 @@ use hyper_util::{
 };
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
-    classify::StatusClassifier, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
-    BoxError, Cost, OutagePolicy, Outcome, RetryBudgetConfig,
+    Allowance, AllowanceConfig, AllowanceLayer, AllowanceSpec, BoxError, Cost, Outcome,
 };
-use tower_allowance_redis::{RedisStore, RedisStoreOptions};
+use tower_allowance_redis::StoreSpec;
 
 /// The file the example reads unless told otherwise.
 pub(crate) const SHIPPED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/allowances.toml");
 
-/// Where a Redis is looked for when no URL is given.
-const LOCAL_REDIS: &str = "redis://127.0.0.1:6379/";
+/// The variable the shipped file's Redis-kept allowances read their URL from.
+const REDIS_URL_VAR: &str = "ALLOWANCE_REDIS_URL";
 
 /// Calls made through each API's stack, all at once.
 const CALLS: usize = 6;
@@ -51,49 +49,25 @@ const TOKENS_PER_CALL: u32 = 1_000;
 
 /// `--help` output.
 const HELP: &str = "\
-Loads the allowances in a TOML file (one per API), builds their stacks, prints a summary
-and makes a few calls through each against a local throttling upstream.
+Loads the allowances in a TOML file (one per API), builds them, prints a summary and makes a
+few calls through each one's stack against a local throttling upstream.
 
-Usage: config_file [REDIS_URL] [--config FILE]
+Usage: config_file [--config FILE]
 
-  REDIS_URL      where the file's Redis-kept allowances live (default: $ALLOWANCE_REDIS_URL,
-                 else redis://127.0.0.1:6379/ if it answers, else memory, said so)
   --config FILE  the file to read (default: examples/allowances.toml)
   -h, --help     print this help and run nothing
+
+The Redis-kept allowances connect to the URL in $ALLOWANCE_REDIS_URL (the file names the
+variable); without it they are kept in memory for this run, said so.
 ";
 
-// === the file ===
+// === loading and building ===
 
-/// The whole file: the allowances by API name.
+/// The whole file: one allowance spec per API, by name.
 #[derive(Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct File {
-    /// One table per API; its key is the allowance's name (its Redis key, its metrics label).
-    pub(crate) apis: BTreeMap<String, Api>,
-}
-
-/// One API: its allowance, where it is kept, how responses are read, how to retry.
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Api {
-    pub(crate) allowance: AllowanceConfig,
-    #[serde(default)]
-    pub(crate) store: StoreConfig,
-    #[serde(default)]
-    pub(crate) classifier: StatusClassifier,
-    #[serde(default)]
-    pub(crate) retry: RetryConfig,
-}
-
-/// `store = "memory"` or `store = { redis = { timeout = "100ms", ... } }`.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum StoreConfig {
-    /// In this process: its tasks share it.
-    #[default]
-    Memory,
-    /// In Redis: every process using the same name shares it.
-    Redis(RedisStoreOptions),
+    pub(crate) apis: BTreeMap<String, AllowanceSpec<StoreSpec>>,
 }
 
 /// Reads a file's text. Errors say where (line and column) and what, naming the field.
@@ -101,186 +75,66 @@ pub(crate) fn parse(text: &str) -> Result<File, toml::de::Error> {
     toml::from_str(text)
 }
 
-// === where the Redis-kept allowances go ===
-
-/// The Redis this run uses for the allowances the file keeps in Redis.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RedisChoice {
-    /// A URL on the command line or in `ALLOWANCE_REDIS_URL`: it must work.
-    Given(String),
-    /// No URL given, but a Redis answers on the default port.
-    Found(String),
-    /// No URL given, and none answers on the default port.
-    Absent,
-}
-
-impl RedisChoice {
-    /// Given `url`, or whatever answers on `127.0.0.1:6379`.
-    pub(crate) async fn choose(url: Option<String>) -> Self {
-        if let Some(url) = url {
-            return Self::Given(url);
-        }
-        let probe = tokio::net::TcpStream::connect("127.0.0.1:6379");
-        match tokio::time::timeout(Duration::from_millis(500), probe).await {
-            Ok(Ok(_)) => Self::Found(LOCAL_REDIS.to_owned()),
-            _ => Self::Absent,
-        }
-    }
-
-    fn url(&self) -> Option<&str> {
-        match self {
-            Self::Given(url) | Self::Found(url) => Some(url),
-            Self::Absent => None,
-        }
-    }
-}
-
-// === building ===
+/// One API's stack: Retry → Cooldown → Admission → hyper's client.
+pub(crate) type Stack = <AllowanceLayer as Layer<HttpClient>>::Service;
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
-
-/// One API's stack: Retry → Cooldown → Admission → hyper's client, read by its classifier.
-pub(crate) type Stack = <AllowanceLayer<StatusClassifier> as Layer<HttpClient>>::Service;
 
 /// One API, built.
 #[derive(Debug)]
 pub(crate) struct Built {
-    pub(crate) name: String,
     pub(crate) allowance: Allowance,
     pub(crate) stack: Stack,
     /// Where the allowance is kept this run, in words.
-    pub(crate) kept: String,
+    pub(crate) kept: &'static str,
 }
 
-/// Builds `api`'s allowance (in Redis when the file says so and `redis` has a URL) and its
-/// stack over `client`.
+/// Builds the allowance `name` as `spec` says, and its stack over `client`; one kept in
+/// Redis is kept in memory instead when `redis` is false (no URL for this run).
 ///
 /// # Errors
 ///
-/// A Redis that refuses the connection (a wrong password, a bad URL), or that does not
-/// answer when the API's failure policy is to report outages.
+/// The store's: a Redis that refuses us, or that does not answer when the API's failure
+/// policy is to report outages.
 pub(crate) async fn build(
     name: &str,
-    api: &Api,
-    redis: &RedisChoice,
+    spec: &AllowanceSpec<StoreSpec>,
+    redis: bool,
     client: HttpClient,
 ) -> Result<Built, BoxError> {
-    let builder = Allowance::builder(api.allowance.clone()).name(name);
-    let (builder, kept) = match (&api.store, redis.url()) {
-        (StoreConfig::Memory, _) => (builder, "memory (this process)".to_owned()),
-        (StoreConfig::Redis(options), Some(url)) => {
-            let shown = redact(url);
-            let store = RedisStore::connect(url, name, options.clone())
-                .await
-                .map_err(|e| format!("{name}: Redis at {shown}: {e}"))?;
-            let kept = if store.is_degraded() {
-                format!(
-                    "Redis at {shown}, NOT ANSWERING: deciding locally ({:?}) until it does",
-                    options.get_failure_policy()
-                )
-            } else {
-                format!("Redis at {shown} (key {})", store.key())
-            };
-            (builder.store(store), kept)
-        }
-        (StoreConfig::Redis(_), None) => (
-            builder,
-            format!(
-                "memory for this run: the file says Redis, but no URL was given and none \
-                 answers at {LOCAL_REDIS}"
-            ),
+    let (allowance, kept) = match spec.store() {
+        StoreSpec::Redis(_) if !redis => (
+            Allowance::builder(spec.config().clone()).name(name).build(),
+            "memory for this run: the file says Redis, but $ALLOWANCE_REDIS_URL is not set",
         ),
+        StoreSpec::Redis(_) => (spec.build(name).await?, "Redis at $ALLOWANCE_REDIS_URL"),
+        _ => (spec.build(name).await?, "memory (this process)"),
     };
-    let allowance = builder.build();
-    let stack = AllowanceLayer::new(allowance.clone(), api.retry.clone())
-        .with_classifier(api.classifier)
-        .layer(client);
+    let stack = AllowanceLayer::new(allowance.clone()).layer(client);
     Ok(Built {
-        name: name.to_owned(),
         allowance,
         stack,
         kept,
     })
 }
 
-/// What `api` says, in a few lines.
-pub(crate) fn summary(built: &Built, api: &Api) -> String {
-    let config = &api.allowance;
+/// What an allowance was built from, in a few lines.
+pub(crate) fn summary(built: &Built) -> String {
+    let config = built.allowance.config();
     let limits: Vec<String> = config
         .limits()
         .iter()
-        .map(|l| {
-            let unit = if l.counts_cost() { " cost units" } else { "" };
-            format!(
-                "{}{unit} per {} (burst {})",
-                l.rate(),
-                human(l.period()),
-                l.burst()
-            )
-        })
+        .map(|l| format!("{} per {:?} (burst {})", l.rate(), l.period(), l.burst()))
         .collect();
-    let readers: Vec<String> = config
-        .dialect()
-        .readers()
-        .map(|r| format!("{r:?}"))
-        .collect();
-    let mut s = String::new();
-    let _ = writeln!(s, "{}: {}", built.name, limits.join(", "));
-    let _ = writeln!(s, "  headers read: {}", readers.join(", "));
-    let budget = match config.retry_budget() {
-        RetryBudgetConfig::Fixed { retries } => format!("{retries} retries in all"),
-        RetryBudgetConfig::Replenishing(b) => format!(
-            "{}/s, plus {} per success, over {}",
-            b.min_per_sec(),
-            b.ratio(),
-            human(b.window())
-        ),
-        _ => "unlimited".to_owned(),
-    };
-    let outage = match config.outage_policy() {
-        OutagePolicy::Wait { max } => format!("wait up to {}", human(max)),
-        _ => "fail fast".to_owned(),
-    };
-    let _ = writeln!(
-        s,
-        "  retries: up to {} attempts a request; budget {budget}",
-        api.retry.max_attempts()
-    );
-    let _ = writeln!(
-        s,
-        "  max cooldown {}; when the store does not answer: {outage}",
-        human(config.max_cooldown())
-    );
-    let _ = writeln!(s, "  classifier: {:?}", api.classifier);
-    let _ = write!(s, "  kept in: {}", built.kept);
-    s
-}
-
-/// `2592000s` as `30days`, `3600s` as `1h`, `1.5s` as `1500ms`.
-fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    if d.subsec_nanos() != 0 || s == 0 {
-        format!("{}ms", d.as_millis())
-    } else if s.is_multiple_of(86_400) {
-        format!("{}days", s / 86_400)
-    } else if s.is_multiple_of(3_600) {
-        format!("{}h", s / 3_600)
-    } else if s.is_multiple_of(60) {
-        format!("{}m", s / 60)
-    } else {
-        format!("{s}s")
-    }
-}
-
-/// `redis://user:secret@host/` as `redis://***@host/`: a URL may carry a password.
-fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => match rest.rsplit_once('@') {
-            Some((_, host)) => format!("{scheme}://***@{host}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    format!(
+        "{}: {}\n  dialect {:?}\n  classifier {:?}; up to {} attempts a request\n  kept in: {}",
+        built.allowance.name(),
+        limits.join(", "),
+        config.dialect(),
+        config.classifier(),
+        config.retry().max_attempts(),
+        built.kept,
+    )
 }
 
 // === calling ===
@@ -299,10 +153,10 @@ pub(crate) struct Calls {
     pub(crate) elapsed: Duration,
 }
 
-/// The local stand-in for `api`: a throttling upstream as fast as the API's main limit
-/// (rounded up to whole requests a second), with its burst.
-pub(crate) fn stand_in(api: &Api) -> UpstreamConfig {
-    let main = &api.allowance.limits()[0];
+/// The local stand-in for an API: a throttling upstream as fast as the allowance's main
+/// limit (rounded up to whole requests a second), with its burst.
+pub(crate) fn stand_in(config: &AllowanceConfig) -> UpstreamConfig {
+    let main = &config.limits()[0];
     let per_sec = f64::from(main.rate()) / main.period().as_secs_f64();
     let per_sec = u32::try_from(per_sec.ceil() as u64)
         .unwrap_or(u32::MAX)
@@ -310,10 +164,11 @@ pub(crate) fn stand_in(api: &Api) -> UpstreamConfig {
     UpstreamConfig::new(main.burst(), per_sec)
 }
 
-/// Makes [`CALLS`] calls at once through `built`'s stack to a local stand-in for `api`.
-pub(crate) async fn call(built: &Built, api: &Api) -> Result<Calls, BoxError> {
-    let upstream = Upstream::start(stand_in(api)).await?;
-    let counts_cost = api.allowance.limits().iter().any(|l| l.counts_cost());
+/// Makes [`CALLS`] calls at once through `built`'s stack to a local stand-in for its API.
+pub(crate) async fn call(built: &Built) -> Result<Calls, BoxError> {
+    let config = built.allowance.config();
+    let upstream = Upstream::start(stand_in(config)).await?;
+    let counts_cost = config.limits().iter().any(|l| l.counts_cost());
     let started = tokio::time::Instant::now();
     let mut tasks = Vec::new();
     for i in 0..CALLS {
@@ -356,42 +211,30 @@ pub(crate) async fn call(built: &Built, api: &Api) -> Result<Calls, BoxError> {
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Args {
     Help,
-    Run {
-        config: String,
-        redis: Option<String>,
-    },
+    Run { config: String },
 }
 
-/// Reads the arguments (without the program name); `env_redis` is `ALLOWANCE_REDIS_URL`.
-pub(crate) fn parse_args(args: &[String], env_redis: Option<String>) -> Result<Args, String> {
+/// Reads the arguments (without the program name).
+pub(crate) fn parse_args(args: &[String]) -> Result<Args, String> {
     let mut config = SHIPPED.to_owned();
-    let mut redis = None;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "-h" | "--help" => return Ok(Args::Help),
-            "--config" => {
-                config = args.next().ok_or("--config needs a FILE")?.clone();
-            }
-            other if other.starts_with('-') => return Err(format!("unknown option {other}")),
-            url if redis.is_none() => redis = Some(url.to_owned()),
-            extra => return Err(format!("unexpected argument {extra}")),
+            "--config" => config = args.next().ok_or("--config needs a FILE")?.clone(),
+            other => return Err(format!("unexpected argument {other}")),
         }
     }
-    Ok(Args::Run {
-        config,
-        redis: redis.or(env_redis),
-    })
+    Ok(Args::Run { config })
 }
 
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let env_redis = std::env::var("ALLOWANCE_REDIS_URL").ok();
-    match parse_args(&args, env_redis) {
+    match parse_args(&args) {
         Ok(Args::Help) => print!("{HELP}"),
-        Ok(Args::Run { config, redis }) => {
-            if let Err(e) = run(&config, redis).await {
+        Ok(Args::Run { config }) => {
+            if let Err(e) = run(&config).await {
                 // A file's errors span lines (where, and what): printed as written.
                 eprintln!("error: {e}");
                 std::process::exit(1);
@@ -405,40 +248,32 @@ async fn main() {
 }
 
 /// Loads the file at `path`, builds its allowances and calls through each.
-async fn run(path: &str, redis: Option<String>) -> Result<(), BoxError> {
+async fn run(path: &str) -> Result<(), BoxError> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     let file = parse(&text).map_err(|e| format!("{path}: {e}"))?;
+    let redis = std::env::var_os(REDIS_URL_VAR).is_some();
 
-    let redis = RedisChoice::choose(redis).await;
-    match &redis {
-        RedisChoice::Given(url) => println!("Redis: {} (given)", redact(url)),
-        RedisChoice::Found(url) => println!("Redis: {url} (found answering, no URL given)"),
-        RedisChoice::Absent => println!(
-            "Redis: none. No URL was given (argument or ALLOWANCE_REDIS_URL) and nothing \
-             answers at {LOCAL_REDIS}:\nthe allowances the file keeps in Redis are kept in \
-             memory for this run, shared by this process only."
-        ),
-    }
-    println!("\n{} allowances from {path}:\n", file.apis.len());
-
+    println!("{} allowances from {path}:\n", file.apis.len());
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let mut built = Vec::new();
-    for (name, api) in &file.apis {
-        let b = build(name, api, &redis, client.clone()).await?;
-        println!("{}\n", summary(&b, api));
-        built.push((b, api));
+    for (name, spec) in &file.apis {
+        let b = build(name, spec, redis, client.clone())
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
+        println!("{}\n", summary(&b));
+        built.push(b);
     }
 
     println!(
         "{CALLS} calls at once through each stack, to a local upstream as fast as the API's \
          main limit\n(calls to a limit that counts cost carry {TOKENS_PER_CALL} tokens each):\n"
     );
-    for (b, api) in &built {
-        let c = call(b, api).await?;
+    for b in &built {
+        let c = call(b).await?;
         println!(
             "{:<8} {} completed in {:.2} s; admitted {} ({} after waiting for their slot); \
              the upstream saw {} attempts, {} throttled{}",
-            b.name,
+            b.allowance.name(),
             c.completed,
             c.elapsed.as_secs_f64(),
             c.admitted,

@@ -88,7 +88,8 @@ pub(crate) async fn demo<C: Classify>(classifier: C) -> Result<Summary, BoxError
     let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?);
     let stack = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance, RetryConfig::default().with_max_attempts(3)?)
+            AllowanceLayer::new(allowance)
+                .with_retry(RetryConfig::default().with_max_attempts(3)?)
                 .with_classifier(classifier),
         )
         .service(provider(calls.clone()));

@@ -175,7 +175,7 @@ pub(crate) async fn run(demo: &Demo, shared: bool) -> Result<Row, BoxError> {
                 .layer(CostLayer::from_header(HeaderName::from_static(
                     TOKENS_HEADER,
                 )))
-                .layer(AllowanceLayer::new(allowance.clone(), retry.clone()))
+                .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry.clone()))
                 .service(client.clone());
             tokio::spawn(work(svc, jobs))
         } else {
@@ -183,7 +183,7 @@ pub(crate) async fn run(demo: &Demo, shared: bool) -> Result<Row, BoxError> {
             // key alone) only meters its own retries.
             let own = Allowance::new(demo.allowance()?);
             let inner = client.clone().map_err(BoxError::from);
-            let svc = Retry::new(RetryPolicy::new(own, retry.clone()), inner);
+            let svc = Retry::new(RetryPolicy::new(own).with_config(retry.clone()), inner);
             tokio::spawn(work(svc, jobs))
         });
     }

@@ -59,7 +59,7 @@ pub(crate) async fn run(shared: bool) -> Result<Row, BoxError> {
             Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000)?)
         };
         let client = ClientBuilder::new(client.clone())
-            .with(AllowanceMiddleware::new(allowance, retry.clone()))
+            .with(AllowanceMiddleware::new(allowance).with_retry(retry.clone()))
             .build();
         let url = format!("{}{}", upstream.url(), snapshot_path(&format!("e{worker}")));
         tasks.push(tokio::spawn(async move {

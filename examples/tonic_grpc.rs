@@ -355,7 +355,9 @@ pub(crate) async fn run(server: &QuoteServer, s: Scenario, mode: Mode) -> Result
             // Its own retry loop honouring the pushback, and nothing shared: a private,
             // unlimited allowance that only serves the policy's bookkeeping.
             let own = Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000)?);
-            let policy = RetryPolicy::with_classifier(own, retry, GrpcClassifier::new());
+            let policy = RetryPolicy::new(own)
+                .with_config(retry)
+                .with_classifier(GrpcClassifier::new());
             let prepare = policy.clone();
             let stack = ServiceBuilder::new()
                 // Under tower's `Retry`, the policy prepares each body for a replay.

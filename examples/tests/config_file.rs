@@ -8,13 +8,13 @@ mod config_file;
 
 use std::{num::NonZeroU32, time::Duration};
 
-use config_file::{parse, Args, RedisChoice, StoreConfig};
+use config_file::{parse, Args};
 use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 use tower_allowance::{
     classify::StatusClassifier, retry::RetryConfig, signals::Dialect, OutagePolicy,
     RetryBudgetConfig,
 };
-use tower_allowance_redis::FailurePolicy;
+use tower_allowance_redis::{FailurePolicy, StoreSpec};
 
 fn shipped() -> String {
     std::fs::read_to_string(config_file::SHIPPED).expect("the shipped file")
@@ -27,65 +27,69 @@ fn the_shipped_file_says_what_its_comments_say() {
     assert_eq!(names, ["github", "llm", "odds"]);
 
     let odds = &file.apis["odds"];
-    assert!(matches!(odds.store, StoreConfig::Memory));
-    assert_eq!((odds.allowance.rate(), odds.allowance.burst()), (5, 3));
-    assert_eq!(odds.allowance.period(), Duration::from_secs(1));
-    let monthly = odds.allowance.limits()[1];
+    assert!(matches!(odds.store(), StoreSpec::Memory));
+    let config = odds.config();
+    assert_eq!((config.rate(), config.burst()), (5, 3));
+    assert_eq!(config.period(), Duration::from_secs(1));
+    let monthly = config.limits()[1];
     assert_eq!(
         (monthly.rate(), monthly.period()),
         (20_000, Duration::from_secs(30 * 86_400))
     );
-    assert_eq!(odds.allowance.dialect(), Dialect::x_ratelimit());
-    assert_eq!(odds.allowance.max_cooldown(), Duration::from_secs(900));
+    assert_eq!(config.dialect(), Dialect::x_ratelimit());
+    assert_eq!(config.max_cooldown(), Duration::from_secs(900));
     assert_eq!(
-        odds.classifier,
+        config.classifier(),
         StatusClassifier::default()
             .throttled([429])
             .transient([502, 503, 504])
     );
     assert_eq!(
-        odds.retry,
-        RetryConfig::default()
+        config.retry(),
+        &RetryConfig::default()
             .with_max_attempts(3)
             .and_then(|r| r.with_backoff(Duration::from_millis(100), Duration::from_secs(5)))
             .expect("valid")
     );
 
     let llm = &file.apis["llm"];
-    assert_eq!(llm.allowance.dialect(), Dialect::openai());
-    let tokens = llm.allowance.limits()[1];
+    assert_eq!(llm.config().dialect(), Dialect::openai());
+    let tokens = llm.config().limits()[1];
     assert!(tokens.counts_cost());
     assert_eq!((tokens.rate(), tokens.burst()), (60_000, 4_000));
-    let StoreConfig::Redis(options) = &llm.store else {
-        panic!("llm is kept in Redis: {:?}", llm.store);
+    let StoreSpec::Redis(redis) = llm.store() else {
+        panic!("llm is kept in Redis: {:?}", llm.store());
     };
-    assert_eq!(options.get_timeout(), Duration::from_millis(100));
+    assert_eq!(redis.options().get_timeout(), Duration::from_millis(100));
     assert_eq!(
-        options.get_failure_policy(),
+        redis.options().get_failure_policy(),
         FailurePolicy::LocalFallback {
             expected_processes: NonZeroU32::new(4).expect("non-zero")
         }
     );
-    assert_eq!(llm.retry.max_attempts(), 4);
+    // The URL is not in the file (it may carry a password), nor in what it prints.
+    assert!(
+        format!("{redis:?}").contains("ALLOWANCE_REDIS_URL"),
+        "{redis:?}"
+    );
+    assert_eq!(llm.config().retry().max_attempts(), 4);
 
     let github = &file.apis["github"];
-    assert_eq!(github.allowance.dialect(), Dialect::github());
+    let config = github.config();
+    assert_eq!(config.dialect(), Dialect::github());
+    assert_eq!(config.retry_budget(), &RetryBudgetConfig::fixed(50));
     assert_eq!(
-        github.allowance.retry_budget(),
-        &RetryBudgetConfig::fixed(50)
-    );
-    assert_eq!(
-        github.allowance.outage_policy(),
+        config.outage_policy(),
         OutagePolicy::Wait {
             max: Duration::from_secs(30)
         }
     );
-    let StoreConfig::Redis(options) = &github.store else {
-        panic!("github is kept in Redis: {:?}", github.store);
+    let StoreSpec::Redis(redis) = github.store() else {
+        panic!("github is kept in Redis: {:?}", github.store());
     };
-    assert_eq!(options.get_failure_policy(), FailurePolicy::Report);
+    assert_eq!(redis.options().get_failure_policy(), FailurePolicy::Report);
     assert_eq!(
-        github.classifier,
+        config.classifier(),
         StatusClassifier::default()
             .throttled([403, 429])
             .transient([502, 504])
@@ -108,13 +112,13 @@ fn each_documented_mistake_is_refused_naming_the_field() {
     let cases = [
         // An unknown field, in each kind of table.
         (
-            "apis.odds.allowance",
+            "apis.odds",
             "burst = 3",
             "bursts = 3",
             "unknown field `bursts`",
         ),
         (
-            "apis.llm.store.redis",
+            "apis.llm.store.redis.options",
             "timeout = \"100ms\"",
             "timeout_ms = 100",
             "unknown field `timeout_ms`",
@@ -133,13 +137,13 @@ fn each_documented_mistake_is_refused_naming_the_field() {
         ),
         // A zero rate, in the main limit and in another.
         (
-            "apis.odds.allowance",
+            "apis.odds",
             "rate = 5",
             "rate = 0",
             "`rate`: rate must be at least 1",
         ),
         (
-            "apis.odds.allowance",
+            "apis.odds",
             "rate = 20000",
             "rate = 0",
             "`limits`: rate must be at least 1",
@@ -165,7 +169,7 @@ fn each_documented_mistake_is_refused_naming_the_field() {
             "`backoff_max`: backoff max must be at least the base",
         ),
         (
-            "apis.llm.store.redis",
+            "apis.llm.store.redis.options",
             "timeout = \"100ms\"",
             "timeout = \"0s\"",
             "timeout: must be longer than zero",
@@ -184,18 +188,14 @@ fn each_documented_mistake_is_refused_naming_the_field() {
 fn a_bad_duration_is_refused_at_its_line() {
     let text = shipped();
     let cases = [
-        (
-            "apis.odds.allowance",
-            "period = \"1s\"",
-            "period = \"1 fortnight\"",
-        ),
+        ("apis.odds", "period = \"1s\"", "period = \"1 fortnight\""),
         (
             "apis.odds.retry",
             "backoff_base = \"100ms\"",
             "backoff_base = \"100 parsecs\"",
         ),
         (
-            "apis.llm.store.redis",
+            "apis.llm.store.redis.options",
             "idle_ttl = \"1h\"",
             "idle_ttl = \"an hour\"",
         ),
@@ -217,51 +217,49 @@ fn a_bad_duration_is_refused_at_its_line() {
 #[test]
 fn arguments() {
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(config_file::parse_args(&args(&["--help"])), Ok(Args::Help));
     assert_eq!(
-        config_file::parse_args(&args(&["--help"]), None),
-        Ok(Args::Help)
-    );
-    assert_eq!(
-        config_file::parse_args(&args(&[]), Some("redis://r:6379/".into())),
+        config_file::parse_args(&args(&[])),
         Ok(Args::Run {
             config: config_file::SHIPPED.to_owned(),
-            redis: Some("redis://r:6379/".into()),
         })
     );
     assert_eq!(
-        config_file::parse_args(
-            &args(&["redis://a/", "--config", "x.toml"]),
-            Some("redis://env/".into())
-        ),
+        config_file::parse_args(&args(&["--config", "x.toml"])),
         Ok(Args::Run {
             config: "x.toml".into(),
-            redis: Some("redis://a/".into()),
         })
     );
-    assert!(config_file::parse_args(&args(&["--config"]), None).is_err());
-    assert!(config_file::parse_args(&args(&["--verbose"]), None).is_err());
+    assert!(config_file::parse_args(&args(&["--config"])).is_err());
+    assert!(config_file::parse_args(&args(&["--verbose"])).is_err());
+    assert!(config_file::parse_args(&args(&["redis://a/"])).is_err());
 }
 
-/// Without Redis, the file's Redis-kept allowances are kept in memory, and the run says so;
-/// every call through every stack completes, and no stand-in upstream throttles.
+/// Without a Redis URL, the file's Redis-kept allowances are kept in memory, and the run says
+/// so; each is built as its spec says (named, configured); every call through every stack
+/// completes, and no stand-in upstream throttles.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_redis_every_stack_is_built_in_memory_and_says_so() {
     let file = parse(&shipped()).expect("parses");
     let client = Client::builder(TokioExecutor::new()).build_http();
-    for (name, api) in &file.apis {
-        let built = config_file::build(name, api, &RedisChoice::Absent, client.clone())
+    for (name, spec) in &file.apis {
+        let built = config_file::build(name, spec, false, client.clone())
             .await
             .expect("builds");
         assert_eq!(built.allowance.name(), name);
-        let summary = config_file::summary(&built, api);
-        match api.store {
-            StoreConfig::Memory => assert!(summary.contains("kept in: memory (this process)")),
-            StoreConfig::Redis(_) => assert!(
-                summary.contains("the file says Redis, but no URL was given"),
+        assert_eq!(built.allowance.config(), spec.config());
+        let summary = config_file::summary(&built);
+        match spec.store() {
+            StoreSpec::Redis(_) => assert!(
+                summary.contains("the file says Redis, but $ALLOWANCE_REDIS_URL is not set"),
+                "{summary}"
+            ),
+            _ => assert!(
+                summary.contains("kept in: memory (this process)"),
                 "{summary}"
             ),
         }
-        let calls = config_file::call(&built, api).await.expect("calls");
+        let calls = config_file::call(&built).await.expect("calls");
         assert_eq!(calls.completed, 6, "{name}: {calls:?}");
         assert!(calls.other.is_empty(), "{name}: {calls:?}");
         assert_eq!(calls.upstream_throttled, 0, "{name}: {calls:?}");

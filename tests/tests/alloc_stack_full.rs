@@ -16,18 +16,17 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{service_fn, Layer};
-use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
 
 #[test]
 fn full_stack_fast_path_with_a_full_bytes_body_does_not_allocate() {
     let config = AllowanceConfig::per_second(1_000_000, NonZeroU32::MAX.get()).expect("valid");
     let allowance = Allowance::new(config);
-    let mut service =
-        AllowanceLayer::new(allowance.clone(), RetryConfig::default()).layer(service_fn(
-            |_req: Request<Full<Bytes>>| -> Ready<Result<Response<()>, Infallible>> {
-                ready(Ok(Response::new(())))
-            },
-        ));
+    let mut service = AllowanceLayer::new(allowance.clone()).layer(service_fn(
+        |_req: Request<Full<Bytes>>| -> Ready<Result<Response<()>, Infallible>> {
+            ready(Ok(Response::new(())))
+        },
+    ));
     // 16 KiB shared by every request, as a client holding a serialized payload would.
     let payload = Bytes::from(vec![7u8; 16 * 1024]);
     let change = allocations_over_calls(&mut service, || Request::new(Full::new(payload.clone())));

@@ -356,7 +356,7 @@ fn stack(
 ) -> tower::util::BoxCloneService<Request<String>, Response<String>, tower_allowance::BoxError> {
     tower::util::BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(AllowanceLayer::new(allowance.clone(), retry))
+            .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry))
             .service(svc.service),
     )
 }
@@ -482,10 +482,7 @@ async fn success_is_completed_and_a_404_is_unsuccessful_not_retried() {
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seen = calls.clone();
     let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service_fn(move |req: Request<String>| {
             seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             async move {
@@ -613,10 +610,7 @@ async fn successes_replenish_a_replenishing_budget() {
             .with_retry_budget(RetryBudgetConfig::Replenishing(budget)),
     );
     let ok = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service_fn(|_r: Request<String>| async {
             Ok::<_, Infallible>(Response::new(String::new()))
         });

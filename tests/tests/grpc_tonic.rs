@@ -642,7 +642,8 @@ async fn shed_load(shared: bool) -> (usize, u64) {
     } else {
         // The same stack, with UNAVAILABLE transient: without `GrpcCall`, which changes
         // nothing here (no deadline, nothing refused).
-        let layer = AllowanceLayer::new(allowance.clone(), retry_all())
+        let layer = AllowanceLayer::new(allowance.clone())
+            .with_retry(retry_all())
             .with_classifier(OwnPushback::default());
         let stack = layer.layer(TrailersLayer::new(allowance.clone()).layer(rig.channel.clone()));
         Boxed::new(stack)

@@ -644,7 +644,7 @@ fn eager_eviction_admits_exactly_what_never_evicting_does() {
                                 req
                             };
                             let want = ServiceBuilder::new()
-                                .layer(AllowanceLayer::new(plain.clone(), RetryConfig::default()))
+                                .layer(AllowanceLayer::new(plain.clone()))
                                 .service(recording(Seen::default()))
                                 .oneshot(request())
                                 .await;

@@ -88,10 +88,10 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let config = AllowanceConfig::per_second(2, 2).expect("valid");
     let allowance = Allowance::builder(config).name("odds-api").build();
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default().with_jitter_seed(1),
-        ))
+        .layer(
+            AllowanceLayer::new(allowance.clone())
+                .with_retry(RetryConfig::default().with_jitter_seed(1)),
+        )
         .service(first_throttled());
 
     // One call: a 429 (a cooldown of 1 s, a retry), then a success.
@@ -165,10 +165,10 @@ async fn snapshots_and_configs_read_as_they_mean() {
 
     let allowance = Allowance::builder(config).name("odds-api").build();
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default().with_jitter_seed(1),
-        ))
+        .layer(
+            AllowanceLayer::new(allowance.clone())
+                .with_retry(RetryConfig::default().with_jitter_seed(1)),
+        )
         .service_fn(|_req: Request<String>| async {
             let mut res = Response::new(String::new());
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;

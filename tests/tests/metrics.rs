@@ -33,10 +33,10 @@ fn counters_match_what_the_upstream_saw() {
                 .build();
             let (s, t) = (seen.clone(), throttled.clone());
             let svc = ServiceBuilder::new()
-                .layer(AllowanceLayer::new(
-                    allowance.clone(),
-                    RetryConfig::default().with_max_attempts(2).expect("valid"),
-                ))
+                .layer(
+                    AllowanceLayer::new(allowance.clone())
+                        .with_retry(RetryConfig::default().with_max_attempts(2).expect("valid")),
+                )
                 .service_fn(move |_r: Request<String>| {
                     // Every third request is throttled with Retry-After: 1.
                     let n = s.fetch_add(1, Ordering::SeqCst);

@@ -58,10 +58,10 @@ async fn exhausted_quota_probes_once_and_abandons_every_job() {
     // Quota spent: every call is 429 without Retry-After.
     let upstream = throttling(None);
     let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default().with_max_attempts(10).expect("valid"),
-        ))
+        .layer(
+            AllowanceLayer::new(allowance.clone())
+                .with_retry(RetryConfig::default().with_max_attempts(10).expect("valid")),
+        )
         .service(upstream.service.clone());
     let start = Instant::now();
     let jobs: Vec<_> = (0..8)
@@ -130,14 +130,15 @@ async fn a_failing_probe_is_not_retried_in_a_loop() {
     let allowance = allowance_with(probe);
     let upstream = throttling(None);
     let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default()
-                .with_max_attempts(20)
-                .expect("valid")
-                .with_backoff(Duration::from_millis(100), Duration::from_millis(200))
-                .expect("valid"),
-        ))
+        .layer(
+            AllowanceLayer::new(allowance.clone()).with_retry(
+                RetryConfig::default()
+                    .with_max_attempts(20)
+                    .expect("valid")
+                    .with_backoff(Duration::from_millis(100), Duration::from_millis(200))
+                    .expect("valid"),
+            ),
+        )
         .service(upstream.service.clone());
     let start = Instant::now();
     let jobs: Vec<_> = (0..8)

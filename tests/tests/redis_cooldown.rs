@@ -26,10 +26,8 @@ async fn retry_after_seen_by_one_process_holds_the_other() {
     let name = unique_name("retry-after");
     let config = AllowanceConfig::per_second(10, 2).expect("valid");
     let process = |store: RedisStore| {
-        AllowanceLayer::new(
-            Allowance::with_store(config.clone(), store),
-            RetryConfig::default().with_max_attempts(1).expect("valid"),
-        )
+        AllowanceLayer::new(Allowance::with_store(config.clone(), store))
+            .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid"))
     };
     let connect = || RedisStore::connect(redis.url(), &name, RedisStoreOptions::new());
     let a = process(connect().await.expect("connect A"));

@@ -10,9 +10,7 @@ use std::{
 
 use http::{Method, Request, Response, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_allowance::{
-    retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Deadline, RetryBudgetConfig,
-};
+use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, RetryBudgetConfig};
 
 const KEY: &str = "sk-live-SECRET-4242";
 const TOKEN: &str = "Bearer tok-SECRET-9999";
@@ -60,10 +58,7 @@ async fn no_secret_in_tracing_debug_or_errors() {
             .with_max_waiters(1),
     );
     let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service_fn(|req: Request<String>| async move {
             let mut res = Response::new(String::new());
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;

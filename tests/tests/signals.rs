@@ -262,10 +262,10 @@ async fn an_adaptive_rate_finds_an_unknown_limit() {
         );
         let up = upstream.clone();
         let svc = ServiceBuilder::new()
-            .layer(AllowanceLayer::new(
-                allowance.clone(),
-                RetryConfig::default().with_max_attempts(10).expect("valid"),
-            ))
+            .layer(
+                AllowanceLayer::new(allowance.clone())
+                    .with_retry(RetryConfig::default().with_max_attempts(10).expect("valid")),
+            )
             .service_fn(move |_r: Request<String>| {
                 let ok = up.take();
                 async move {
@@ -333,10 +333,10 @@ async fn a_request_queued_before_a_cut_but_sent_after_it_cuts_again() {
             .with_adaptive_rate(AdaptiveRate::new(10.0, 0.5, 100.0).expect("valid")),
     );
     let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default().with_max_attempts(1).expect("valid"),
-        ))
+        .layer(
+            AllowanceLayer::new(allowance.clone())
+                .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid")),
+        )
         .service_fn(|_r: Request<String>| async {
             let mut res = Response::new(String::new());
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -548,7 +548,7 @@ async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
         let a = allowance(Dialect::github());
         let (upstream, sent) = once_then_ok(response(403, &headers));
         let svc = ServiceBuilder::new()
-            .layer(AllowanceLayer::new(a.clone(), RetryConfig::default()))
+            .layer(AllowanceLayer::new(a.clone()))
             .service(upstream);
         let before = wall();
         let result = svc.oneshot(Request::new(String::new())).await;
@@ -580,7 +580,7 @@ async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
         let a = allowance(dialect);
         let (upstream, sent) = once_then_ok(response(403, &headers));
         let svc = ServiceBuilder::new()
-            .layer(AllowanceLayer::new(a.clone(), RetryConfig::default()))
+            .layer(AllowanceLayer::new(a.clone()))
             .service(upstream);
         let result = svc.oneshot(Request::new(String::new())).await;
         assert_eq!(

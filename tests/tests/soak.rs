@@ -38,9 +38,7 @@ use http::Request;
 use http_body_util::Empty;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_allowance::{
-    retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome,
-};
+use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome};
 
 const TASKS: usize = 200;
 const RUN: Duration = Duration::from_secs(15);
@@ -90,10 +88,7 @@ async fn soak_200_tasks_real_http() {
         })
     };
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service(sent);
     // One event id per call, so that the upstream's log says which call each attempt was.
     let calls = Arc::new(AtomicUsize::new(0));

@@ -38,9 +38,7 @@ use tower::{
     retry::budget::{Budget, TpsBudget},
     service_fn, Layer, Service,
 };
-use tower_allowance::{
-    admission::AdmissionLayer, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
-};
+use tower_allowance::{admission::AdmissionLayer, Allowance, AllowanceConfig, AllowanceLayer};
 
 fn allowance() -> Allowance {
     Allowance::new(AllowanceConfig::per_second(1_000_000, u32::MAX).expect("valid config"))
@@ -159,7 +157,7 @@ fn main() {
         ),
         "bare" => run_layer(&mut service_fn(answer), n),
         "stack" => run_layer(
-            &mut AllowanceLayer::new(allowance(), RetryConfig::default()).layer(service_fn(answer)),
+            &mut AllowanceLayer::new(allowance()).layer(service_fn(answer)),
             n,
         ),
         "governor" => {

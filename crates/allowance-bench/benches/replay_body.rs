@@ -170,16 +170,16 @@ fn through_the_stack(c: &mut Criterion) {
         .expect("runtime");
     let allowance =
         Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000).expect("valid"));
-    let layer = AllowanceLayer::new(
-        allowance,
-        RetryConfig::default()
-            .with_backoff(
-                std::time::Duration::from_micros(1),
-                std::time::Duration::from_micros(1),
-            )
-            .expect("valid"),
-    )
-    .with_classifier(StatusClassifier::default().transient([502]));
+    let layer = AllowanceLayer::new(allowance)
+        .with_retry(
+            RetryConfig::default()
+                .with_backoff(
+                    std::time::Duration::from_micros(1),
+                    std::time::Duration::from_micros(1),
+                )
+                .expect("valid"),
+        )
+        .with_classifier(StatusClassifier::default().transient([502]));
 
     let mut group = c.benchmark_group("replay_through_the_stack_16KiB");
     group.throughput(Throughput::Bytes(2 * BODY as u64));

@@ -34,7 +34,6 @@ use http::{Request, Response};
 use tower::{service_fn, Layer, Service};
 use tower_allowance::{
     keyed::{key, Keyed, KeyedConfig, KeyedLayer},
-    retry::RetryConfig,
     AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Limit,
 };
 
@@ -136,8 +135,7 @@ fn keyed_lookup(c: &mut Criterion) {
         })
     });
 
-    let mut stack = AllowanceLayer::new(Allowance::new(one_limit()), RetryConfig::default())
-        .layer(ok_service());
+    let mut stack = AllowanceLayer::new(Allowance::new(one_limit())).layer(ok_service());
     group.bench_function("single/allowance_stack_call", |b| {
         let mut cx = Context::from_waker(Waker::noop());
         b.iter(|| {

@@ -541,20 +541,20 @@ pub async fn run_http_with(
             // pool's verdict. Else a private allowance for the policy's bookkeeping.
             Mode::Naive => match allowances.all.first() {
                 Some(pool) => Svc::new(Retry::new(
-                    RetryPolicy::new(pool.clone(), retry.clone()),
+                    RetryPolicy::new(pool.clone()).with_config(retry.clone()),
                     AdmissionLayer::new(pool.clone()).layer(inner.clone()),
                 )),
                 None => Svc::new(Retry::new(
-                    RetryPolicy::new(scenario::naive_own_allowance(s)?, retry.clone()),
+                    RetryPolicy::new(scenario::naive_own_allowance(s)?).with_config(retry.clone()),
                     inner.clone(),
                 )),
             },
             Mode::Shared | Mode::Split(_) => Svc::new(
                 ServiceBuilder::new()
-                    .layer(AllowanceLayer::new(
-                        allowances.all[worker % allowances.all.len()].clone(),
-                        retry.clone(),
-                    ))
+                    .layer(
+                        AllowanceLayer::new(allowances.all[worker % allowances.all.len()].clone())
+                            .with_retry(retry.clone()),
+                    )
                     .service(inner.clone()),
             ),
         };

@@ -561,7 +561,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                     None => allowance_for(&naive_own(s))?,
                 };
                 Svc::new(Retry::new(
-                    RetryPolicy::new(allowance, retry.clone()),
+                    RetryPolicy::new(allowance).with_config(retry.clone()),
                     upstream,
                 ))
             }
@@ -569,7 +569,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                 let allowance = allowances[worker % allowances.len()].clone();
                 Svc::new(
                     ServiceBuilder::new()
-                        .layer(AllowanceLayer::new(allowance, retry.clone()))
+                        .layer(AllowanceLayer::new(allowance).with_retry(retry.clone()))
                         .service(upstream),
                 )
             }

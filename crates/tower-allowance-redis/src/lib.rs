@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use std::{num::NonZeroU32, time::Duration};
-//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+//! use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
 //! use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -22,7 +22,7 @@
 //!     });
 //! let store = RedisStore::connect("redis://127.0.0.1:6379/", "billing-api", options).await?;
 //! let allowance = Allowance::with_store(AllowanceConfig::per_second(10, 5)?, store);
-//! let _layer = AllowanceLayer::new(allowance, RetryConfig::default());
+//! let _layer = AllowanceLayer::new(allowance);
 //! # Ok(())
 //! # }
 //! ```
@@ -164,12 +164,17 @@ mod events;
 mod link;
 mod options;
 mod scripts;
+#[cfg(feature = "serde")]
+mod spec;
 mod store;
 
 pub mod error;
 #[cfg(feature = "test-util")]
 pub mod test_util;
 
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub use crate::spec::{RedisSpec, StoreSpec};
 pub use crate::{
     options::{FailurePolicy, RedisStoreOptions, DEFAULT_TIMEOUT},
     store::{validate_name, RedisStore},

@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! use reqwest_middleware::ClientBuilder;
-//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, Outcome};
+//! use tower_allowance::{Allowance, AllowanceConfig, Outcome};
 //! use tower_allowance_reqwest::{outcome, AllowanceMiddleware};
 //!
 //! # #[tokio::main]
@@ -22,7 +22,7 @@
 //! // One allowance per API key, shared by every clone of the client.
 //! let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
 //! let client = ClientBuilder::new(reqwest::Client::new())
-//!     .with(AllowanceMiddleware::new(allowance.clone(), RetryConfig::default()))
+//!     .with(AllowanceMiddleware::new(allowance.clone()))
 //!     .build();
 //!
 //! let result = client.get("http://127.0.0.1:8080/v1/odds").send().await;
@@ -77,20 +77,31 @@ pub struct AllowanceMiddleware<C = StatusClassifier> {
 }
 
 impl AllowanceMiddleware {
-    /// Every attempt through `allowance`, retried by `retry`, 429 and 503 treated as
-    /// throttling.
-    pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
+    /// Every attempt through `allowance`, classified and retried as the allowance's
+    /// configuration says (`AllowanceConfig::with_classifier` and `with_retry`): exactly as
+    /// an [`AllowanceLayer`] on the same allowance, so the shared cooldown reacts to a
+    /// response the same whichever client received it.
+    pub fn new(allowance: Allowance) -> Self {
         Self {
-            layer: AllowanceLayer::new(allowance, retry),
+            layer: AllowanceLayer::new(allowance),
         }
     }
 }
 
-impl<C> AllowanceMiddleware<C> {
-    /// Classifies responses with `classifier` instead.
+impl<C: Classify> AllowanceMiddleware<C> {
+    /// Classifies responses with `classifier` instead of the allowance's classifier (an
+    /// override, for this middleware alone).
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> AllowanceMiddleware<C2> {
         AllowanceMiddleware {
             layer: self.layer.with_classifier(classifier),
+        }
+    }
+
+    /// Retries by `retry` instead of the allowance's retry rules (an override, for this
+    /// middleware alone; the retry budget stays the allowance's).
+    pub fn with_retry(self, retry: RetryConfig) -> Self {
+        Self {
+            layer: self.layer.with_retry(retry),
         }
     }
 }

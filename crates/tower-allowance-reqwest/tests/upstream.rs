@@ -44,7 +44,7 @@ async fn eight_workers(shared: bool) -> Run {
             Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000).expect("valid"))
         };
         let client: ClientWithMiddleware = ClientBuilder::new(client.clone())
-            .with(AllowanceMiddleware::new(allowance, retry()))
+            .with(AllowanceMiddleware::new(allowance).with_retry(retry()))
             .build();
         let url = format!("{}{}", upstream.url(), snapshot_path(&format!("e{worker}")));
         tasks.push(tokio::spawn(async move {
@@ -89,7 +89,7 @@ async fn a_streamed_body_is_sent_once_and_its_429_comes_back_marked() {
         .expect("binds");
     let allowance = Allowance::new(AllowanceConfig::per_second(10, 10).expect("valid"));
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(AllowanceMiddleware::new(allowance.clone(), retry()))
+        .with(AllowanceMiddleware::new(allowance.clone()).with_retry(retry()))
         .build();
     let url = format!("{}{}", upstream.url(), snapshot_path("e1"));
     let result = client
@@ -120,7 +120,7 @@ async fn a_deadline_in_the_chain_extensions_is_honoured() {
         .expect("binds");
     let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(AllowanceMiddleware::new(allowance, retry()))
+        .with(AllowanceMiddleware::new(allowance).with_retry(retry()))
         .build();
     let url = format!("{}{}", upstream.url(), snapshot_path("e1"));
     let get = || {

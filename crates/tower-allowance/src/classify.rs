@@ -2,7 +2,10 @@
 //!
 //! Both the [`CooldownLayer`](crate::cooldown::CooldownLayer) (which honours `Retry-After`
 //! only on throttling responses) and the [`RetryPolicy`](crate::retry::RetryPolicy) (which
-//! retries throttling and transient responses) ask a [`Classify`] implementation.
+//! retries throttling and transient responses) ask a [`Classify`] implementation: the
+//! allowance's [`StatusClassifier`] unless the layer is given another
+//! ([`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier) sets it once
+//! for every layer on the allowance).
 //!
 //! ```
 //! use http::{HeaderMap, StatusCode};

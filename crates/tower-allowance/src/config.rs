@@ -20,16 +20,20 @@
 
 use std::{fmt, num::NonZeroU32, time::Duration};
 
+use self::retry::RetryConfig;
 use crate::{
+    classify::StatusClassifier,
     rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
     signals::{Dialect, ReadContext},
 };
 
+// The per-request retry rules an allowance carries (public as `retry::RetryConfig`).
+pub(crate) mod retry;
 // The feature-only setters and getters, in files the default build does not read.
 #[cfg(any(test, feature = "adaptive"))]
-mod adaptive;
+pub(crate) mod adaptive;
 #[cfg(feature = "serde")]
-mod de;
+pub(crate) mod de;
 mod debug;
 #[cfg(feature = "dialects")]
 mod dialects;
@@ -73,14 +77,11 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.field {
-            Some(field) => write!(
-                f,
-                "invalid allowance configuration: `{field}`: {}",
-                self.reason
-            ),
-            None => write!(f, "invalid allowance configuration: {}", self.reason),
+        f.write_str("invalid allowance configuration: ")?;
+        if let Some(field) = self.field {
+            write!(f, "`{field}`: ")?;
         }
+        f.write_str(self.reason)
     }
 }
 
@@ -248,50 +249,14 @@ pub struct AllowanceConfig {
     retry_budget: RetryBudgetConfig,
     max_cooldown: Duration,
     outage: OutagePolicy,
-    adaptive: Option<AdaptiveRate>,
+    #[cfg(any(test, feature = "adaptive"))]
+    adaptive: Option<adaptive::AdaptiveRate>,
     dialect: Dialect,
+    classifier: StatusClassifier,
+    retry: RetryConfig,
     max_date_skew: Duration,
     params: Params,
 }
-
-/// An adaptive rate for the main limit: found and followed when nobody states the limit, or
-/// when it changes (see [`AllowanceConfig::with_adaptive_rate`]).
-///
-/// The rate starts at `initial` and doubles every second until the first throttling response
-/// (a slow start), then is cut to 85% (70% when throttling persists within 2.5 s) and grows by
-/// 1% of its value per second (additive increase, multiplicative decrease), always within
-/// `floor..=ceiling` and never above a rate the server advertised (see
-/// `signals` (feature `dialects`)). The state lives in the store: every process sharing the
-/// allowance follows one rate.
-///
-#[cfg_attr(feature = "adaptive", doc = "```")]
-#[cfg_attr(not(feature = "adaptive"), doc = "```ignore")]
-/// use tower_allowance::{AdaptiveRate, AllowanceConfig};
-///
-/// let config = AllowanceConfig::per_second(20, 4)?
-///     .with_adaptive_rate(AdaptiveRate::new(2.0, 0.5, 200.0)?.adopt_advertised(true));
-/// # let _ = config;
-/// # Ok::<(), tower_allowance::ConfigError>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
-pub struct AdaptiveRate {
-    initial: f64,
-    floor: f64,
-    ceiling: f64,
-    adopt: bool,
-}
-
-#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
-impl AdaptiveRate {
-    fn milli(r: f64) -> u64 {
-        // Validated to 0.001..=10,000: the product fits.
-        ((r * 1000.0).round() as u64).max(1)
-    }
-}
-
-// Eq for the config: the rates are validated finite.
-impl Eq for AdaptiveRate {}
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
 ///
@@ -334,8 +299,11 @@ impl AllowanceConfig {
             retry_budget: RetryBudgetConfig::Unlimited,
             max_cooldown: DEFAULT_MAX_COOLDOWN,
             outage: OutagePolicy::default(),
+            #[cfg(any(test, feature = "adaptive"))]
             adaptive: None,
             dialect: Dialect::standard(),
+            classifier: StatusClassifier::default(),
+            retry: RetryConfig::default(),
             max_date_skew: ReadContext::DEFAULT_MAX_SKEW,
             params: Params {
                 limits: [main.params; MAX_LIMITS],
@@ -441,6 +409,46 @@ impl AllowanceConfig {
         self
     }
 
+    /// What every layer built on the allowance calls throttling, transient or a failure
+    /// (default [`StatusClassifier::default`]: 429 and 503 throttle): the
+    /// [`CooldownLayer`](crate::cooldown::CooldownLayer), the retry policy,
+    /// [`AllowanceLayer`](crate::AllowanceLayer) and the reqwest middleware all read a
+    /// response the same way, so the shared cooldown reacts the same whichever client got it.
+    /// A layer's `with_classifier` overrides it for that layer alone.
+    pub fn with_classifier(mut self, classifier: StatusClassifier) -> Self {
+        self.classifier = classifier;
+        self
+    }
+
+    /// The classifier the layers inherit.
+    pub fn classifier(&self) -> StatusClassifier {
+        self.classifier
+    }
+
+    /// The per-request retry rules every retrying layer built on the allowance inherits
+    /// (default [`RetryConfig::default`]); a layer's `with_retry` overrides them for that
+    /// layer alone.
+    ///
+    /// ```
+    /// use tower_allowance::{classify::StatusClassifier, retry::RetryConfig, AllowanceConfig};
+    ///
+    /// // Set once: every layer and client on this allowance classifies and retries alike.
+    /// let config = AllowanceConfig::per_second(5, 5)?
+    ///     .with_classifier(StatusClassifier::default().throttled([403, 429]))
+    ///     .with_retry(RetryConfig::default().with_max_attempts(4)?);
+    /// assert_eq!(config.retry().max_attempts(), 4);
+    /// # Ok::<(), tower_allowance::ConfigError>(())
+    /// ```
+    pub fn with_retry(mut self, retry: RetryConfig) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// The retry rules the layers inherit.
+    pub fn retry(&self) -> &RetryConfig {
+        &self.retry
+    }
+
     /// What the cooldown reads responses with, in every build.
     pub(crate) fn readers(&self) -> Dialect {
         self.dialect
@@ -459,13 +467,8 @@ impl AllowanceConfig {
         self.params.budget = self.retry_budget.params();
         self.params.max_cooldown_us =
             rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
-        self.params.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
-            initial_milli: AdaptiveRate::milli(a.initial),
-            floor_milli: AdaptiveRate::milli(a.floor),
-            ceiling_milli: AdaptiveRate::milli(a.ceiling),
-            burst: u64::from(self.limits[0].burst()),
-            adopt: a.adopt,
-        });
+        #[cfg(any(test, feature = "adaptive"))]
+        self.derive_adaptive();
     }
 
     /// The derived parameters every store decides with (a read-only view).

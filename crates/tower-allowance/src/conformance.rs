@@ -306,7 +306,7 @@ async fn several_limits_and_costs<S: Store>(store: S) {
     let res = acquire_at(&a, AcquireOptions::new().cost(5_000)).await;
     assert_eq!(res, Err(AbandonReason::TooCostly));
     // Through the layer, the `Cost` extension charges the request.
-    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default()).layer_service(ok_service());
+    let svc = AllowanceLayer::new(a.clone()).layer_service(ok_service());
     let mut req = Request::new(String::new());
     req.extensions_mut().insert(Cost(2_000));
     let result = svc.oneshot(req).await;
@@ -359,8 +359,9 @@ async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
     }
     let calls = Arc::new(AtomicUsize::new(0));
     let retry = RetryConfig::default().with_max_attempts(1).expect("valid");
-    let svc =
-        AllowanceLayer::new(a.clone(), retry).layer_service(throttling(ABSURD, calls.clone()));
+    let svc = AllowanceLayer::new(a.clone())
+        .with_retry(retry)
+        .layer_service(throttling(ABSURD, calls.clone()));
     let result = svc.clone().oneshot(Request::new(String::new())).await;
     assert_eq!(
         Outcome::of(&result),
@@ -464,8 +465,7 @@ async fn over_budget_retry_ends_at_once_with_the_429<S: Store>(store: S) {
         store,
     );
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default())
-        .layer_service(throttling("1", calls.clone()));
+    let svc = AllowanceLayer::new(a.clone()).layer_service(throttling("1", calls.clone()));
     let start = Instant::now();
     let result = svc.oneshot(Request::new(String::new())).await;
     assert_eq!(
@@ -488,8 +488,7 @@ async fn over_budget_retry_ends_at_once_with_the_429<S: Store>(store: S) {
 async fn deadline_abandons_at_once<S: Store>(store: S) {
     let a = allowance(per_second(2, 2), store);
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(a.clone(), RetryConfig::default())
-        .layer_service(throttling("30", calls.clone()));
+    let svc = AllowanceLayer::new(a.clone()).layer_service(throttling("30", calls.clone()));
     let mut req = Request::new(String::new());
     req.extensions_mut()
         .insert(Deadline::after(Duration::from_secs(10)));
@@ -540,7 +539,9 @@ async fn quota_verdict_is_shared<S: Store>(store: S) {
     });
     // Throttling without Retry-After, in both: the trigger fires in both.
     for x in [&a, &b] {
-        let svc = AllowanceLayer::new(x.clone(), no_retry.clone()).layer_service(quota_429);
+        let svc = AllowanceLayer::new(x.clone())
+            .with_retry(no_retry.clone())
+            .layer_service(quota_429);
         let _ = svc.oneshot(Request::new(String::new())).await;
     }
     // Let the probes (spawned tasks) run.
@@ -588,11 +589,9 @@ async fn settled_only_when_the_rule_says<S: Store>(store: S) {
     let full = says(&a);
     // A 429 asking for 5 s, through the stack.
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(
-        a.clone(),
-        RetryConfig::default().with_max_attempts(1).expect("valid"),
-    )
-    .layer_service(throttling("5", calls));
+    let svc = AllowanceLayer::new(a.clone())
+        .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid"))
+        .layer_service(throttling("5", calls));
     let _ = svc.oneshot(Request::new(String::new())).await;
     tokio::time::advance(Duration::from_secs(5) - MS).await;
     assert!(!says(&a), "cooling down");

@@ -10,7 +10,7 @@
 //! use std::convert::Infallible;
 //! use http::{Request, Response};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_allowance::{cost::CostLayer, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Limit};
+//! use tower_allowance::{cost::CostLayer, Allowance, AllowanceConfig, AllowanceLayer, Limit};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
@@ -21,7 +21,7 @@
 //! let client = ServiceBuilder::new()
 //!     // The caller says how many tokens a request may use (prompt + max output).
 //!     .layer(CostLayer::from_header(http::HeaderName::from_static("x-token-estimate")))
-//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .layer(AllowanceLayer::new(allowance.clone()))
 //!     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new("ok")) });
 //!
 //! let request = Request::builder().header("x-token-estimate", "1200").body(String::new())?;

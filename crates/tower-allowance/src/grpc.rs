@@ -705,7 +705,9 @@ impl GrpcLayer {
     pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
         Self {
             trailers: TrailersLayer::new(allowance.clone()),
-            allowance: AllowanceLayer::new(allowance, retry).with_classifier(GrpcClassifier::new()),
+            allowance: AllowanceLayer::new(allowance)
+                .with_retry(retry)
+                .with_classifier(GrpcClassifier::new()),
         }
     }
 }

@@ -100,14 +100,14 @@
 //! use std::{convert::Infallible, time::Duration};
 //! use http::{Request, Response};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_allowance::{error::AbandonReason, retry::RetryConfig};
+//! use tower_allowance::{error::AbandonReason};
 //! use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
 //! let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
 //! let client = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .layer(AllowanceLayer::new(allowance.clone()))
 //!     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("ok")) });
 //!
 //! client.clone().oneshot(Request::new(String::new())).await?; // the burst of 1
@@ -262,10 +262,17 @@
 //! against the response's `Date` when it is within
 //! [`max_date_skew`](crate::AllowanceConfig::with_max_date_skew) of the local clock.
 //!
+//! The classifier and the retry rules are the allowance's, set once with
+//! [`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier) and
+//! [`with_retry`](crate::AllowanceConfig::with_retry) and inherited by every layer built on it
+//! (a layer's `with_classifier` or `with_retry` overrides them for that layer alone), so the
+//! shared cooldown reacts to a response the same way whichever client received it.
+//!
 //! All of this can be written in a configuration file with the `serde` feature: see
 //! [`AllowanceConfig`](crate::AllowanceConfig),
 //! [`RetryConfig`](crate::retry::RetryConfig#configuration-files) and
-//! [`StatusClassifier`](crate::classify::StatusClassifier#configuration-files).
+//! [`StatusClassifier`](crate::classify::StatusClassifier#configuration-files); an
+//! `AllowanceSpec` (feature `serde`) adds the store and builds the allowance in one call.
 //!
 //! # Observing it
 //!

@@ -7,7 +7,7 @@ use crate::{
     admission::Admission,
     classify::{Classify, StatusClassifier},
     cooldown::{service::CooldownShared, Cooldown},
-    retry::{policy::PolicyShared, Prepare, RetryConfig, RetryPolicy},
+    retry::{Prepare, RetryConfig, RetryPolicy},
     Allowance,
 };
 
@@ -29,12 +29,12 @@ use crate::{
 /// use std::convert::Infallible;
 /// use http::{Request, Response};
 /// use tower::{ServiceBuilder, ServiceExt};
-/// use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+/// use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_allowance::BoxError> {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(10, 5)?);
-/// let layer = AllowanceLayer::new(allowance, RetryConfig::default());
+/// let layer = AllowanceLayer::new(allowance);
 ///
 /// // Two services, one allowance.
 /// let users = ServiceBuilder::new().layer(layer.clone()).service_fn(|_: Request<String>| async {
@@ -64,38 +64,35 @@ impl<C> Clone for AllowanceLayer<C> {
 }
 
 impl AllowanceLayer {
-    /// The full stack over `allowance`, retrying by `retry`.
-    pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
-        Self::build(allowance, retry, StatusClassifier::default())
+    /// The full stack over `allowance`, classifying and retrying as the allowance's
+    /// configuration says ([`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier),
+    /// [`with_retry`](crate::AllowanceConfig::with_retry)), like every other layer on it.
+    pub fn new(allowance: Allowance) -> Self {
+        Self::of(RetryPolicy::new(allowance))
     }
 }
 
 impl<C: Classify> AllowanceLayer<C> {
-    fn build(allowance: Allowance, retry: RetryConfig, classifier: C) -> Self {
+    /// The stack around `policy`: its allowance, its classifier for the cooldown too.
+    fn of(policy: RetryPolicy<C>) -> Self {
+        let shared = policy.shared();
         let cooldown = Arc::new(CooldownShared {
-            allowance: allowance.clone(),
-            classifier: classifier.clone(),
+            allowance: shared.allowance.clone(),
+            classifier: shared.classifier.clone(),
         });
-        Self {
-            policy: RetryPolicy::from_shared(Arc::new(PolicyShared {
-                allowance,
-                config: Arc::new(retry),
-                classifier,
-            })),
-            cooldown,
-        }
+        Self { policy, cooldown }
     }
-}
 
-impl<C> AllowanceLayer<C> {
-    /// Uses `classifier` for both the cooldown and the retry decisions.
+    /// Uses `classifier` for both the cooldown and the retry decisions of this layer,
+    /// instead of the allowance's (an override: other layers on the allowance keep theirs).
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> AllowanceLayer<C2> {
-        let shared = self.policy.shared();
-        AllowanceLayer::build(
-            shared.allowance.clone(),
-            RetryConfig::clone(&shared.config),
-            classifier,
-        )
+        AllowanceLayer::of(self.policy.with_classifier(classifier))
+    }
+
+    /// Retries by `retry` in this layer, instead of the allowance's retry rules (an
+    /// override: the budget stays the allowance's, shared with every other layer).
+    pub fn with_retry(self, retry: RetryConfig) -> Self {
+        Self::of(self.policy.with_config(retry))
     }
 }
 
@@ -119,14 +116,14 @@ impl<C> AllowanceLayer<C> {
 /// # use std::convert::Infallible;
 /// # use http::{Request, Response};
 /// # use tower::{Service, ServiceBuilder};
-/// # use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+/// # use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
 /// /// Not a body the stack can send again.
 /// struct Upload;
 ///
 /// # fn run() {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
 /// let mut stack = ServiceBuilder::new()
-///     .layer(AllowanceLayer::new(allowance, RetryConfig::default()))
+///     .layer(AllowanceLayer::new(allowance))
 ///     .service_fn(|_: Request<Upload>| async { Ok::<_, Infallible>(Response::new(())) });
 /// // error[E0277]: `Upload` is not a request body the allowance can replay for a retry
 /// let _ = stack.call(Request::new(Upload));
@@ -142,6 +139,8 @@ impl<S, C> Layer<S> for AllowanceLayer<C> {
     }
 }
 
+#[cfg(test)]
+mod inherit;
 #[cfg(test)]
 mod pairs;
 #[cfg(test)]

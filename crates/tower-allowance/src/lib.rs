@@ -21,7 +21,7 @@
 //! use std::convert::Infallible;
 //! use http::{Request, Response};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
+//! use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
@@ -30,7 +30,7 @@
 //!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(4)),
 //! );
 //! let client = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .layer(AllowanceLayer::new(allowance.clone()))
 //!     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new("odds")) });
 //!
 //! let result = client.oneshot(Request::new(String::new())).await;
@@ -118,7 +118,9 @@ pub mod store;
 #[cfg(feature = "dialects")]
 pub use crate::allowance::RateLimitObservation;
 #[cfg(feature = "adaptive")]
-pub use crate::config::AdaptiveRate;
+pub use crate::config::adaptive::AdaptiveRate;
+#[cfg(feature = "serde")]
+pub use crate::config::de::spec::{AllowanceSpec, MemorySpec, OpenStore};
 pub use crate::{
     acquire::Acquire,
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},

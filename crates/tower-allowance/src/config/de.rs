@@ -11,9 +11,31 @@
 //! retry_budget = { kind = "replenishing", window = "10s", min_per_sec = 1, ratio = 0.2 }
 //! outage = { wait = "30s" }
 //! adaptive = { initial = 2.0, floor = 0.5, ceiling = 50.0, adopt_advertised = true }
+//! classifier = { throttled = [429], transient = [502, 504] }
+//! retry = { max_attempts = 4, backoff_base = "250ms" }
 //! ```
+//!
+//! An [`AllowanceSpec`](spec::AllowanceSpec) reads the same table, plus `store`; a plain `AllowanceConfig`
+//! refuses `store`, naming the type that takes it.
 use super::*;
 use crate::signals::Dialect;
+
+pub(crate) mod spec;
+
+fn no_store<S>() -> Option<S> {
+    None
+}
+
+/// The `store` of a plain `AllowanceConfig`: refused, whatever it says.
+pub(super) enum NoStore {}
+
+impl<'de> serde::Deserialize<'de> for NoStore {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Err(serde::de::Error::custom(
+            "`store` belongs to an `AllowanceSpec`, not to an `AllowanceConfig`",
+        ))
+    }
+}
 
 fn one_second() -> Duration {
     Duration::from_secs(1)
@@ -25,7 +47,7 @@ fn default_max_waiters() -> usize {
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawAllowanceConfig {
+pub(super) struct RawAllowanceConfig<S = NoStore> {
     rate: u32,
     #[serde(default = "one_second", with = "humantime_serde")]
     period: Duration,
@@ -46,6 +68,12 @@ pub(super) struct RawAllowanceConfig {
     max_date_skew: Option<Duration>,
     #[serde(default)]
     adaptive: Option<RawAdaptive>,
+    #[serde(default)]
+    classifier: Option<StatusClassifier>,
+    #[serde(default)]
+    retry: Option<RetryConfig>,
+    #[serde(default = "no_store")]
+    store: Option<S>,
 }
 
 #[derive(serde::Deserialize)]
@@ -129,70 +157,91 @@ impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
     type Error = ConfigError;
 
     fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
-        let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
-            .map_err(|e| e.at(limit_field(raw.rate, raw.period, raw.burst)))?
-            .with_max_waiters(raw.max_waiters)
-            .with_retry_budget(raw.retry_budget);
-        for limit in raw.limits {
-            let mut l =
-                Limit::new(limit.rate, limit.period, limit.burst).map_err(|e| e.at("limits"))?;
-            if matches!(limit.unit, RawUnit::Cost) {
-                l = l.counting_cost();
-            }
-            config = config.with_limit(l).map_err(|e| e.at("limits"))?;
-        }
-        if let Some(max) = raw.max_cooldown {
-            config = config
-                .with_max_cooldown(max)
-                .map_err(|e| e.at("max_cooldown"))?;
-        }
-        if let Some(outage) = raw.outage {
-            config = config.with_outage_policy(match outage {
-                RawOutage::Wait(max) => OutagePolicy::Wait { max },
-                RawOutage::FailFast => OutagePolicy::FailFast,
-            });
-        }
-        if let Some(dialect) = raw.dialect {
-            // The field itself: `with_dialect` is public with `dialects` only, and `standard`
-            // is a file's one choice without it.
-            config.dialect = match dialect {
-                RawDialect::Standard => Dialect::standard(),
-                #[cfg(feature = "dialects")]
-                RawDialect::Github => Dialect::github(),
-                #[cfg(feature = "dialects")]
-                RawDialect::Openai => Dialect::openai(),
-                #[cfg(feature = "dialects")]
-                RawDialect::Anthropic => Dialect::anthropic(),
-                #[cfg(feature = "dialects")]
-                RawDialect::Ietf => Dialect::ietf(),
-                #[cfg(feature = "dialects")]
-                RawDialect::Generic => Dialect::generic(),
-                #[cfg(feature = "dialects")]
-                RawDialect::XRateLimit => Dialect::x_ratelimit(),
-            };
-        }
-        if let Some(skew) = raw.max_date_skew {
-            config = config.with_max_date_skew(skew);
-        }
-        if let Some(a) = raw.adaptive {
-            #[cfg(feature = "adaptive")]
-            {
-                let adaptive = AdaptiveRate::new(a.initial, a.floor, a.ceiling)
-                    .map_err(|e| e.at("adaptive"))?
-                    .adopt_advertised(a.adopt_advertised);
-                config = config.with_adaptive_rate(adaptive);
-            }
-            #[cfg(not(feature = "adaptive"))]
-            {
-                let _ = a;
-                return Err(ConfigError::new(
-                    "an adaptive rate needs tower-allowance's `adaptive` feature",
-                )
-                .at("adaptive"));
-            }
-        }
-        Ok(config)
+        // A `store` never gets this far: `NoStore` refuses it as it is read.
+        split(raw).map(|(config, _)| config)
     }
+}
+
+impl<S: Default> TryFrom<RawAllowanceConfig<S>> for spec::AllowanceSpec<S> {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawAllowanceConfig<S>) -> Result<Self, ConfigError> {
+        let (config, store) = split(raw)?;
+        Ok(spec::AllowanceSpec::new(config, store.unwrap_or_default()))
+    }
+}
+
+/// The configuration a table describes, and its `store`.
+fn split<S>(raw: RawAllowanceConfig<S>) -> Result<(AllowanceConfig, Option<S>), ConfigError> {
+    let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
+        .map_err(|e| e.at(limit_field(raw.rate, raw.period, raw.burst)))?
+        .with_max_waiters(raw.max_waiters)
+        .with_retry_budget(raw.retry_budget);
+    for limit in raw.limits {
+        let mut l =
+            Limit::new(limit.rate, limit.period, limit.burst).map_err(|e| e.at("limits"))?;
+        if matches!(limit.unit, RawUnit::Cost) {
+            l = l.counting_cost();
+        }
+        config = config.with_limit(l).map_err(|e| e.at("limits"))?;
+    }
+    if let Some(max) = raw.max_cooldown {
+        config = config
+            .with_max_cooldown(max)
+            .map_err(|e| e.at("max_cooldown"))?;
+    }
+    if let Some(outage) = raw.outage {
+        config = config.with_outage_policy(match outage {
+            RawOutage::Wait(max) => OutagePolicy::Wait { max },
+            RawOutage::FailFast => OutagePolicy::FailFast,
+        });
+    }
+    if let Some(dialect) = raw.dialect {
+        // The field itself: `with_dialect` is public with `dialects` only, and `standard`
+        // is a file's one choice without it.
+        config.dialect = match dialect {
+            RawDialect::Standard => Dialect::standard(),
+            #[cfg(feature = "dialects")]
+            RawDialect::Github => Dialect::github(),
+            #[cfg(feature = "dialects")]
+            RawDialect::Openai => Dialect::openai(),
+            #[cfg(feature = "dialects")]
+            RawDialect::Anthropic => Dialect::anthropic(),
+            #[cfg(feature = "dialects")]
+            RawDialect::Ietf => Dialect::ietf(),
+            #[cfg(feature = "dialects")]
+            RawDialect::Generic => Dialect::generic(),
+            #[cfg(feature = "dialects")]
+            RawDialect::XRateLimit => Dialect::x_ratelimit(),
+        };
+    }
+    if let Some(skew) = raw.max_date_skew {
+        config = config.with_max_date_skew(skew);
+    }
+    if let Some(a) = raw.adaptive {
+        #[cfg(feature = "adaptive")]
+        {
+            let adaptive = adaptive::AdaptiveRate::new(a.initial, a.floor, a.ceiling)
+                .map_err(|e| e.at("adaptive"))?
+                .adopt_advertised(a.adopt_advertised);
+            config = config.with_adaptive_rate(adaptive);
+        }
+        #[cfg(not(feature = "adaptive"))]
+        {
+            let _ = a;
+            return Err(ConfigError::new(
+                "an adaptive rate needs tower-allowance's `adaptive` feature",
+            )
+            .at("adaptive"));
+        }
+    }
+    if let Some(classifier) = raw.classifier {
+        config = config.with_classifier(classifier);
+    }
+    if let Some(retry) = raw.retry {
+        config = config.with_retry(retry);
+    }
+    Ok((config, raw.store))
 }
 
 #[derive(serde::Deserialize)]

@@ -28,23 +28,26 @@ impl<C> Clone for CooldownLayer<C> {
 }
 
 impl CooldownLayer {
-    /// Feeds `allowance` from responses, treating 429 and 503 as throttling.
+    /// Feeds `allowance` from responses, classified by the allowance's classifier
+    /// ([`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier); by
+    /// default 429 and 503 are throttling), as every other layer on it does.
     pub fn new(allowance: Allowance) -> Self {
-        Self {
-            shared: Arc::new(CooldownShared {
-                allowance,
-                classifier: StatusClassifier::default(),
-            }),
-        }
+        let classifier = allowance.config().classifier();
+        CooldownLayer::of(allowance, classifier)
     }
 }
 
 impl<C> CooldownLayer<C> {
-    /// Uses `classifier` to decide which responses are throttling.
+    /// Uses `classifier` to decide which responses are throttling, instead of the
+    /// allowance's (an override, for this layer alone).
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> CooldownLayer<C2> {
-        CooldownLayer {
+        CooldownLayer::of(self.shared.allowance.clone(), classifier)
+    }
+
+    fn of(allowance: Allowance, classifier: C) -> Self {
+        Self {
             shared: Arc::new(CooldownShared {
-                allowance: self.shared.allowance.clone(),
+                allowance,
                 classifier,
             }),
         }

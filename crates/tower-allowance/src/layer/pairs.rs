@@ -241,10 +241,9 @@ async fn the_retry_policy_alone_under_tower_retry_layer_is_bounded_by_the_cap_an
         let start = Instant::now();
         let upstream = Upstream::always_429(start);
         let service = ServiceBuilder::new()
-            .layer(RetryLayer::new(RetryPolicy::new(
-                allowance.clone(),
-                retry_config(),
-            )))
+            .layer(RetryLayer::new(
+                RetryPolicy::new(allowance.clone()).with_config(retry_config()),
+            ))
             .service(upstream.service::<Full<Bytes>>());
         let result = service.oneshot(put("a", Some("1"), full("a"))).await;
         assert_eq!(Outcome::of(&result), Outcome::Abandoned(reason), "{budget}");
@@ -269,7 +268,7 @@ async fn the_retry_policy_alone_under_tower_retry_layer_is_bounded_by_the_cap_an
 #[tokio::test(start_paused = true)]
 async fn the_scenario_through_the_retry_layer_alone() {
     let allowance = allowance(10);
-    let policy = RetryPolicy::new(allowance.clone(), retry_config());
+    let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
     let run = scenario(&allowance, full, |up| Svc::new(Retry::new(policy, up))).await;
     // Each request honours its own Retry-After; nothing is shared, nothing gated.
     assert_eq!(
@@ -291,7 +290,7 @@ async fn the_scenario_through_the_retry_layer_alone() {
 #[tokio::test(start_paused = true)]
 async fn retry_over_cooldown_without_admission_holds_retries_to_the_shared_cooldown() {
     let allowance = allowance(10);
-    let policy = RetryPolicy::new(allowance.clone(), retry_config());
+    let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
     let run = scenario(&allowance, full, |up| {
         Svc::new(Retry::new(
             policy,
@@ -345,7 +344,7 @@ async fn cooldown_over_admission_without_retry_gates_first_attempts_and_retries_
 #[tokio::test(start_paused = true)]
 async fn retry_over_admission_without_cooldown_admits_each_retry_once() {
     let allowance = allowance(10);
-    let policy = RetryPolicy::new(allowance.clone(), retry_config());
+    let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
     let run = scenario(&allowance, full, |up| {
         Svc::new(Retry::new(
             policy,
@@ -396,7 +395,7 @@ async fn the_allowance_layer_is_the_hand_built_composition_with_a_streamed_body(
         let allowance = allowance(10);
         let run = scenario(&allowance, streamed, |up| {
             if by_hand {
-                let policy = RetryPolicy::new(allowance.clone(), retry_config());
+                let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
                 let stack = Cooldown::new(
                     Admission::new(up, allowance.clone()),
                     allowance.clone(),
@@ -404,7 +403,11 @@ async fn the_allowance_layer_is_the_hand_built_composition_with_a_streamed_body(
                 );
                 Svc::new(Prepare::new(Retry::new(policy.clone(), stack), &policy))
             } else {
-                Svc::new(AllowanceLayer::new(allowance.clone(), retry_config()).layer(up))
+                Svc::new(
+                    AllowanceLayer::new(allowance.clone())
+                        .with_retry(retry_config())
+                        .layer(up),
+                )
             }
         })
         .await;
@@ -422,7 +425,7 @@ async fn without_prepare_a_streamed_body_is_sent_once() {
     // What Prepare is for: tower's Retry keeps its copy before the first attempt, and a
     // stream has none unless prepared.
     let allowance = allowance(10);
-    let policy = RetryPolicy::new(allowance.clone(), retry_config());
+    let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
     let start = Instant::now();
     let upstream = Upstream::new(start);
     let service = Retry::new(policy, upstream.service::<BoxBody<Bytes, BoxError>>());
@@ -439,7 +442,7 @@ fn the_layer_builds_exactly_the_composition() {
     let inner = service_fn(|_: Request<String>| async {
         Ok::<_, Infallible>(Response::new(String::new()))
     });
-    let policy = RetryPolicy::new(allowance.clone(), RetryConfig::default());
+    let policy = RetryPolicy::new(allowance.clone());
     let by_hand: Prepare<Retry<RetryPolicy, Cooldown<Admission<_>, _>>> = Prepare::new(
         Retry::new(
             policy.clone(),
@@ -451,7 +454,7 @@ fn the_layer_builds_exactly_the_composition() {
         ),
         &policy,
     );
-    let layered = AllowanceLayer::new(allowance, RetryConfig::default()).layer(inner);
+    let layered = AllowanceLayer::new(allowance).layer(inner);
     same(&by_hand, &layered);
     // The innermost service is reachable through the parts' accessors.
     let _: &Admission<_> = layered.get_ref().get_ref().get_ref();

@@ -35,7 +35,7 @@ where
 {
     fn assert_service<S: Service<Request<B>>, B>(_: &S) {}
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance(), RetryConfig::default()))
+        .layer(AllowanceLayer::new(allowance()))
         .service(service_fn(|_req: Request<B>| async {
             Ok::<_, Infallible>(Response::new(String::new()))
         }));
@@ -150,7 +150,7 @@ where
 {
     let server = server.clone();
     ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone(), retry))
+        .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry))
         .service(service_fn(move |req| server.clone().serve(req)))
         .oneshot(req)
         .await
@@ -246,10 +246,7 @@ async fn a_retry_after_an_unread_body_streams_what_the_first_attempt_never_read(
     let seen = reading.seen.clone();
     let calls = Arc::new(Mutex::new(0usize));
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(
-            allowance.clone(),
-            RetryConfig::default(),
-        ))
+        .layer(AllowanceLayer::new(allowance.clone()))
         .service(service_fn(move |req: Request<BoxBody<Bytes, BoxError>>| {
             let first = {
                 let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);
@@ -313,7 +310,7 @@ async fn the_policy_alone_replays_a_prepared_stream() {
 
     let allowance = allowance();
     let server = Server::new(1);
-    let policy = RetryPolicy::new(allowance.clone(), RetryConfig::default());
+    let policy = RetryPolicy::new(allowance.clone());
     let inner = {
         let server = server.clone();
         ServiceBuilder::new()
@@ -329,7 +326,7 @@ async fn the_policy_alone_replays_a_prepared_stream() {
 
     // Without `prepare`, a stream is not retried: its 429 is the answer.
     let server = Server::new(1);
-    let policy = RetryPolicy::new(allowance.clone(), RetryConfig::default());
+    let policy = RetryPolicy::new(allowance.clone());
     let inner = {
         let server = server.clone();
         ServiceBuilder::new()

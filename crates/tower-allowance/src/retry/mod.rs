@@ -59,7 +59,7 @@
 //! use std::convert::Infallible;
 //! use http::{Request, Response, StatusCode};
 //! use tower::{ServiceBuilder, ServiceExt};
-//! use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
+//! use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Outcome, RetryBudgetConfig};
 //! use tower_allowance::error::AbandonReason;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
@@ -68,7 +68,7 @@
 //!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(1)),
 //! );
 //! let service = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone(), RetryConfig::default()))
+//!     .layer(AllowanceLayer::new(allowance.clone()))
 //!     .service_fn(|_req: Request<String>| async {
 //!         let mut res = Response::new(String::new());
 //!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -84,16 +84,17 @@
 //! # }
 //! ```
 
-mod config;
 pub(crate) mod policy;
 mod prepare;
 pub(crate) mod ticket;
 
+// The per-request rules are plain data, kept with the rest of the configuration (which an
+// allowance carries): `crate::config`, a lower module.
 pub use self::{
-    config::RetryConfig,
     policy::{RetryPolicy, RetryWait},
     prepare::Prepare,
 };
+pub use crate::config::retry::RetryConfig;
 
 #[cfg(test)]
 mod tests;

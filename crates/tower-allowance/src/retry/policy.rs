@@ -93,20 +93,37 @@ enum Plan {
 // === impl RetryPolicy ===
 
 impl RetryPolicy {
-    /// A policy spending `allowance`'s retry budget, with the default classifier.
-    pub fn new(allowance: Allowance, config: RetryConfig) -> Self {
-        Self::with_classifier(allowance, config, StatusClassifier::default())
+    /// A policy spending `allowance`'s retry budget, with the allowance's retry rules and
+    /// classifier ([`AllowanceConfig::with_retry`](crate::AllowanceConfig::with_retry),
+    /// [`with_classifier`](crate::AllowanceConfig::with_classifier)).
+    pub fn new(allowance: Allowance) -> Self {
+        let config = allowance.config();
+        let retry = Arc::new(config.retry().clone());
+        Self::of(retry, config.classifier(), allowance)
     }
 }
 
 impl<C: Classify> RetryPolicy<C> {
-    /// A policy with a custom classifier.
-    pub fn with_classifier(allowance: Allowance, config: RetryConfig, classifier: C) -> Self {
+    fn of(config: Arc<RetryConfig>, classifier: C, allowance: Allowance) -> Self {
         Self::from_shared(Arc::new(PolicyShared {
             allowance,
-            config: Arc::new(config),
+            config,
             classifier,
         }))
+    }
+
+    /// This policy with `classifier` instead of the allowance's (an override, for this
+    /// policy alone).
+    pub fn with_classifier<C2: Classify>(self, classifier: C2) -> RetryPolicy<C2> {
+        let s = &self.shared;
+        RetryPolicy::of(s.config.clone(), classifier, s.allowance.clone())
+    }
+
+    /// This policy with `config` instead of the allowance's retry rules (an override, for
+    /// this policy alone; the budget stays the allowance's).
+    pub fn with_config(self, config: RetryConfig) -> Self {
+        let s = &self.shared;
+        Self::of(Arc::new(config), s.classifier.clone(), s.allowance.clone())
     }
 }
 

@@ -45,7 +45,7 @@ use crate::body::Replayable;
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() -> Result<(), BoxError> {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?);
-/// let policy = RetryPolicy::new(allowance, RetryConfig::default());
+/// let policy = RetryPolicy::new(allowance);
 ///
 /// // Answers 429 to the first attempt, then the body it read.
 /// let calls = Arc::new(AtomicUsize::new(0));

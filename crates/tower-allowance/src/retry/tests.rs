@@ -62,8 +62,7 @@ async fn eight_requests(stack: Stack, budget: u64) -> Run {
     let start = Instant::now();
     let log = Arc::new(Mutex::new(Vec::new()));
     let upstream = always_429(start, log.clone());
-    let policy = RetryPolicy::new(
-        allowance.clone(),
+    let policy = RetryPolicy::new(allowance.clone()).with_config(
         RetryConfig::default()
             .with_max_attempts(3)
             .expect("valid")

@@ -699,7 +699,7 @@ fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Param
     *AllowanceConfig::per_second(20, 4)
         .expect("valid")
         .with_adaptive_rate(
-            crate::config::AdaptiveRate::new(initial, floor, ceiling)
+            crate::config::adaptive::AdaptiveRate::new(initial, floor, ceiling)
                 .expect("valid")
                 .adopt_advertised(adopt),
         )

@@ -56,7 +56,7 @@ proptest! {
         }
         #[cfg(feature = "adaptive")]
         if adaptive {
-            config = config.with_adaptive_rate(crate::config::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
+            config = config.with_adaptive_rate(crate::config::adaptive::AdaptiveRate::new(f64::from(per_sec), 0.5, 100.0).expect("valid"));
         }
         #[cfg(not(feature = "adaptive"))]
         let _ = adaptive;

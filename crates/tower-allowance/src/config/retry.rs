@@ -6,7 +6,7 @@ use crate::{body::DEFAULT_REPLAY_CAP, rule::MAX_DELAY, ConfigError};
 
 const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
 
-/// Per-request retry rules for [`RetryPolicy`](super::RetryPolicy).
+/// Per-request retry rules for [`RetryPolicy`](crate::retry::RetryPolicy).
 ///
 /// `Clone + Debug`, and `Deserialize` with the `serde` feature (see [the file
 /// form](#configuration-files) below).

@@ -1,0 +1,139 @@
+//! One allowance as a file describes it (feature `serde`): its limits, budget, dialect,
+//! classifier, retry rules and store, built in one call.
+
+use std::{convert::Infallible, future::Future, sync::Arc};
+
+use super::{super::AllowanceConfig, RawAllowanceConfig};
+use crate::{
+    store::{MemoryStore, Store},
+    Allowance,
+};
+
+/// An allowance's whole description, read from a file (feature `serde`): everything an
+/// [`AllowanceConfig`] reads (the limits, the retry budget, the `dialect`, the `classifier`,
+/// the `retry` rules...) and where the state is kept (`store`), so that one call builds the
+/// allowance every layer and client then inherits from.
+///
+/// `S` is the store part: [`MemorySpec`] (`store = "memory"`, the default) in this crate;
+/// a shared store's crate supplies its own (`tower-allowance-redis`'s `StoreSpec`, feature
+/// `serde`, reads `store = { redis = { url_env = "REDIS_URL" } }`), so this crate never
+/// depends on one. The table is the one an [`AllowanceConfig`] reads, with `store` added:
+/// unknown fields are refused and every error names its field.
+///
+/// ```
+/// use tower_allowance::{classify::StatusClassifier, AllowanceConfig, AllowanceLayer, AllowanceSpec};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_allowance::BoxError> {
+/// // In TOML: rate = 5, burst = 5, classifier = { throttled = [403, 429] }, store = "memory"
+/// let spec: AllowanceSpec = serde_json::from_str(
+///     r#"{ "rate": 5, "burst": 5, "classifier": { "throttled": [403, 429] }, "store": "memory" }"#,
+/// )?;
+/// let allowance = spec.build("odds-api").await?;
+/// assert_eq!(allowance.name(), "odds-api");
+/// assert_eq!(
+///     allowance.config().classifier(),
+///     StatusClassifier::default().throttled([403, 429])
+/// );
+/// // Every layer on it classifies and retries as the file says.
+/// let _layer = AllowanceLayer::new(allowance);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(
+    try_from = "RawAllowanceConfig<S>",
+    bound(deserialize = "S: serde::Deserialize<'de> + Default")
+)]
+pub struct AllowanceSpec<S = MemorySpec> {
+    config: AllowanceConfig,
+    store: S,
+}
+
+impl<S> AllowanceSpec<S> {
+    /// The spec a file would give: `config`, kept in `store`.
+    pub fn new(config: AllowanceConfig, store: S) -> Self {
+        Self { config, store }
+    }
+
+    /// The allowance's configuration (limits, budget, dialect, classifier, retry rules).
+    pub fn config(&self) -> &AllowanceConfig {
+        &self.config
+    }
+
+    /// Where the state is kept.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+}
+
+impl<S: OpenStore> AllowanceSpec<S> {
+    /// Opens the store and builds the allowance called `name` (its name in logs and metrics,
+    /// and the store's name for its state): what
+    /// `Allowance::builder(config).name(name).store(store).build()` does by hand.
+    ///
+    /// # Errors
+    ///
+    /// The store part's, when it cannot open the store (never for [`MemorySpec`]).
+    pub async fn build(&self, name: &str) -> Result<Allowance, S::Error> {
+        let store = self.store.open(name).await?;
+        Ok(Allowance::builder(self.config.clone())
+            .name(name)
+            .store(store)
+            .build())
+    }
+}
+
+/// The store part of an [`AllowanceSpec`] (feature `serde`): what opens the store an
+/// allowance called `name` keeps its state in.
+///
+/// ```
+/// use std::{convert::Infallible, future::Future, sync::Arc};
+/// use tower_allowance::{store::{MemoryStore, Store}, AllowanceSpec, OpenStore};
+///
+/// /// Every allowance in one memory store per name, for a test.
+/// #[derive(Debug, Default, serde::Deserialize)]
+/// struct Scratch {}
+///
+/// impl OpenStore for Scratch {
+///     type Error = Infallible;
+///     fn open(&self, _name: &str) -> impl Future<Output = Result<Arc<dyn Store>, Infallible>> + Send {
+///         std::future::ready(Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_allowance::BoxError> {
+/// let spec: AllowanceSpec<Scratch> = serde_json::from_str(r#"{ "rate": 1, "burst": 1, "store": {} }"#)?;
+/// spec.build("scratch").await?.acquire().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub trait OpenStore {
+    /// Why the store could not be opened.
+    type Error;
+
+    /// Opens (connects to) the store for the allowance called `name`.
+    fn open(&self, name: &str) -> impl Future<Output = Result<Arc<dyn Store>, Self::Error>> + Send;
+}
+
+/// `store = "memory"`: this process's memory, shared by its tasks only (feature `serde`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum MemorySpec {
+    /// A new [`MemoryStore`].
+    #[default]
+    Memory,
+}
+
+impl OpenStore for MemorySpec {
+    type Error = Infallible;
+
+    fn open(&self, _name: &str) -> impl Future<Output = Result<Arc<dyn Store>, Infallible>> + Send {
+        std::future::ready(Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>))
+    }
+}
+
+#[cfg(test)]
+mod tests;
