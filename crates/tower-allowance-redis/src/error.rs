@@ -105,11 +105,78 @@ pub enum ConnectErrorKind {
     /// Redis did not answer within the connect timeout (unless the policy is
     /// [`FailurePolicy::LocalFallback`](crate::FailurePolicy::LocalFallback)).
     Unreachable,
-    /// Redis answered and refused: a wrong password, a missing ACL permission, a bad
-    /// database index, a server certificate that the trusted roots do not vouch for (or a
-    /// client certificate the server does not accept). Never masked by the local fallback.
+    /// Redis answered and refused: a wrong password, a bad database index, a server
+    /// certificate that the trusted roots do not vouch for (or a client certificate the
+    /// server does not accept). Never masked by the local fallback.
     Refused,
+    /// The ACL user lacks a command or a channel the store needs (`EVALSHA` and the key,
+    /// `PUBLISH` or `SUBSCRIBE` and the allowance's channel): the source is a
+    /// [`MissingPermission`] naming it and the `ACL SETUSER` that grants it. Without it the
+    /// cross-process cooldown would break silently, so the store refuses to start.
+    MissingPermission,
 }
+
+/// The Redis ACL user may not run a command, or use a key or channel, that the store needs
+/// (the source of a [`ConnectErrorKind::MissingPermission`]).
+///
+/// ```
+/// # async fn connect() {
+/// use tower_allowance_redis::{
+///     error::{ConnectErrorKind, MissingPermission},
+///     RedisStore, RedisStoreOptions,
+/// };
+///
+/// let url = "redis://nopub:secret@127.0.0.1:6379/";
+/// match RedisStore::connect(url, "odds-api", RedisStoreOptions::new()).await {
+///     Err(e) if e.kind() == ConnectErrorKind::MissingPermission => {
+///         let missing = std::error::Error::source(&e)
+///             .and_then(|s| s.downcast_ref::<MissingPermission>());
+///         if let Some(m) = missing {
+///             eprintln!("{}; fix: {}", m.permission(), m.fix());
+///         }
+///     }
+///     _ => {}
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingPermission {
+    permission: String,
+    fix: String,
+    said: String,
+}
+
+impl MissingPermission {
+    pub(crate) fn new(permission: String, fix: String, said: String) -> Self {
+        Self {
+            permission,
+            fix,
+            said,
+        }
+    }
+
+    /// What the user may not do, as `PUBLISH to ta:{odds-api}:ev`.
+    pub fn permission(&self) -> &str {
+        &self.permission
+    }
+
+    /// The command that grants it, as `ACL SETUSER app +publish &ta:{odds-api}:ev`.
+    pub fn fix(&self) -> &str {
+        &self.fix
+    }
+}
+
+impl fmt::Display for MissingPermission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the redis user may not {} (redis said: {}); grant it with `{}`",
+            self.permission, self.said, self.fix
+        )
+    }
+}
+
+impl Error for MissingPermission {}
 
 /// [`RedisStore::connect`](crate::RedisStore::connect) failed.
 #[derive(Debug)]
@@ -140,6 +207,7 @@ impl fmt::Display for ConnectError {
             ConnectErrorKind::InvalidTls => "cannot use these tls certificates",
             ConnectErrorKind::Unreachable => "redis is unreachable",
             ConnectErrorKind::Refused => "redis refused the connection or the script",
+            ConnectErrorKind::MissingPermission => "redis refused a permission the store needs",
         })
     }
 }
@@ -287,7 +355,12 @@ impl fmt::Display for RedisCause {
     }
 }
 
-impl Error for RedisCause {}
+impl Error for RedisCause {
+    // Under the client's error: an I/O error, a TLS verification failure (`UnknownIssuer`).
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// Whether a Redis error is an outage (it may answer later) or a refusal.
 pub(crate) fn is_outage(e: &RedisError) -> bool {

@@ -160,6 +160,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod access;
 mod events;
 mod link;
 mod options;

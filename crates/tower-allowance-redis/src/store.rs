@@ -23,7 +23,10 @@ use tower_allowance::{
 };
 
 use crate::{
-    error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
+    access,
+    error::{
+        CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause,
+    },
     events::{Events, Listener},
     link::{self, Conn, Link},
     scripts::{self, ApplyScript, BadReply},
@@ -400,10 +403,27 @@ impl RedisStore {
     async fn start(link: Link, name: &str) -> Result<Self, ConnectError> {
         let store = Self::over(Arc::new(link), name);
         let inner = &store.inner;
-        match inner.preload(inner.link.options.connect_timeout).await {
-            Ok(()) => Ok(store),
+        let timeout = inner.link.options.connect_timeout;
+        match inner.preload(timeout).await {
+            Ok(()) => {
+                // Every other permission the store needs, tried once (see `access`).
+                if let Some(client) = inner.link.events.source() {
+                    access::check(client, &inner.name, &inner.key, &inner.channel, timeout)
+                        .await?;
+                }
+                Ok(store)
+            }
             Err(e) if e.store_kind() == tower_allowance::store::StoreErrorKind::Rejected => {
-                Err(ConnectError::new(ConnectErrorKind::Refused, e))
+                let no_perm = std::error::Error::source(&e)
+                    .and_then(|c| c.downcast_ref::<RedisCause>())
+                    .filter(|c| access::is_no_perm(&c.0));
+                Err(match no_perm {
+                    Some(cause) => access::no_script_load(
+                        &cause.0,
+                        &access::user_of(inner.link.events.source()),
+                    ),
+                    None => ConnectError::new(ConnectErrorKind::Refused, e),
+                })
             }
             Err(e) if inner.fallback.is_some() => {
                 inner.circuit.failed(&e, &inner.name, inner.policy_name());
@@ -561,7 +581,7 @@ impl RedisStore {
                     inner.until_listening().await;
                     inner.eval(&params, &op).await
                 }
-                Check::Open => Err(CallError::new(CallErrorKind::Unavailable)),
+                Check::Open => Err(inner.circuit.open_error()),
             };
             inner.settle(&params, &op, result)
         })
@@ -872,6 +892,9 @@ struct Circuit {
     /// Microseconds since `epoch` before which Redis is not tried; 0 when healthy.
     closed_until_us: AtomicU64,
     degraded: AtomicBool,
+    /// The last refusal (a changed password, a revoked permission), until a call succeeds:
+    /// calls skipped meanwhile fail with it at once, not as an outage to wait out.
+    refusal: Mutex<Option<String>>,
 }
 
 impl Circuit {
@@ -881,6 +904,21 @@ impl Circuit {
             probe_us: u64::try_from(probe_interval.as_micros()).unwrap_or(u64::MAX),
             closed_until_us: AtomicU64::new(0),
             degraded: AtomicBool::new(false),
+            refusal: Mutex::new(None),
+        }
+    }
+
+    /// What a call skipped while the circuit is open fails with: the refusal that opened it,
+    /// else "unavailable".
+    fn open_error(&self) -> CallError {
+        let refusal = self
+            .refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match refusal {
+            Some(why) => CallError::with_source(CallErrorKind::Refused, why),
+            None => CallError::new(CallErrorKind::Unavailable),
         }
     }
 
@@ -917,6 +955,7 @@ impl Circuit {
     fn succeeded(&self, name: &str) {
         if self.closed_until_us.load(Ordering::Acquire) != 0 {
             self.closed_until_us.store(0, Ordering::Release);
+            *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
         if self.degraded.load(Ordering::Acquire) && self.degraded.swap(false, Ordering::AcqRel) {
             tracing::info!(
@@ -930,10 +969,30 @@ impl Circuit {
         if error.kind() == CallErrorKind::Unavailable {
             return;
         }
-        // Refusals (a wrong password...) are not outages: nothing to probe for.
+        let next = self.now_us().saturating_add(self.probe_us);
         if error.store_kind() == tower_allowance::store::StoreErrorKind::Unavailable {
-            let next = self.now_us().saturating_add(self.probe_us);
             self.closed_until_us.store(next, Ordering::Release);
+        } else if error.kind() == CallErrorKind::Refused {
+            // A refusal (a password changed under us, a permission revoked) fails every
+            // caller at once with its cause, until a probe finds it lifted: not an outage
+            // that callers wait out one probe at a time.
+            let why = std::error::Error::source(error)
+                .map_or_else(|| error.to_string(), ToString::to_string);
+            let first = self
+                .refusal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .replace(why.clone())
+                .is_none();
+            self.closed_until_us.store(next, Ordering::Release);
+            if first {
+                tracing::error!(
+                    allowance = name,
+                    error = %why,
+                    "redis refused the allowance's call (a changed password or a missing \
+                     permission): every call fails with it until redis accepts one again"
+                );
+            }
         }
         if !self.degraded.swap(true, Ordering::AcqRel) {
             tracing::warn!(

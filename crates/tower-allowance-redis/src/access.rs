@@ -1,0 +1,158 @@
+//! What the store needs of its Redis user, checked once at connect: `SCRIPT LOAD`, `EVALSHA`
+//! on the allowance's keys, `PUBLISH` and `SUBSCRIBE` on its channel. An ACL user without
+//! one of them would otherwise break the cross-process cooldown silently (a cooldown nobody
+//! else hears of), so connecting fails, naming the permission and the `ACL SETUSER` that
+//! grants it. (`ACL DRYRUN` would say without trying, but needs admin rights.)
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::error::{is_outage, ConnectError, ConnectErrorKind, MissingPermission, RedisCause};
+
+/// A script that does nothing, loaded and run with the allowance's key to try `EVALSHA` and
+/// the key's access without touching the state.
+const PROBE: &str = "return 0";
+
+/// Tries each permission over short-lived connections of `client` (the events' client: the
+/// same server and credentials as the store's; they are not the store's counted round trips).
+/// `name` is the allowance's, `key` and `channel` its state key and event channel.
+///
+/// A Redis that does not answer here is left to the store's own failure handling (the
+/// script loaded already); only refusals fail.
+pub(crate) async fn check(
+    client: &redis::Client,
+    name: &str,
+    key: &str,
+    channel: &str,
+    timeout: Duration,
+) -> Result<(), ConnectError> {
+    let user = user_of(Some(client));
+    let keys = format!("ta:{{{name}}}:*");
+    let mut conn = match connection(
+        tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await,
+    )? {
+        Some(conn) => conn,
+        None => return Ok(()),
+    };
+    let probe = redis::Script::new(PROBE);
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors()
+        .cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(PROBE)
+        .cmd("EVALSHA")
+        .arg(probe.get_hash())
+        .arg(1)
+        .arg(key)
+        // An empty message: listeners read no event in it.
+        .cmd("PUBLISH")
+        .arg(channel)
+        .arg("");
+    let replies = tokio::time::timeout(
+        timeout,
+        pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn),
+    )
+    .await;
+    let replies = match connection(replies)? {
+        Some(replies) => replies,
+        None => return Ok(()),
+    };
+    let needs = [
+        (
+            "SCRIPT LOAD".to_owned(),
+            format!("ACL SETUSER {user} +script|load"),
+        ),
+        (
+            format!("EVALSHA with the keys {keys}"),
+            format!("ACL SETUSER {user} +evalsha +eval ~{keys}"),
+        ),
+        (
+            format!("PUBLISH to {channel}"),
+            format!("ACL SETUSER {user} +publish &{channel}"),
+        ),
+    ];
+    for (reply, (permission, fix)) in replies.into_iter().zip(needs) {
+        if let Err(e) = reply {
+            refused(&e, permission, fix)?;
+        }
+    }
+    drop(conn);
+
+    let pubsub = tokio::time::timeout(timeout, client.get_async_pubsub()).await;
+    let Some(mut pubsub) = connection(pubsub)? else {
+        return Ok(());
+    };
+    let subscribed = tokio::time::timeout(timeout, pubsub.subscribe(channel)).await;
+    if let Ok(Err(e)) = subscribed {
+        refused(
+            &e,
+            format!("SUBSCRIBE to {channel}"),
+            format!("ACL SETUSER {user} +subscribe &{channel}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// A connection (or reply) that came, `None` for one that did not (an outage or a timeout:
+/// left to the store), or the refusal.
+fn connection<T>(
+    made: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+) -> Result<Option<T>, ConnectError> {
+    match made {
+        Ok(Ok(conn)) => Ok(Some(conn)),
+        Ok(Err(e)) if is_outage(&e) => Ok(None),
+        Ok(Err(e)) => Err(refusal(e)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `Err` when `e` says the user lacks the permission; other errors pass (a cluster's
+/// `MOVED` comes after the ACL check, so it means allowed).
+fn refused(e: &RedisError, permission: String, fix: String) -> Result<(), ConnectError> {
+    if is_no_perm(e) {
+        return Err(missing(e, permission, fix));
+    }
+    Ok(())
+}
+
+fn missing(e: &RedisError, permission: String, fix: String) -> ConnectError {
+    let said = format!("NOPERM {}", e.detail().unwrap_or_default());
+    ConnectError::new(
+        ConnectErrorKind::MissingPermission,
+        MissingPermission::new(permission, fix, said),
+    )
+}
+
+/// The ACL user `client` logs in as (`default` without one; `<user>` when unknown).
+pub(crate) fn user_of(client: Option<&redis::Client>) -> String {
+    client.map_or_else(
+        || "<user>".to_owned(),
+        |c| {
+            c.get_connection_info()
+                .redis_settings()
+                .username()
+                .unwrap_or("default")
+                .to_owned()
+        },
+    )
+}
+
+/// `SCRIPT LOAD` refused by the store's own preload (`e` is a `NOPERM`).
+pub(crate) fn no_script_load(e: &RedisError, user: &str) -> ConnectError {
+    missing(
+        e,
+        "SCRIPT LOAD".to_owned(),
+        format!("ACL SETUSER {user} +script|load +evalsha"),
+    )
+}
+
+/// A `NOPERM` reply.
+pub(crate) fn is_no_perm(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) || e.code() == Some("NOPERM")
+}
+
+/// A refusal while connecting: the password (`WRONGPASS`), a certificate, a database index.
+pub(crate) fn refusal(e: RedisError) -> ConnectError {
+    ConnectError::new(ConnectErrorKind::Refused, RedisCause(e))
+}
