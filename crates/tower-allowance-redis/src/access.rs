@@ -1,8 +1,10 @@
-//! What the store needs of its Redis user, checked once at connect: `SCRIPT LOAD`, `EVALSHA`
-//! on the allowance's keys, `PUBLISH` and `SUBSCRIBE` on its channel. An ACL user without
-//! one of them would otherwise break the cross-process cooldown silently (a cooldown nobody
-//! else hears of), so connecting fails, naming the permission and the `ACL SETUSER` that
-//! grants it. (`ACL DRYRUN` would say without trying, but needs admin rights.)
+//! What the store needs of its Redis user: `SCRIPT LOAD` (tried by the preload), `PUBLISH`
+//! and `SUBSCRIBE` on the allowance's channel (tried here, once, at connect), `EVALSHA` on
+//! its keys (tried by the first decision: a probe `EVALSHA` would count as a decision in
+//! every server's statistics). An ACL user without one of them would otherwise break the
+//! cross-process cooldown silently (a cooldown nobody else hears of), so connecting (or the
+//! first decision) fails, naming the permission and the `ACL SETUSER` that grants it.
+//! (`ACL DRYRUN` would say without trying, but needs admin rights.)
 
 use std::time::Duration;
 
@@ -10,45 +12,27 @@ use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::error::{is_outage, ConnectError, ConnectErrorKind, MissingPermission, RedisCause};
 
-/// A script that does nothing, loaded and run with the allowance's key to try `EVALSHA` and
-/// the key's access without touching the state.
-const PROBE: &str = "return 0";
-
 /// Tries each permission over short-lived connections of `client` (the events' client: the
 /// same server and credentials as the store's; they are not the store's counted round trips).
-/// `name` is the allowance's, `key` and `channel` its state key and event channel.
+/// `channel` is the allowance's event channel.
 ///
 /// A Redis that does not answer here is left to the store's own failure handling (the
 /// script loaded already); only refusals fail.
 pub(crate) async fn check(
     client: &redis::Client,
-    name: &str,
-    key: &str,
     channel: &str,
     timeout: Duration,
 ) -> Result<(), ConnectError> {
     let user = user_of(Some(client));
-    let keys = format!("ta:{{{name}}}:*");
     let mut conn = match connection(
         tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await,
     )? {
         Some(conn) => conn,
         None => return Ok(()),
     };
-    let probe = redis::Script::new(PROBE);
     let mut pipe = redis::pipe();
-    pipe.ignore_errors()
-        .cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(PROBE)
-        .cmd("EVALSHA")
-        .arg(probe.get_hash())
-        .arg(1)
-        .arg(key)
-        // An empty message: listeners read no event in it.
-        .cmd("PUBLISH")
-        .arg(channel)
-        .arg("");
+    // An empty message: listeners read no event in it.
+    pipe.ignore_errors().cmd("PUBLISH").arg(channel).arg("");
     let replies = tokio::time::timeout(
         timeout,
         pipe.query_async::<Vec<redis::RedisResult<redis::Value>>>(&mut conn),
@@ -58,20 +42,10 @@ pub(crate) async fn check(
         Some(replies) => replies,
         None => return Ok(()),
     };
-    let needs = [
-        (
-            "SCRIPT LOAD".to_owned(),
-            format!("ACL SETUSER {user} +script|load"),
-        ),
-        (
-            format!("EVALSHA with the keys {keys}"),
-            format!("ACL SETUSER {user} +evalsha +eval ~{keys}"),
-        ),
-        (
-            format!("PUBLISH to {channel}"),
-            format!("ACL SETUSER {user} +publish &{channel}"),
-        ),
-    ];
+    let needs = [(
+        format!("PUBLISH to {channel}"),
+        format!("ACL SETUSER {user} +publish &{channel}"),
+    )];
     for (reply, (permission, fix)) in replies.into_iter().zip(needs) {
         if let Err(e) = reply {
             refused(&e, permission, fix)?;
@@ -117,10 +91,9 @@ fn refused(e: &RedisError, permission: String, fix: String) -> Result<(), Connec
 }
 
 fn missing(e: &RedisError, permission: String, fix: String) -> ConnectError {
-    let said = format!("NOPERM {}", e.detail().unwrap_or_default());
     ConnectError::new(
         ConnectErrorKind::MissingPermission,
-        MissingPermission::new(permission, fix, said),
+        MissingPermission::new(permission, fix, said(e)),
     )
 }
 
@@ -138,6 +111,19 @@ pub(crate) fn user_of(client: Option<&redis::Client>) -> String {
     )
 }
 
+/// `EVALSHA` (or the keys) refused to the decisions of the allowance `name`, as a call's
+/// cause; `None` for another error.
+pub(crate) fn no_evalsha(e: &RedisError, name: &str, user: &str) -> Option<MissingPermission> {
+    is_no_perm(e).then(|| {
+        let keys = format!("ta:{{{name}}}:*");
+        MissingPermission::new(
+            format!("EVALSHA with the keys {keys}"),
+            format!("ACL SETUSER {user} +evalsha +eval ~{keys}"),
+            said(e),
+        )
+    })
+}
+
 /// `SCRIPT LOAD` refused by the store's own preload (`e` is a `NOPERM`).
 pub(crate) fn no_script_load(e: &RedisError, user: &str) -> ConnectError {
     missing(
@@ -149,7 +135,18 @@ pub(crate) fn no_script_load(e: &RedisError, user: &str) -> ConnectError {
 
 /// A `NOPERM` reply.
 pub(crate) fn is_no_perm(e: &RedisError) -> bool {
-    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) || e.code() == Some("NOPERM")
+    // A pipeline's failures come as one error listing each command's.
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || e.code() == Some("NOPERM")
+        || e.to_string().contains("NoPerm:")
+}
+
+/// What Redis said, for the message.
+fn said(e: &RedisError) -> String {
+    match e.detail() {
+        Some(detail) => format!("NOPERM {detail}"),
+        None => e.to_string(),
+    }
 }
 
 /// A refusal while connecting: the password (`WRONGPASS`), a certificate, a database index.

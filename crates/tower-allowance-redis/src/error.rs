@@ -109,10 +109,12 @@ pub enum ConnectErrorKind {
     /// certificate that the trusted roots do not vouch for (or a client certificate the
     /// server does not accept). Never masked by the local fallback.
     Refused,
-    /// The ACL user lacks a command or a channel the store needs (`EVALSHA` and the key,
-    /// `PUBLISH` or `SUBSCRIBE` and the allowance's channel): the source is a
-    /// [`MissingPermission`] naming it and the `ACL SETUSER` that grants it. Without it the
-    /// cross-process cooldown would break silently, so the store refuses to start.
+    /// The ACL user lacks a command or a channel the store needs (`SCRIPT LOAD`, `PUBLISH`
+    /// or `SUBSCRIBE` and the allowance's channel): the source is a [`MissingPermission`]
+    /// naming it and the `ACL SETUSER` that grants it. Without it the cross-process cooldown
+    /// would break silently, so the store refuses to start. (`EVALSHA` and the keys are
+    /// tried by the first decision, which then fails, and every later one at once, with
+    /// [`CallErrorKind::Refused`] and a `MissingPermission` as the cause.)
     MissingPermission,
 }
 
@@ -238,6 +240,10 @@ pub enum CallErrorKind {
     UnrepresentableDelay,
     /// The local fallback allowance could not be built for this configuration.
     Fallback,
+    /// Another process uses this allowance name with another configuration (limits, retry
+    /// budget, longest cooldown, adaptive rate): the source names both. Refused, so that two
+    /// configurations never spend one allowance at two rates.
+    ConfigMismatch,
 }
 
 /// One store call failed; wrapped in a [`StoreError`](tower_allowance::store::StoreError),
@@ -334,6 +340,9 @@ impl fmt::Display for CallError {
             }
             (CallErrorKind::Fallback, _) => {
                 f.write_str("cannot build the local fallback allowance")
+            }
+            (CallErrorKind::ConfigMismatch, _) => {
+                f.write_str("another process uses this allowance name with another configuration")
             }
         }
     }

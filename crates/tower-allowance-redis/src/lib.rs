@@ -161,6 +161,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
+mod config_check;
 mod events;
 mod link;
 mod options;

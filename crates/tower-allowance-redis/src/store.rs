@@ -23,10 +23,8 @@ use tower_allowance::{
 };
 
 use crate::{
-    access,
-    error::{
-        CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause,
-    },
+    access, config_check,
+    error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
     events::{Events, Listener},
     link::{self, Conn, Link},
     scripts::{self, ApplyScript, BadReply},
@@ -137,6 +135,9 @@ pub(crate) struct Inner {
     gate_open: AtomicBool,
     /// Wakes the operations waiting at the gate.
     gate_opened: Notify,
+    /// When the configuration is next checked against the one in Redis (`config_check`), in
+    /// the circuit's microseconds; 0: before the first decision.
+    config_check_at: AtomicU64,
     #[cfg(feature = "test-util")]
     test: TestClock,
 }
@@ -408,8 +409,7 @@ impl RedisStore {
             Ok(()) => {
                 // Every other permission the store needs, tried once (see `access`).
                 if let Some(client) = inner.link.events.source() {
-                    access::check(client, &inner.name, &inner.key, &inner.channel, timeout)
-                        .await?;
+                    access::check(client, &inner.channel, timeout).await?;
                 }
                 Ok(store)
             }
@@ -454,6 +454,7 @@ impl RedisStore {
                 subscribed: AtomicBool::new(false),
                 gate_open: AtomicBool::new(false),
                 gate_opened: Notify::new(),
+                config_check_at: AtomicU64::new(0),
                 #[cfg(feature = "test-util")]
                 test: TestClock::default(),
                 link,
@@ -579,7 +580,10 @@ impl RedisStore {
             let result = match inner.circuit.check() {
                 Check::Closed | Check::Probe => {
                     inner.until_listening().await;
-                    inner.eval(&params, &op).await
+                    match inner.check_config(&params, &op).await {
+                        Ok(()) => inner.eval(&params, &op).await,
+                        Err(e) => Err(e),
+                    }
                 }
                 Check::Open => Err(inner.circuit.open_error()),
             };
@@ -621,6 +625,73 @@ impl Inner {
         }
     }
 
+    /// The store's first decision, and one every half `idle_ttl`: is the configuration the
+    /// one every other process of the allowance uses (`config_check`)? One pipeline, not
+    /// counted in [`RedisStore::round_trips`] (it decides nothing). After `Clear`, the key
+    /// is deleted instead, and this process sets its configuration with its next decision.
+    async fn check_config(&self, params: &Params, op: &Op) -> Result<(), CallError> {
+        let now = self.circuit.now_us();
+        let key = config_check::key(&self.name);
+        let ttl = self.link.options.idle_ttl.max(Duration::from_secs(1));
+        let mut conn = self.link.conn.clone();
+        if matches!(op, Op::Clear) {
+            let mut del = redis::cmd("DEL");
+            del.arg(&key);
+            with_timeout(self.link.options.timeout, del.query_async::<i64>(&mut conn))
+                .await?
+                .map_err(CallError::redis)?;
+            self.config_check_at.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        if now < self.config_check_at.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let ours = config_check::describe(params);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(&ours)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(millis(ttl))
+            .ignore()
+            .cmd("GET")
+            .arg(&key);
+        let read = pipe.query_async::<(Option<String>,)>(&mut conn);
+        let (theirs,) = with_timeout(self.link.options.timeout, read)
+            .await?
+            .map_err(|e| self.call_error(e))?;
+        match theirs {
+            Some(theirs) if theirs != ours => Err(CallError::with_source(
+                CallErrorKind::ConfigMismatch,
+                format!(
+                    "this process: {ours}; the processes already using it ({key}): {theirs}; \
+                     give each configuration its own allowance name, or clear() the \
+                     allowance to let the next process set a new one"
+                ),
+            )),
+            _ => {
+                let every = u64::try_from(ttl.as_micros() / 2).unwrap_or(u64::MAX);
+                self.config_check_at
+                    .store(now.saturating_add(every), Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    /// A decision's Redis error; a `NOPERM` names the permission and the fix.
+    fn call_error(&self, e: redis::RedisError) -> CallError {
+        let user = access::user_of(self.link.events.source());
+        match access::no_evalsha(&e, &self.name, &user) {
+            Some(missing) => CallError::with_source(CallErrorKind::Refused, missing),
+            None => CallError::redis(e),
+        }
+    }
+
     /// One operation: `EVALSHA` (one round trip). When the script is missing (`SCRIPT FLUSH`,
     /// a restarted or failed-over server) `redis` loads it and retries; should it vanish
     /// again in between, `EVAL` with the source settles it. All within one timeout.
@@ -652,7 +723,7 @@ impl Inner {
         };
         let reply = with_timeout(self.link.options.timeout, call)
             .await?
-            .map_err(CallError::redis)?;
+            .map_err(|e| self.call_error(e))?;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
     }
@@ -797,6 +868,11 @@ impl Store for RedisStore {
         // auto-advance while it is in flight.
         let result = self.inner.test.eval_blocking(&self.inner, params, op)?;
         Some(self.inner.settle(params, op, result))
+    }
+
+    /// The allowance's name: `Allowance::with_store(config, store)` logs and counts under it.
+    fn name(&self) -> Option<&str> {
+        Some(&self.inner.name)
     }
 
     fn watch(&self, watcher: Watcher) {
