@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use crate::error::{is_outage, ConnectError, ConnectErrorKind, MissingPermission, RedisCause};
+use crate::error::{
+    is_outage, CallError, CallErrorKind, ConnectError, ConnectErrorKind, MissingPermission,
+    RedisCause,
+};
 
 /// Tries each permission over short-lived connections of `client` (the events' client: the
 /// same server and credentials as the store's; they are not the store's counted round trips).
@@ -152,4 +155,57 @@ fn said(e: &RedisError) -> String {
 /// A refusal while connecting: the password (`WRONGPASS`), a certificate, a database index.
 pub(crate) fn refusal(e: RedisError) -> ConnectError {
     ConnectError::new(ConnectErrorKind::Refused, RedisCause(e))
+}
+
+/// A connect failure with what it most likely means in front (`WRONGPASS`, `NOAUTH`, a TLS
+/// URL to a plain port or the other way round), the client's error kept as the source.
+#[derive(Debug)]
+struct Hinted {
+    hint: &'static str,
+    error: CallError,
+}
+
+impl std::fmt::Display for Hinted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hint)
+    }
+}
+
+impl std::error::Error for Hinted {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// `error` (from connecting to a `rediss://` URL when `tls`), with a hint when its causes
+/// tell one.
+pub(crate) fn hinted(error: CallError, tls: bool) -> tower_allowance::BoxError {
+    let mut text = String::new();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(c) = cause {
+        text.push_str(&c.to_string());
+        text.push('\n');
+        cause = c.source();
+    }
+    let hint = if text.contains("AuthenticationFailed") || text.contains("WRONGPASS") {
+        "WRONGPASS: redis refused the user name or password of the url (a wrong password, \
+         an unknown or disabled user)"
+    } else if text.contains("NOAUTH") || text.contains("unauthenticated") {
+        "NOAUTH: redis requires a password and the url has none \
+         (redis://:PASSWORD@host/ or redis://USER:PASSWORD@host/)"
+    } else if tls && error.kind() == CallErrorKind::Timeout {
+        "no answer to the TLS handshake: a plain (non-TLS) port says nothing to it; \
+         use redis:// for a plain port, rediss:// for the server's tls-port"
+    } else if tls && (text.contains("corrupt message") || text.contains("InvalidContentType")) {
+        "the server does not speak TLS there: use redis:// for a plain port"
+    } else if !tls && (text.contains("reset by peer") || text.contains("onnection closed")) {
+        "the server closed the connection at once: a TLS-only port does that to plain \
+         text; use rediss:// for a tls-port"
+    } else if text.contains("UnknownIssuer") {
+        "the server's certificate is not signed by a trusted CA: trust its CA with \
+         RedisStoreOptions::tls_ca_cert (allowance-sim: --redis-ca-cert FILE)"
+    } else {
+        return Box::new(error);
+    };
+    Box::new(Hinted { hint, error })
 }

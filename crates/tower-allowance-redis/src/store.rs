@@ -405,6 +405,7 @@ impl RedisStore {
         let store = Self::over(Arc::new(link), name);
         let inner = &store.inner;
         let timeout = inner.link.options.connect_timeout;
+        let tls = inner.link.redacted.starts_with("rediss://");
         match inner.preload(timeout).await {
             Ok(()) => {
                 // Every other permission the store needs, tried once (see `access`).
@@ -422,14 +423,17 @@ impl RedisStore {
                         &cause.0,
                         &access::user_of(inner.link.events.source()),
                     ),
-                    None => ConnectError::new(ConnectErrorKind::Refused, e),
+                    None => ConnectError::new(ConnectErrorKind::Refused, access::hinted(e, tls)),
                 })
             }
             Err(e) if inner.fallback.is_some() => {
                 inner.circuit.failed(&e, &inner.name, inner.policy_name());
                 Ok(store)
             }
-            Err(e) => Err(ConnectError::new(ConnectErrorKind::Unreachable, e)),
+            Err(e) => Err(ConnectError::new(
+                ConnectErrorKind::Unreachable,
+                access::hinted(e, tls),
+            )),
         }
     }
 
@@ -508,7 +512,8 @@ impl RedisStore {
     /// Round trips to Redis made over this store's connection so far (by this store, its
     /// clones and the stores made by [`for_allowance`](Self::for_allowance)): each command
     /// or pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
-    /// subscription is not counted).
+    /// subscription, the permission check at connect and the configuration check of the
+    /// first decision and every half `idle_ttl` are not counted: they decide nothing).
     pub fn round_trips(&self) -> u64 {
         self.inner.link.round_trips.load(Ordering::Relaxed)
     }
