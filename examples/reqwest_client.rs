@@ -44,7 +44,7 @@ impl Row {
 /// Eight jobs on eight workers over one `reqwest::Client` against a fresh upstream.
 pub(crate) async fn run(shared: bool) -> Result<Row, BoxError> {
     let upstream = Upstream::start(UpstreamConfig::new(2, 2)).await?;
-    // One connection pool for everyone; TLS would be rustls (see Cargo.toml).
+    // One connection pool for everyone (plain HTTP to loopback: no TLS feature, see Cargo.toml).
     let client = reqwest::Client::new();
     let retry = RetryConfig::default()
         .with_max_attempts(10)?

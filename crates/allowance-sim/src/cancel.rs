@@ -221,6 +221,10 @@ impl<S: Store> Store for CountReleases<S> {
     fn watch(&self, watcher: Watcher) {
         self.inner.watch(watcher);
     }
+
+    fn name(&self) -> Option<&str> {
+        self.inner.name()
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,7 @@ const MAX_ASCII_LANES: usize = 40;
 /// The exit status and logging, as `--help` explains them (a macro, for `concat!`).
 macro_rules! exit_help {
     () => {
-        "Exit status:\n  0  every job completed, or was abandoned by design (attempts, budget, deadline, quota)\n  1  the run could not be made (invalid settings, Redis unreachable, a worker process crashed)\n  2  invalid command line\n  3  the run finished but jobs failed (store, transport, or a final non-2xx status):\n     the report is printed, and the first cause on stderr\n\nLogging: RUST_LOG, on stderr (default: warn, so Redis outages show); e.g. RUST_LOG=tower_allowance=debug"
+        "Exit status:\n  0  every job completed, or was abandoned by design (attempts, budget, deadline, quota)\n  1  the run could not be made (invalid settings, Redis unreachable, a worker process crashed)\n  2  invalid command line\n  3  the run finished but jobs failed (store, transport, or a final non-2xx status),\n     or no job completed (all abandoned): the report is printed, and the cause on stderr\n\nLogging: RUST_LOG, on stderr (default: warn, so Redis outages show); e.g. RUST_LOG=tower_allowance=debug"
     };
 }
 
@@ -238,6 +238,13 @@ pub struct Workload {
     /// process of the run spends the same one, e.g. redis://127.0.0.1:6379/.
     #[arg(long, value_name = "URL")]
     pub redis: Option<String>,
+    /// For a rediss:// --redis URL: trust the CA certificates in this PEM file (a Redis you
+    /// run with its own CA), instead of the system's roots (managed Redis services).
+    #[arg(long, value_name = "FILE")]
+    pub redis_ca_cert: Option<PathBuf>,
+    /// --redis names the seed nodes of a Redis Cluster (URLs separated by commas).
+    #[arg(long)]
+    pub redis_cluster: bool,
     /// Run the workers in this many OS processes (the tool starts itself N times). With
     /// --redis they share one allowance; without, each process has its own, as separate
     /// services on one key would.
@@ -277,6 +284,26 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// How this process connects to Redis (`--redis-ca-cert`, `--redis-cluster`).
+    ///
+    /// # Errors
+    ///
+    /// The CA file cannot be read.
+    pub fn redis_connect(&self) -> Result<live::RedisConnect, BoxError> {
+        let ca_cert = match &self.redis_ca_cert {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| format!("--redis-ca-cert {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        Ok(live::RedisConnect {
+            ca_cert,
+            ca_cert_path: self.redis_ca_cert.clone(),
+            cluster: self.redis_cluster,
+        })
+    }
+
     /// Where the allowances live for this run (a fresh Redis name per run).
     pub fn store(&self) -> StoreChoice {
         match &self.redis {
@@ -425,7 +452,11 @@ pub struct HttpArgs {
     #[arg(long = "header", short = 'H')]
     pub headers: Vec<String>,
     /// For https: also trust the CA certificates in this PEM file (a private CA, or a
-    /// self-signed server certificate), besides the system's roots.
+    /// self-signed server certificate), besides the system's roots. A self-signed
+    /// certificate that is CA:TRUE (`openssl req -x509` makes one by default) is refused as
+    /// the server's own certificate (rustls: CaUsedAsEndEntity; curl accepts it): make it
+    /// with `-addext basicConstraints=critical,CA:FALSE -addext subjectAltName=IP:...` (or
+    /// DNS:...), or have a CA sign the server's certificate and pass the CA here.
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
     /// The workers and the allowance.
@@ -543,6 +574,15 @@ impl Workload {
 /// Invalid settings, a port that cannot be bound, a URL that does not parse, or `out`
 /// failing.
 pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
+    let workload = match &cli.command {
+        Command::Run(a) => Some(&a.workload),
+        Command::Http(a) => Some(&a.workload),
+        Command::Worker(a) => Some(&a.workload),
+        _ => None,
+    };
+    if let Some(w) = workload {
+        live::set_redis_connect(w.redis_connect()?);
+    }
     match cli.command {
         Command::Seed { json } => seed(json, out),
         Command::Run(args) => {
@@ -991,7 +1031,8 @@ fn print_report(
 }
 
 /// A run that finished, report printed, with jobs that failed (neither completed nor
-/// abandoned): the binary prints it on stderr and exits with [`EXIT_JOBS_FAILED`].
+/// abandoned), or with no job completed: the binary prints it on stderr and exits with
+/// [`EXIT_JOBS_FAILED`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobsFailed {
     /// Jobs that failed.
@@ -1008,7 +1049,25 @@ impl JobsFailed {
     /// `Err` when `report` has failed jobs.
     fn check(report: &RunReport) -> Result<(), BoxError> {
         if report.failed == 0 {
-            return Ok(());
+            // Every job abandoned (a server answering 503 every time, say) is not a run
+            // that worked, whatever the reasons: no job completed.
+            let ended = report
+                .jobs
+                .saturating_sub(report.scale.cancelled.unwrap_or(0));
+            if report.completed > 0 || ended == 0 {
+                return Ok(());
+            }
+            let reasons: Vec<String> = report
+                .abandoned_by_reason
+                .iter()
+                .map(|(reason, n)| format!("abandoned {reason}: {n}"))
+                .collect();
+            return Err(Box::new(Self {
+                failed: 0,
+                jobs: report.jobs,
+                causes: reasons.join(", "),
+                first_error: None,
+            }));
         }
         let causes: Vec<String> = report
             .failed_by_cause
@@ -1026,6 +1085,9 @@ impl JobsFailed {
 
 impl std::fmt::Display for JobsFailed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.failed == 0 {
+            return write!(f, "no job of {} completed ({})", self.jobs, self.causes);
+        }
         write!(
             f,
             "{} of {} jobs failed ({}); first: {}",
@@ -1047,8 +1109,48 @@ pub const EXIT_ERROR: u8 = 1;
 /// Exit status: the command line does not parse (clap's own status).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit status: the run finished and its report was printed, but some jobs failed (store,
-/// transport, or a final non-2xx status); the first cause is printed on stderr.
+/// transport, or a final non-2xx status), or none completed (every one abandoned); the
+/// first cause is printed on stderr.
 pub const EXIT_JOBS_FAILED: u8 = 3;
+
+/// The error and every cause under it, one after the other (`a: b: c`), so that the reason
+/// at the bottom (`WRONGPASS`, `NOPERM`, `UnknownIssuer`) is printed, not only the top line;
+/// a cause whose text its parent already shows is not repeated.
+///
+/// ```
+/// use allowance_sim::cli::error_chain;
+///
+/// #[derive(Debug)]
+/// struct Refused(std::io::Error);
+/// impl std::fmt::Display for Refused {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str("redis refused the connection")
+///     }
+/// }
+/// impl std::error::Error for Refused {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(&self.0)
+///     }
+/// }
+/// let e = Refused(std::io::Error::other("WRONGPASS invalid username-password pair"));
+/// assert_eq!(
+///     error_chain(&e),
+///     "redis refused the connection: WRONGPASS invalid username-password pair"
+/// );
+/// ```
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !line.is_empty() && !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
+}
 
 /// The exit status for what [`execute`] or [`run_args`] returned.
 ///

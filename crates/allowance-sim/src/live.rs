@@ -241,6 +241,28 @@ struct Worker(u32);
 
 type Svc = BoxCloneService<Request<Empty<Bytes>>, Response<Bytes>, BoxError>;
 
+/// Naive mode's group budget: retries go through the pool's admission layer, which holds
+/// each to the pool's verdict (the budget spent, or refused); first attempts go straight to
+/// `inner`. The pool is a budget, not a limiter: a retry's admission reserves its slot no
+/// earlier than its server's `Retry-After`, and a first attempt queued behind that slot
+/// would wait out another worker's 429.
+fn retries_through(pool: &Allowance, inner: Svc) -> Svc {
+    let admitted = Svc::new(AdmissionLayer::new(pool.clone()).layer(inner.clone()));
+    Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        // The job's watch travels with every attempt: nothing sent yet, a first attempt.
+        let first = req
+            .extensions()
+            .get::<AttemptWatch>()
+            .is_some_and(|w| w.first_sent_ms().is_none());
+        let svc = if first {
+            inner.clone()
+        } else {
+            admitted.clone()
+        };
+        svc.oneshot(req)
+    }))
+}
+
 fn ms_since(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
@@ -299,6 +321,54 @@ impl Drop for Sending {
     fn drop(&mut self) {
         self.0.answered();
     }
+}
+
+/// How this process connects to Redis, as the command line says (`--redis-ca-cert`,
+/// `--redis-cluster`); set once, before a run, by [`set_redis_connect`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RedisConnect {
+    /// PEM: the CA certificates a `rediss://` server's certificate must chain to (default: the
+    /// system's roots).
+    pub ca_cert: Option<Vec<u8>>,
+    /// Where `ca_cert` was read from (passed on to worker processes).
+    pub ca_cert_path: Option<std::path::PathBuf>,
+    /// The URL is a comma-separated list of a Redis Cluster's seed nodes.
+    pub cluster: bool,
+}
+
+static REDIS_CONNECT: std::sync::OnceLock<RedisConnect> = std::sync::OnceLock::new();
+
+/// Sets how this process connects to Redis (the first call wins).
+pub fn set_redis_connect(connect: RedisConnect) {
+    let _ = REDIS_CONNECT.set(connect);
+}
+
+/// How this process connects to Redis ([`set_redis_connect`], or the defaults).
+pub fn redis_connect() -> RedisConnect {
+    REDIS_CONNECT.get().cloned().unwrap_or_default()
+}
+
+/// Connects the Redis store `name` at `url` as [`redis_connect`] says: one server or a
+/// cluster's seed nodes (comma-separated), the CA to trust for `rediss://`.
+///
+/// # Errors
+///
+/// The store's [`ConnectError`](tower_allowance_redis::error::ConnectError).
+pub async fn connect_redis(
+    url: &str,
+    name: &str,
+    mut options: RedisStoreOptions,
+) -> Result<RedisStore, BoxError> {
+    let connect = redis_connect();
+    if let Some(pem) = connect.ca_cert {
+        options = options.tls_ca_cert(pem);
+    }
+    let store = if connect.cluster {
+        RedisStore::connect_cluster(url.split(',').map(str::trim), name, options).await?
+    } else {
+        RedisStore::connect(url, name, options).await?
+    };
+    Ok(store)
 }
 
 /// Where a run's allowances live.
@@ -393,7 +463,7 @@ impl Allowances {
                         }
                         _ => RedisStoreOptions::new(),
                     };
-                    let store = RedisStore::connect(url, &name, options).await?;
+                    let store = connect_redis(url, &name, options).await?;
                     this.stores.push((store.clone(), store.round_trips()));
                     Some(store)
                 }
@@ -539,16 +609,20 @@ pub async fn run_http_with(
             // Its own retry loop honouring Retry-After, and nothing shared.
             // With a group budget, the pool: its admission layer holds each retry to the
             // pool's verdict. Else a private allowance for the policy's bookkeeping.
-            Mode::Naive => match allowances.all.first() {
-                Some(pool) => Svc::new(Retry::new(
-                    RetryPolicy::new(pool.clone()).with_config(retry.clone()),
-                    AdmissionLayer::new(pool.clone()).layer(inner.clone()),
-                )),
-                None => Svc::new(Retry::new(
-                    RetryPolicy::new(scenario::naive_own_allowance(s)?).with_config(retry.clone()),
-                    inner.clone(),
-                )),
-            },
+            Mode::Naive => {
+                let svc = match allowances.all.first() {
+                    Some(pool) => Svc::new(Retry::new(
+                        RetryPolicy::new(pool.clone()).with_config(retry.clone()),
+                        retries_through(pool, inner.clone()),
+                    )),
+                    None => Svc::new(Retry::new(
+                        RetryPolicy::new(scenario::naive_own_allowance(s)?)
+                            .with_config(retry.clone()),
+                        inner.clone(),
+                    )),
+                };
+                scenario::final_throttle_abandoned(svc, s.max_attempts)
+            }
             Mode::Shared | Mode::Split(_) => Svc::new(
                 ServiceBuilder::new()
                     .layer(

@@ -19,7 +19,8 @@ fn main() -> ExitCode {
     let mut out = stdout.lock();
     let result = allowance_sim::cli::execute(cli, &mut out);
     if let Err(e) = &result {
-        eprintln!("allowance-sim: {e}");
+        // The whole chain: "redis refused" alone does not say WRONGPASS from NOPERM.
+        eprintln!("allowance-sim: {}", allowance_sim::cli::error_chain(&**e));
     }
     ExitCode::from(allowance_sim::cli::exit_status(&result))
 }

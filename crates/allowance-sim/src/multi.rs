@@ -294,6 +294,13 @@ fn child_args(
     if spawn.progress.is_some() {
         args.push("--progress".to_owned());
     }
+    let redis = live::redis_connect();
+    if let Some(path) = &redis.ca_cert_path {
+        args.extend(["--redis-ca-cert".to_owned(), path.display().to_string()]);
+    }
+    if redis.cluster {
+        args.push("--redis-cluster".to_owned());
+    }
     if let StoreChoice::Redis { url, name } = store {
         secrets.redis_url = Some(url.clone());
         args.extend([

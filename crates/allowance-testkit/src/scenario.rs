@@ -17,9 +17,12 @@ use http::Request;
 use tokio::time::Instant;
 use tower::{retry::Retry, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::AbandonReason, retry::RetryConfig, retry::RetryPolicy, signals::Dialect, AdaptiveRate,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline, OutagePolicy,
-    Outcome, RetryBudgetConfig,
+    error::{AbandonReason, Abandoned},
+    retry::RetryConfig,
+    retry::RetryPolicy,
+    signals::Dialect,
+    AdaptiveRate, Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline,
+    OutagePolicy, Outcome, RetryBudgetConfig,
 };
 
 use crate::{
@@ -513,6 +516,35 @@ fn naive_own(s: &Scenario) -> Scenario {
 
 type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;
 
+/// Naive mode with one attempt per job: tower's `Retry` does not consult the policy for a
+/// request it will not retry, so a final 429 or 503 would read as a final failure, where
+/// the shared and split stacks (their cooldown layer) report it abandoned at `max_attempts`.
+/// Marked here the same way (as `allowance-sim`'s real runs do), so that one situation reads
+/// the same in every mode.
+pub fn final_throttle_abandoned<Req, B>(
+    svc: tower::util::BoxCloneService<Req, http::Response<B>, BoxError>,
+    max_attempts: u32,
+) -> tower::util::BoxCloneService<Req, http::Response<B>, BoxError>
+where
+    Req: 'static,
+    B: Send + 'static,
+{
+    if max_attempts > 1 {
+        return svc;
+    }
+    tower::util::BoxCloneService::new(svc.map_response(|mut res: http::Response<B>| {
+        let throttled = matches!(
+            res.status(),
+            http::StatusCode::TOO_MANY_REQUESTS | http::StatusCode::SERVICE_UNAVAILABLE
+        );
+        if throttled && res.extensions().get::<Abandoned>().is_none() {
+            res.extensions_mut()
+                .insert(Abandoned::new(AbandonReason::MaxAttempts));
+        }
+        res
+    }))
+}
+
 /// Runs one scenario on the current (paused-clock) runtime.
 ///
 /// # Errors
@@ -560,10 +592,13 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                     // policy's bookkeeping.
                     None => allowance_for(&naive_own(s))?,
                 };
-                Svc::new(Retry::new(
-                    RetryPolicy::new(allowance).with_config(retry.clone()),
-                    upstream,
-                ))
+                final_throttle_abandoned(
+                    Svc::new(Retry::new(
+                        RetryPolicy::new(allowance).with_config(retry.clone()),
+                        upstream,
+                    )),
+                    s.max_attempts,
+                )
             }
             Mode::Shared | Mode::Split(_) => {
                 let allowance = allowances[worker % allowances.len()].clone();

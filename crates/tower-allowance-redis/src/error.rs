@@ -105,11 +105,80 @@ pub enum ConnectErrorKind {
     /// Redis did not answer within the connect timeout (unless the policy is
     /// [`FailurePolicy::LocalFallback`](crate::FailurePolicy::LocalFallback)).
     Unreachable,
-    /// Redis answered and refused: a wrong password, a missing ACL permission, a bad
-    /// database index, a server certificate that the trusted roots do not vouch for (or a
-    /// client certificate the server does not accept). Never masked by the local fallback.
+    /// Redis answered and refused: a wrong password, a bad database index, a server
+    /// certificate that the trusted roots do not vouch for (or a client certificate the
+    /// server does not accept). Never masked by the local fallback.
     Refused,
+    /// The ACL user lacks a command or a channel the store needs (`SCRIPT LOAD`, `PUBLISH`
+    /// or `SUBSCRIBE` and the allowance's channel): the source is a [`MissingPermission`]
+    /// naming it and the `ACL SETUSER` that grants it. Without it the cross-process cooldown
+    /// would break silently, so the store refuses to start. (`EVALSHA` and the keys are
+    /// tried by the first decision, which then fails, and every later one at once, with
+    /// [`CallErrorKind::Refused`] and a `MissingPermission` as the cause.)
+    MissingPermission,
 }
+
+/// The Redis ACL user may not run a command, or use a key or channel, that the store needs
+/// (the source of a [`ConnectErrorKind::MissingPermission`]).
+///
+/// ```
+/// # async fn connect() {
+/// use tower_allowance_redis::{
+///     error::{ConnectErrorKind, MissingPermission},
+///     RedisStore, RedisStoreOptions,
+/// };
+///
+/// let url = "redis://nopub:secret@127.0.0.1:6379/";
+/// match RedisStore::connect(url, "odds-api", RedisStoreOptions::new()).await {
+///     Err(e) if e.kind() == ConnectErrorKind::MissingPermission => {
+///         let missing = std::error::Error::source(&e)
+///             .and_then(|s| s.downcast_ref::<MissingPermission>());
+///         if let Some(m) = missing {
+///             eprintln!("{}; fix: {}", m.permission(), m.fix());
+///         }
+///     }
+///     _ => {}
+/// }
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingPermission {
+    permission: String,
+    fix: String,
+    said: String,
+}
+
+impl MissingPermission {
+    pub(crate) fn new(permission: String, fix: String, said: String) -> Self {
+        Self {
+            permission,
+            fix,
+            said,
+        }
+    }
+
+    /// What the user may not do, as `PUBLISH to ta:{odds-api}:ev`.
+    pub fn permission(&self) -> &str {
+        &self.permission
+    }
+
+    /// The command that grants it, as `ACL SETUSER app +publish &ta:{odds-api}:ev`.
+    pub fn fix(&self) -> &str {
+        &self.fix
+    }
+}
+
+impl fmt::Display for MissingPermission {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the redis user may not {} (redis said: {}); grant it with `{}`",
+            self.permission, self.said, self.fix
+        )
+    }
+}
+
+impl Error for MissingPermission {}
 
 /// [`RedisStore::connect`](crate::RedisStore::connect) failed.
 #[derive(Debug)]
@@ -140,6 +209,7 @@ impl fmt::Display for ConnectError {
             ConnectErrorKind::InvalidTls => "cannot use these tls certificates",
             ConnectErrorKind::Unreachable => "redis is unreachable",
             ConnectErrorKind::Refused => "redis refused the connection or the script",
+            ConnectErrorKind::MissingPermission => "redis refused a permission the store needs",
         })
     }
 }
@@ -170,6 +240,10 @@ pub enum CallErrorKind {
     UnrepresentableDelay,
     /// The local fallback allowance could not be built for this configuration.
     Fallback,
+    /// Another process uses this allowance name with another configuration (limits, retry
+    /// budget, longest cooldown, adaptive rate): the source names both. Refused, so that two
+    /// configurations never spend one allowance at two rates.
+    ConfigMismatch,
 }
 
 /// One store call failed; wrapped in a [`StoreError`](tower_allowance::store::StoreError),
@@ -267,6 +341,9 @@ impl fmt::Display for CallError {
             (CallErrorKind::Fallback, _) => {
                 f.write_str("cannot build the local fallback allowance")
             }
+            (CallErrorKind::ConfigMismatch, _) => {
+                f.write_str("another process uses this allowance name with another configuration")
+            }
         }
     }
 }
@@ -287,7 +364,12 @@ impl fmt::Display for RedisCause {
     }
 }
 
-impl Error for RedisCause {}
+impl Error for RedisCause {
+    // Under the client's error: an I/O error, a TLS verification failure (`UnknownIssuer`).
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.0.source()
+    }
+}
 
 /// Whether a Redis error is an outage (it may answer later) or a refusal.
 pub(crate) fn is_outage(e: &RedisError) -> bool {

@@ -77,6 +77,11 @@ impl Events {
         !self.sources.is_empty()
     }
 
+    /// The first place the subscription is made (the connect-time permission check uses it).
+    pub(crate) fn source(&self) -> Option<&redis::Client> {
+        self.sources.first()
+    }
+
     /// Delivers `store`'s channel to it from now on; starts the subscription on `handle` the
     /// first time. Returns whether the store is (or will be) subscribed.
     pub(crate) fn register<L: Listener + 'static>(
@@ -119,6 +124,8 @@ impl Events {
                         if let Some(events) = events.upgrade() {
                             events.confirmed(&[channel]);
                         }
+                    } else if let Ok(Err(e)) = &subscribed {
+                        log_refusal(e, std::slice::from_ref(&channel));
                     }
                 });
             }
@@ -222,8 +229,13 @@ async fn run(events: Weak<Events>) {
 
         let connected = tokio::time::timeout(timeout, client.get_async_pubsub()).await;
         let Ok(Ok(pubsub)) = connected else {
+            if let Ok(Err(e)) = &connected {
+                if log_refusal(e, &[]) {
+                    backoff = REFUSED_BACKOFF;
+                }
+            }
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(Duration::from_secs(2).max(backoff));
             continue;
         };
         let (mut sink, mut messages) = pubsub.split();
@@ -239,8 +251,13 @@ async fn run(events: Weak<Events>) {
                 if let Some(hub) = events.upgrade() {
                     hub.set_sink(None);
                 }
+                if let Ok(Err(e)) = &subscribed {
+                    if log_refusal(e, &channels) {
+                        backoff = REFUSED_BACKOFF;
+                    }
+                }
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(Duration::from_secs(2).max(backoff));
                 continue;
             }
         }
@@ -275,6 +292,27 @@ async fn run(events: Weak<Events>) {
             }
         }
     }
+}
+
+/// How long the subscription waits after Redis refused it (a missing ACL permission, a
+/// changed password) before trying again: waiting will not help until an operator acts.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Logs a refused subscription (`NOPERM`, a wrong password) as an error naming the fix, and
+/// returns whether it was one: never retried silently. Outages return `false` (the reconnect
+/// loop is for them).
+fn log_refusal(e: &redis::RedisError, channels: &[String]) -> bool {
+    if crate::error::is_outage(e) {
+        return false;
+    }
+    tracing::error!(
+        error = %e,
+        channels = ?channels,
+        "redis refused the event subscription: other processes' cooldowns do not reach the \
+         callers waiting here; grant `ACL SETUSER <user> +subscribe &<channel>` (or fix the \
+         password); retrying in {REFUSED_BACKOFF:?}"
+    );
+    true
 }
 
 /// `generation,epoch,rebased,kind,w4,w5,...` as published by `apply.lua`.

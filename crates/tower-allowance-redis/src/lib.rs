@@ -117,7 +117,31 @@
 //! # Keys
 //!
 //! One HASH per allowance, `ta:{name}:s`, holding the token bucket's theoretical arrival
-//! time, the cooldown deadline and the retry budget. The `{name}` hash tag keeps every key of
+//! time, the cooldown deadline and the retry budget; and `ta:{name}:cfg`, the configuration
+//! every process of the allowance must share (its limits, retry budget, longest cooldown,
+//! adaptive rate): a process deciding with another one is refused
+//! ([`CallErrorKind::ConfigMismatch`](error::CallErrorKind::ConfigMismatch), naming both),
+//! so that two configurations never spend one name at two rates. To change the configuration
+//! in place, `Allowance::clear()` (it deletes the key; the next process to decide sets its
+//! own; the others learn of it at their next check, every half `idle_ttl`), or use a new name.
+//!
+//! A retry budget lives in the hash as long as the key: a **fixed budget** (one batch's
+//! retries) is spent across every run that uses the name until the key expires, `idle_ttl`
+//! (default one hour) after its last write. Start each batch with `Allowance::clear()` (which
+//! gives the budget back), or give each batch its own name, or a short
+//! [`RedisStoreOptions::idle_ttl`].
+//!
+//! # Permissions
+//!
+//! An ACL user needs `SCRIPT LOAD`, `EVALSHA` and the keys `ta:{name}:*`, and `PUBLISH` and
+//! `SUBSCRIBE` on the channel `ta:{name}:ev` (Redis 7 gives new users no channel: grant
+//! `&ta:{name}:ev` or `&ta:*`): `ACL SETUSER app on >secret +script|load +evalsha +eval
+//! +publish +subscribe ~ta:* &ta:*`. [`RedisStore::connect`] tries `SCRIPT LOAD`, `PUBLISH`
+//! and `SUBSCRIBE` and fails with
+//! [`ConnectErrorKind::MissingPermission`](error::ConnectErrorKind::MissingPermission)
+//! naming the missing one and that fix; the first decision tries `EVALSHA` and the keys. A
+//! password changed under a running store fails every caller at once with the refusal, until
+//! Redis accepts a call again. The `{name}` hash tag keeps every key of
 //! an allowance in one Redis Cluster slot; names are restricted by [`validate_name`] so that
 //! no name can break out of its tag. Every write sets a TTL covering what the key must
 //! remember plus an idle margin ([`RedisStoreOptions::idle_ttl`]); nothing grows per client.
@@ -160,6 +184,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod access;
+mod config_check;
 mod events;
 mod link;
 mod options;

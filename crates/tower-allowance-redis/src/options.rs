@@ -176,7 +176,9 @@ impl RedisStoreOptions {
     /// How long the state outlives what it must remember (default one hour). Every write
     /// sets the key's TTL to the longest of the token bucket's lead, the cooldown and a
     /// replenishing budget's window, plus this. A fixed budget's spend count is forgotten
-    /// after this long without any admission.
+    /// after this long without any admission: until then the next run on the same name
+    /// starts with what the last one left (call `Allowance::clear()` before a batch to give
+    /// it the whole budget). The configuration check repeats every half of it.
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
         self.idle_ttl = ttl;
         self

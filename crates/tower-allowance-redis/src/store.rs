@@ -23,6 +23,7 @@ use tower_allowance::{
 };
 
 use crate::{
+    access, config_check,
     error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
     events::{Events, Listener},
     link::{self, Conn, Link},
@@ -134,6 +135,9 @@ pub(crate) struct Inner {
     gate_open: AtomicBool,
     /// Wakes the operations waiting at the gate.
     gate_opened: Notify,
+    /// When the configuration is next checked against the one in Redis (`config_check`), in
+    /// the circuit's microseconds; 0: before the first decision.
+    config_check_at: AtomicU64,
     #[cfg(feature = "test-util")]
     test: TestClock,
 }
@@ -400,16 +404,36 @@ impl RedisStore {
     async fn start(link: Link, name: &str) -> Result<Self, ConnectError> {
         let store = Self::over(Arc::new(link), name);
         let inner = &store.inner;
-        match inner.preload(inner.link.options.connect_timeout).await {
-            Ok(()) => Ok(store),
+        let timeout = inner.link.options.connect_timeout;
+        let tls = inner.link.redacted.starts_with("rediss://");
+        match inner.preload(timeout).await {
+            Ok(()) => {
+                // Every other permission the store needs, tried once (see `access`).
+                if let Some(client) = inner.link.events.source() {
+                    access::check(client, &inner.channel, timeout).await?;
+                }
+                Ok(store)
+            }
             Err(e) if e.store_kind() == tower_allowance::store::StoreErrorKind::Rejected => {
-                Err(ConnectError::new(ConnectErrorKind::Refused, e))
+                let no_perm = std::error::Error::source(&e)
+                    .and_then(|c| c.downcast_ref::<RedisCause>())
+                    .filter(|c| access::is_no_perm(&c.0));
+                Err(match no_perm {
+                    Some(cause) => access::no_script_load(
+                        &cause.0,
+                        &access::user_of(inner.link.events.source()),
+                    ),
+                    None => ConnectError::new(ConnectErrorKind::Refused, access::hinted(e, tls)),
+                })
             }
             Err(e) if inner.fallback.is_some() => {
                 inner.circuit.failed(&e, &inner.name, inner.policy_name());
                 Ok(store)
             }
-            Err(e) => Err(ConnectError::new(ConnectErrorKind::Unreachable, e)),
+            Err(e) => Err(ConnectError::new(
+                ConnectErrorKind::Unreachable,
+                access::hinted(e, tls),
+            )),
         }
     }
 
@@ -434,6 +458,7 @@ impl RedisStore {
                 subscribed: AtomicBool::new(false),
                 gate_open: AtomicBool::new(false),
                 gate_opened: Notify::new(),
+                config_check_at: AtomicU64::new(0),
                 #[cfg(feature = "test-util")]
                 test: TestClock::default(),
                 link,
@@ -487,7 +512,8 @@ impl RedisStore {
     /// Round trips to Redis made over this store's connection so far (by this store, its
     /// clones and the stores made by [`for_allowance`](Self::for_allowance)): each command
     /// or pipeline sent counts once, including script reloads after `NOSCRIPT` (the event
-    /// subscription is not counted).
+    /// subscription, the permission check at connect and the configuration check of the
+    /// first decision and every half `idle_ttl` are not counted: they decide nothing).
     pub fn round_trips(&self) -> u64 {
         self.inner.link.round_trips.load(Ordering::Relaxed)
     }
@@ -559,9 +585,12 @@ impl RedisStore {
             let result = match inner.circuit.check() {
                 Check::Closed | Check::Probe => {
                     inner.until_listening().await;
-                    inner.eval(&params, &op).await
+                    match inner.check_config(&params, &op).await {
+                        Ok(()) => inner.eval(&params, &op).await,
+                        Err(e) => Err(e),
+                    }
                 }
-                Check::Open => Err(CallError::new(CallErrorKind::Unavailable)),
+                Check::Open => Err(inner.circuit.open_error()),
             };
             inner.settle(&params, &op, result)
         })
@@ -601,6 +630,73 @@ impl Inner {
         }
     }
 
+    /// The store's first decision, and one every half `idle_ttl`: is the configuration the
+    /// one every other process of the allowance uses (`config_check`)? One pipeline, not
+    /// counted in [`RedisStore::round_trips`] (it decides nothing). After `Clear`, the key
+    /// is deleted instead, and this process sets its configuration with its next decision.
+    async fn check_config(&self, params: &Params, op: &Op) -> Result<(), CallError> {
+        let now = self.circuit.now_us();
+        let key = config_check::key(&self.name);
+        let ttl = self.link.options.idle_ttl.max(Duration::from_secs(1));
+        let mut conn = self.link.conn.clone();
+        if matches!(op, Op::Clear) {
+            let mut del = redis::cmd("DEL");
+            del.arg(&key);
+            with_timeout(self.link.options.timeout, del.query_async::<i64>(&mut conn))
+                .await?
+                .map_err(CallError::redis)?;
+            self.config_check_at.store(0, Ordering::Relaxed);
+            return Ok(());
+        }
+        if now < self.config_check_at.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let ours = config_check::describe(params);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(&ours)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(ttl))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(millis(ttl))
+            .ignore()
+            .cmd("GET")
+            .arg(&key);
+        let read = pipe.query_async::<(Option<String>,)>(&mut conn);
+        let (theirs,) = with_timeout(self.link.options.timeout, read)
+            .await?
+            .map_err(|e| self.call_error(e))?;
+        match theirs {
+            Some(theirs) if theirs != ours => Err(CallError::with_source(
+                CallErrorKind::ConfigMismatch,
+                format!(
+                    "this process: {ours}; the processes already using it ({key}): {theirs}; \
+                     give each configuration its own allowance name, or clear() the \
+                     allowance to let the next process set a new one"
+                ),
+            )),
+            _ => {
+                let every = u64::try_from(ttl.as_micros() / 2).unwrap_or(u64::MAX);
+                self.config_check_at
+                    .store(now.saturating_add(every), Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+
+    /// A decision's Redis error; a `NOPERM` names the permission and the fix.
+    fn call_error(&self, e: redis::RedisError) -> CallError {
+        let user = access::user_of(self.link.events.source());
+        match access::no_evalsha(&e, &self.name, &user) {
+            Some(missing) => CallError::with_source(CallErrorKind::Refused, missing),
+            None => CallError::redis(e),
+        }
+    }
+
     /// One operation: `EVALSHA` (one round trip). When the script is missing (`SCRIPT FLUSH`,
     /// a restarted or failed-over server) `redis` loads it and retries; should it vanish
     /// again in between, `EVAL` with the source settles it. All within one timeout.
@@ -632,7 +728,7 @@ impl Inner {
         };
         let reply = with_timeout(self.link.options.timeout, call)
             .await?
-            .map_err(CallError::redis)?;
+            .map_err(|e| self.call_error(e))?;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
     }
@@ -779,6 +875,11 @@ impl Store for RedisStore {
         Some(self.inner.settle(params, op, result))
     }
 
+    /// The allowance's name: `Allowance::with_store(config, store)` logs and counts under it.
+    fn name(&self) -> Option<&str> {
+        Some(&self.inner.name)
+    }
+
     fn watch(&self, watcher: Watcher) {
         self.inner
             .watchers
@@ -872,6 +973,9 @@ struct Circuit {
     /// Microseconds since `epoch` before which Redis is not tried; 0 when healthy.
     closed_until_us: AtomicU64,
     degraded: AtomicBool,
+    /// The last refusal (a changed password, a revoked permission), until a call succeeds:
+    /// calls skipped meanwhile fail with it at once, not as an outage to wait out.
+    refusal: Mutex<Option<String>>,
 }
 
 impl Circuit {
@@ -881,6 +985,21 @@ impl Circuit {
             probe_us: u64::try_from(probe_interval.as_micros()).unwrap_or(u64::MAX),
             closed_until_us: AtomicU64::new(0),
             degraded: AtomicBool::new(false),
+            refusal: Mutex::new(None),
+        }
+    }
+
+    /// What a call skipped while the circuit is open fails with: the refusal that opened it,
+    /// else "unavailable".
+    fn open_error(&self) -> CallError {
+        let refusal = self
+            .refusal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match refusal {
+            Some(why) => CallError::with_source(CallErrorKind::Refused, why),
+            None => CallError::new(CallErrorKind::Unavailable),
         }
     }
 
@@ -917,6 +1036,7 @@ impl Circuit {
     fn succeeded(&self, name: &str) {
         if self.closed_until_us.load(Ordering::Acquire) != 0 {
             self.closed_until_us.store(0, Ordering::Release);
+            *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = None;
         }
         if self.degraded.load(Ordering::Acquire) && self.degraded.swap(false, Ordering::AcqRel) {
             tracing::info!(
@@ -930,10 +1050,30 @@ impl Circuit {
         if error.kind() == CallErrorKind::Unavailable {
             return;
         }
-        // Refusals (a wrong password...) are not outages: nothing to probe for.
+        let next = self.now_us().saturating_add(self.probe_us);
         if error.store_kind() == tower_allowance::store::StoreErrorKind::Unavailable {
-            let next = self.now_us().saturating_add(self.probe_us);
             self.closed_until_us.store(next, Ordering::Release);
+        } else if error.kind() == CallErrorKind::Refused {
+            // A refusal (a password changed under us, a permission revoked) fails every
+            // caller at once with its cause, until a probe finds it lifted: not an outage
+            // that callers wait out one probe at a time.
+            let why = std::error::Error::source(error)
+                .map_or_else(|| error.to_string(), ToString::to_string);
+            let first = self
+                .refusal
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .replace(why.clone())
+                .is_none();
+            self.closed_until_us.store(next, Ordering::Release);
+            if first {
+                tracing::error!(
+                    allowance = name,
+                    error = %why,
+                    "redis refused the allowance's call (a changed password or a missing \
+                     permission): every call fails with it until redis accepts one again"
+                );
+            }
         }
         if !self.degraded.swap(true, Ordering::AcqRel) {
             tracing::warn!(

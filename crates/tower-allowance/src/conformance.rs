@@ -227,6 +227,18 @@ async fn fixed_budget_is_exact<S: Store>(store: S) {
         a.store_state().await.expect("state").retries_remaining,
         Some(0)
     );
+    // An operator's `clear()` gives the budget back, as a fresh state has it.
+    a.clear().await.expect("clear");
+    assert_eq!(
+        a.store_state().await.expect("state").retries_remaining,
+        Some(4)
+    );
+    // The bucket is empty (the loop above drained it): a slot, not a refusal.
+    let retry = admit(&a, AdmitRequest::retry()).await;
+    assert!(
+        matches!(retry, Admission::Admitted | Admission::Reserved { .. }),
+        "a retry from the budget cleared: {retry:?}"
+    );
 }
 
 async fn replenishing_budget_with_folded_deposits<S: Store>(store: S) {

@@ -58,6 +58,11 @@ end
 
 local function clear()
   load(PROBE)
+  load(BUDGET)
+  s.sp, s.hd = 0, 0
+  for i = 0, BUDGET_SLOTS - 1 do
+    s['d' .. i], s['w' .. i] = 0, 0
+  end
   s.bu = math.min(s.bu, now)
   s.cl = 0
   s.cb = 0

@@ -38,7 +38,8 @@ impl AllowanceBuilder {
         }
     }
 
-    /// Names the allowance in logs, events and metrics (default `"default"`).
+    /// Names the allowance in logs, events and metrics (default: the store's name, such as
+    /// a Redis store's allowance name, else `"default"`).
     pub fn name(mut self, name: impl Into<Arc<str>>) -> Self {
         self.name = Some(name.into());
         self
@@ -53,7 +54,10 @@ impl AllowanceBuilder {
     /// Builds the allowance, and starts hearing the store's events.
     pub fn build(self) -> Allowance {
         let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
-        let name = self.name.unwrap_or_else(|| Arc::from("default"));
+        let name = self
+            .name
+            .or_else(|| store.name().map(Arc::from))
+            .unwrap_or("default".into());
         let params = *self.config.params();
         let shared = Arc::new_cyclic(|weak| Shared {
             stats: Stats::new(name.clone()),

@@ -93,7 +93,9 @@ impl Allowance {
         Self::builder(config).store(store).build()
     }
 
-    /// The allowance's name (for logs and metrics; `"default"` unless set by the builder).
+    /// The allowance's name (for logs and metrics): the builder's, else the store's
+    /// ([`Store::name`](crate::store::Store::name): a Redis store's allowance name), else
+    /// `"default"`.
     pub fn name(&self) -> &str {
         &self.shared.name
     }
@@ -192,21 +194,21 @@ impl Allowance {
         }
     }
 
-    /// Lifts the cooldown and the closed (exhausted) state, for every process sharing the
-    /// store: an operator's decision (for example after buying more credits, or after a
-    /// server sent an absurd `Retry-After`). Reserved slots keep their place.
+    /// Lifts the cooldown and the closed (exhausted) state, and gives the retry budget back
+    /// (a fixed budget's spent retries, a replenishing one's window, as a fresh state has
+    /// them), for every process sharing the store: an operator's decision (for example after
+    /// buying more credits, before the next batch, or after a server sent an absurd
+    /// `Retry-After`). Reserved slots keep their place.
     ///
     /// # Errors
     ///
     /// The store's error.
     pub async fn clear(&self) -> Result<(), StoreError> {
-        match self.shared.apply_async(Op::Clear).await? {
-            Reply::Changed(event) => {
-                self.shared.holders.event(event);
-                Ok(())
-            }
-            _ => Err(StoreError::protocol(WrongReply)),
-        }
+        let Reply::Changed(event) = self.shared.apply_async(Op::Clear).await? else {
+            return Err(StoreError::protocol(WrongReply));
+        };
+        self.shared.holders.event(event);
+        Ok(())
     }
 
     /// Reads the store's shared state (every process's cooldown, closure, retry budget and
@@ -253,8 +255,7 @@ impl Allowance {
         let deposits = self.shared.take_deposits();
         match self.shared.apply_async(Op::Read { deposits }).await {
             Ok(Reply::State(state)) => {
-                let now = Instant::now();
-                if let Some(until) = now.checked_add(state.blocked_for) {
+                if let Some(until) = Instant::now().checked_add(state.blocked_for) {
                     self.shared.holders.learn_cooldown(until);
                 }
                 self.shared

@@ -132,8 +132,10 @@ pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -
     }
 }
 
-/// Lifts the cooldown, the closed state and the probe backoff.
+/// Lifts the cooldown, the closed state and the probe backoff, and gives the retry budget
+/// back as a fresh state has it (a fixed budget's spent retries, a replenishing one's window).
 pub fn clear(state: &mut State, now: u64) -> Event {
+    state.budget = Default::default();
     state.blocked_until = state.blocked_until.min(now);
     state.closed_until = 0;
     state.closed_by = 0;

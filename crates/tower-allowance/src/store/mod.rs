@@ -146,6 +146,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn watch(&self, watcher: Watcher) {
         let _ = watcher;
     }
+
+    /// The name the state has in the store (a Redis store's allowance name), which an
+    /// [`Allowance`](crate::Allowance) built over it takes for its logs and metrics unless
+    /// its builder names it. The default is `None` (the allowance is `"default"`).
+    fn name(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Where a store delivers events published by other processes; see [`Store::watch`].
@@ -217,6 +224,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn watch(&self, watcher: Watcher) {
         (**self).watch(watcher);
+    }
+
+    fn name(&self) -> Option<&str> {
+        (**self).name()
     }
 }
 
