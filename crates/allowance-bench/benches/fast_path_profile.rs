@@ -12,7 +12,8 @@
 //!
 //! Competitors: `ours` (`Allowance::acquire()` polled once), `layer` (`AdmissionLayer`
 //! `poll_ready` + `call` + poll, over a `service_fn` returning `std::future::ready`), `bare`
-//! (the same without the layer), `stack` (the same through the full `AllowanceLayer`), `governor` (`check()`, default clock), `tps`
+//! (the same without the layer), `stack` (the same through the full `AllowanceLayer`),
+//! `no_retry` (the stack without tower's `Retry`: `CooldownLayer` over `AdmissionLayer`), `governor` (`check()`, default clock), `tps`
 //! (`TpsBudget::withdraw`), and `clock` (`tokio::time::Instant::now()` alone, a component of
 //! ours), and `waiters10`/`waiters1000`/`waiters10000` (one admission while that many tasks
 //! wait, as in the `waiters` bench). Instructions per operation = the collected `Ir` /
@@ -39,7 +40,8 @@ use tower::{
     service_fn, Layer, Service,
 };
 use tower_allowance::{
-    admission::AdmissionLayer, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
+    admission::AdmissionLayer, cooldown::CooldownLayer, retry::RetryConfig, Allowance,
+    AllowanceConfig, AllowanceLayer,
 };
 
 fn allowance() -> Allowance {
@@ -162,6 +164,11 @@ fn main() {
             &mut AllowanceLayer::new(allowance(), RetryConfig::default()).layer(service_fn(answer)),
             n,
         ),
+        "no_retry" => {
+            let a = allowance();
+            let inner = AdmissionLayer::new(a.clone()).layer(service_fn(answer));
+            run_layer(&mut CooldownLayer::new(a).layer(inner), n);
+        }
         "governor" => {
             let rate = NonZeroU32::new(1_000_000).expect("non-zero");
             let quota = governor::Quota::per_second(rate).allow_burst(NonZeroU32::MAX);
@@ -179,7 +186,7 @@ fn main() {
         "waiters1000" => waiters(1_000, n),
         "waiters10000" => waiters(10_000, n),
         other => {
-            panic!("unknown competitor {other:?}: ours, layer, bare, stack, governor, tps, clock")
+            panic!("unknown competitor {other:?}: ours, layer, bare, stack, no_retry, governor, tps, clock")
         }
     }
 }
