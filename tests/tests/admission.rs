@@ -22,8 +22,14 @@ use tower_allowance::{
 };
 use tower_test::mock;
 
+// The admission layer's mechanics (order, slots, cancellation) on the limit as configured:
+// `exact`, without the headroom kept by default (tested in the conformance suite).
 fn allowance(per_sec: u32, burst: u32) -> Allowance {
-    Allowance::new(AllowanceConfig::per_second(per_sec, burst).expect("valid"))
+    Allowance::new(
+        AllowanceConfig::per_second(per_sec, burst)
+            .expect("valid")
+            .exact(),
+    )
 }
 
 fn ms_since(start: Instant) -> u64 {
@@ -51,6 +57,7 @@ async fn fifo_and_one_wakeup_per_admission_with_1000_waiters() {
     let allowance = Allowance::new(
         AllowanceConfig::per_second(100, 1)
             .expect("valid")
+            .exact()
             .with_max_waiters(N),
     );
     let polls = Arc::new(AtomicUsize::new(0));

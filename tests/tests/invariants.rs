@@ -201,6 +201,7 @@ async fn cancellation_storm() {
     let allowance = Allowance::new(
         AllowanceConfig::per_second(per_sec, 1)
             .expect("valid")
+            .exact()
             .with_max_waiters(N),
     );
     let start = Instant::now();
@@ -362,7 +363,7 @@ async fn absurd_values_are_typed_errors_never_panics() {
 /// interval (burst 1): 10/s, nine waiters behind a first admission, two cancelled.
 #[tokio::test(start_paused = true)]
 async fn a_cancelled_slot_goes_to_the_next_waiter() {
-    let allowance = Allowance::new(AllowanceConfig::per_second(10, 1).expect("valid"));
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 1).expect("valid").exact());
     let start = Instant::now();
     allowance
         .acquire()
@@ -409,7 +410,7 @@ async fn a_cancelled_slot_goes_to_the_next_waiter() {
 #[tokio::test(start_paused = true)]
 async fn a_slot_the_store_refuses_goes_to_the_next_local_arrival() {
     let store = Arc::new(tower_allowance::store::MemoryStore::new());
-    let config = AllowanceConfig::per_second(10, 1).expect("valid");
+    let config = AllowanceConfig::per_second(10, 1).expect("valid").exact();
     let (p1, p2) = (
         Allowance::with_store(config.clone(), store.clone()),
         Allowance::with_store(config, store),

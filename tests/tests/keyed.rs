@@ -36,8 +36,11 @@ use tower_allowance_redis::{
 
 const MS: Duration = Duration::from_millis(1);
 
+// Exact (no headroom): the registry's timings below are the limits' as configured.
 fn per_second(rate: u32, burst: u32) -> AllowanceConfig {
-    AllowanceConfig::per_second(rate, burst).expect("valid")
+    AllowanceConfig::per_second(rate, burst)
+        .expect("valid")
+        .exact()
 }
 
 fn ok() -> impl tower::Service<
@@ -268,7 +271,7 @@ async fn never_evicted_while_a_request_waits_for_its_slot() {
 #[tokio::test(start_paused = true)]
 async fn a_per_day_limit_keeps_its_allowance_for_a_day() {
     let config = per_second(10, 10)
-        .with_limit(Limit::per_day(3, 3).expect("valid"))
+        .with_limit(Limit::per_day(3, 3).expect("valid").exact())
         .expect("valid");
     let keyed = eager(config);
     for _ in 0..3 {

@@ -152,7 +152,9 @@ fn costed(id: usize, cost: u32) -> Request<String> {
 
 fn tokens_config() -> AllowanceConfig {
     // 20 requests/s (burst 5) and 1,000 tokens/s (burst 1,000).
+    // Exact: the slots below are the rule's on the limits as configured (no headroom).
     AllowanceConfig::per_second(20, 5)
+        .map(AllowanceConfig::exact)
         .and_then(|c| c.with_limit(Limit::per_second(1_000, 1_000)?.counting_cost()))
         .expect("valid")
 }
@@ -296,10 +298,11 @@ async fn fifo_with_mixed_costs_nothing_starves<S: Store>(store: S) {
 }
 
 fn three_limits() -> AllowanceConfig {
-    // 10/s (burst 10), 30/min (burst 15), 40/day (burst 20).
+    // 10/s (burst 10), 30/min (burst 15), 40/day (burst 20), exact (no headroom).
     AllowanceConfig::per_second(10, 10)
-        .and_then(|c| c.with_limit(Limit::per_minute(30, 15)?))
-        .and_then(|c| c.with_limit(Limit::per_day(40, 20)?))
+        .map(AllowanceConfig::exact)
+        .and_then(|c| c.with_limit(Limit::per_minute(30, 15)?.exact()))
+        .and_then(|c| c.with_limit(Limit::per_day(40, 20)?.exact()))
         .expect("valid")
 }
 
@@ -354,8 +357,9 @@ async fn three_limits_all_or_nothing_at_the_earliest_common_instant<S: Store>(st
 }
 
 async fn a_cooldown_and_a_release_move_every_limit<S: Store>(store: S) {
-    // Requests: 10/s burst 1; tokens: 100/s burst 100.
+    // Requests: 10/s burst 1 (exact: no headroom); tokens: 100/s burst 100.
     let config = AllowanceConfig::per_second(10, 1)
+        .map(AllowanceConfig::exact)
         .and_then(|c| c.with_limit(Limit::per_second(100, 100)?.counting_cost()))
         .expect("valid");
     let allowance = Allowance::with_store(config.clone(), store);

@@ -12,7 +12,8 @@
 //!
 //! Competitors: `ours` (`Allowance::acquire()` polled once), `layer` (`AdmissionLayer`
 //! `poll_ready` + `call` + poll, over a `service_fn` returning `std::future::ready`), `bare`
-//! (the same without the layer), `stack` (the same through the full `AllowanceLayer`), `governor` (`check()`, default clock), `tps`
+//! (the same without the layer), `stack` (the same through the full `AllowanceLayer`),
+//! `no_retry` (the stack without tower's `Retry`: `CooldownLayer` over `AdmissionLayer`), `governor` (`check()`, default clock), `tps`
 //! (`TpsBudget::withdraw`), and `clock` (`tokio::time::Instant::now()` alone, a component of
 //! ours), and `waiters10`/`waiters1000`/`waiters10000` (one admission while that many tasks
 //! wait, as in the `waiters` bench). Instructions per operation = the collected `Ir` /
@@ -38,7 +39,9 @@ use tower::{
     retry::budget::{Budget, TpsBudget},
     service_fn, Layer, Service,
 };
-use tower_allowance::{admission::AdmissionLayer, Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{
+    admission::AdmissionLayer, cooldown::CooldownLayer, Allowance, AllowanceConfig, AllowanceLayer,
+};
 
 fn allowance() -> Allowance {
     Allowance::new(AllowanceConfig::per_second(1_000_000, u32::MAX).expect("valid config"))
@@ -160,6 +163,11 @@ fn main() {
             &mut AllowanceLayer::new(allowance()).layer(service_fn(answer)),
             n,
         ),
+        "no_retry" => {
+            let a = allowance();
+            let inner = AdmissionLayer::new(a.clone()).layer(service_fn(answer));
+            run_layer(&mut CooldownLayer::new(a).layer(inner), n);
+        }
         "governor" => {
             let rate = NonZeroU32::new(1_000_000).expect("non-zero");
             let quota = governor::Quota::per_second(rate).allow_burst(NonZeroU32::MAX);
@@ -177,7 +185,7 @@ fn main() {
         "waiters1000" => waiters(1_000, n),
         "waiters10000" => waiters(10_000, n),
         other => {
-            panic!("unknown competitor {other:?}: ours, layer, bare, stack, governor, tps, clock")
+            panic!("unknown competitor {other:?}: ours, layer, bare, stack, no_retry, governor, tps, clock")
         }
     }
 }

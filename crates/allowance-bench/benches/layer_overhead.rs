@@ -3,8 +3,11 @@
 //! Each iteration builds a request, polls the service ready, calls it and polls the response
 //! future once (it must be ready). `bare` is the `service_fn` alone; `admission` adds
 //! `AdmissionLayer`; `allowance_stack` is the full `AllowanceLayer` (retry -> cooldown ->
-//! admission) with an empty `Full<Bytes>` body (clonable, so the retry policy keeps a copy).
-//! The allowance never runs dry, so admission takes its fast path.
+//! admission) with an empty `Full<Bytes>` body (clonable, so the retry policy keeps a copy);
+//! `stack_without_retry` is the same stack without tower's `Retry` (and `retry::Prepare`):
+//! `CooldownLayer` over `AdmissionLayer`, so that `allowance_stack - stack_without_retry` is
+//! what the one retry loop costs per call. The allowance never runs dry, so admission takes
+//! its fast path.
 //!
 //! `cargo bench -p allowance-bench --bench layer_overhead -- --measurement-time 3 --warm-up-time 1`
 
@@ -22,7 +25,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{service_fn, Layer, Service};
-use tower_allowance::{admission::AdmissionLayer, AllowanceLayer};
+use tower_allowance::{admission::AdmissionLayer, cooldown::CooldownLayer, AllowanceLayer};
 
 mod common;
 
@@ -64,6 +67,14 @@ fn layer_overhead(c: &mut Criterion) {
     group.bench_function("allowance_stack", |b| {
         let mut cx = Context::from_waker(Waker::noop());
         b.iter(|| call_once(&mut stack, &mut cx))
+    });
+
+    let allowance = common::unreachable_allowance();
+    let mut no_retry = CooldownLayer::new(allowance.clone())
+        .layer(AdmissionLayer::new(allowance).layer(service_fn(answer)));
+    group.bench_function("stack_without_retry", |b| {
+        let mut cx = Context::from_waker(Waker::noop());
+        b.iter(|| call_once(&mut no_retry, &mut cx))
     });
 
     group.finish();

@@ -212,6 +212,11 @@ pub struct Workload {
     /// Requests per second (the allowance's rate).
     #[arg(long, default_value_t = 2)]
     pub rate: u32,
+    /// Keep the allowance exactly at --burst and --rate: no headroom for delivery jitter
+    /// (by default one token of a burst above 1 is kept back; at burst 1 the interval is 50%
+    /// longer).
+    #[arg(long)]
+    pub exact: bool,
     /// Attempts per job, counting the first.
     #[arg(long, default_value_t = 10)]
     pub max_attempts: u32,
@@ -525,6 +530,7 @@ impl Workload {
                 .for_processes(self.processes),
             adaptive: self.adaptive(),
             dialect: self.dialect,
+            exact: self.exact,
         }
     }
 

@@ -270,6 +270,9 @@ fn child_args(
     if let Some(dialect) = s.dialect {
         args.extend(["--dialect".to_owned(), dialect.to_string()]);
     }
+    if s.exact {
+        args.push("--exact".to_owned());
+    }
     if let Some(a) = &s.adaptive {
         args.extend([
             "--adaptive".to_owned(),

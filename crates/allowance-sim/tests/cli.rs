@@ -37,21 +37,33 @@ fn seed_text_is_the_seed_table() {
 
 #[test]
 fn virtual_run_matches_the_seed_figures() {
+    // `--exact`: the seed's allowance holds the upstream's limit to the token.
     for (mode, want) in [
         ("naive", (20, 12, 8, 0)),
         ("shared", (8, 0, 8, 0)),
         // 13/5, not the seed JS model's 14/6: see tests/tests/seed.rs.
         ("split:2", (13, 5, 8, 0)),
     ] {
-        let v = run_json(&["run", "--mode", mode, "--virtual"]);
+        let v = run_json(&["run", "--mode", mode, "--virtual", "--exact"]);
         assert_eq!(figures(&v), want, "{mode}: {v}");
         assert_eq!(v["clock"], "virtual");
     }
     // The shared run is as fast as the allowance allows: the last job at the minimum.
-    let v = run_json(&["run", "--mode", "shared", "--virtual"]);
+    let v = run_json(&["run", "--mode", "shared", "--virtual", "--exact"]);
     assert_eq!(v["makespan_ms"], 3000);
     assert_eq!(v["min_makespan_ms"], 3000);
     assert_eq!(v["last_attempt_ms"], 3000);
+    // By default one token of the burst of 2 is kept back: the shared run is one interval
+    // (500 ms) longer than the minimum for the configured limit, still without a 429, and
+    // two allowances on the key exceed it less (one 429, not five).
+    let v = run_json(&["run", "--mode", "shared", "--virtual"]);
+    assert_eq!(figures(&v), (8, 0, 8, 0), "{v}");
+    assert_eq!(
+        (v["makespan_ms"].as_u64(), v["min_makespan_ms"].as_u64()),
+        (Some(3500), Some(3000))
+    );
+    let v = run_json(&["run", "--mode", "split:2", "--virtual"]);
+    assert_eq!(figures(&v), (9, 1, 8, 0), "{v}");
 }
 
 /// At 3/s an interval is 333.3 ms: the minimum is rounded up, never down, and a shared run
@@ -69,6 +81,7 @@ fn the_minimum_is_rounded_up() {
         "1",
         "--rate",
         "3",
+        "--exact",
     ]);
     assert_eq!(v["min_makespan_ms"], 334, "{v}");
     assert_eq!(v["makespan_ms"], 334, "{v}");
@@ -84,6 +97,7 @@ fn the_minimum_is_rounded_up() {
         "1",
         "--rate",
         "3",
+        "--exact",
     ]);
     assert_eq!(v["min_makespan_ms"], 1000, "{v}");
     // Never below the minimum; tokio's timer fires on whole milliseconds, so each of the

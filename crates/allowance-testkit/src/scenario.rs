@@ -322,6 +322,9 @@ pub struct Scenario {
     /// Which provider's headers the allowances read; `None`: the library's standard set
     /// (`Retry-After`, `retry-after-ms`, IETF, odds).
     pub dialect: Option<ServerDialect>,
+    /// Keep the allowance exactly at `burst` and `rate_per_sec`, without the library's
+    /// headroom for delivery jitter (`AllowanceConfig::exact`).
+    pub exact: bool,
 }
 
 impl Scenario {
@@ -344,6 +347,9 @@ impl Scenario {
     }
 
     /// The seed's setting: 8 workers, 8 jobs, burst 2 at 2/s on both sides, 10 attempts.
+    ///
+    /// Exact, as the seed's model is: its gate holds the upstream's limit to the token, and in
+    /// virtual time nothing is delivered late or early (the headroom is for that).
     pub fn seed(mode: Mode) -> Self {
         Self {
             mode,
@@ -359,6 +365,7 @@ impl Scenario {
             on_store_outage: OnStoreOutage::default(),
             adaptive: None,
             dialect: None,
+            exact: true,
         }
     }
 }
@@ -417,6 +424,9 @@ pub fn allowance_config(s: &Scenario) -> Result<AllowanceConfig, BoxError> {
         .with_retry_budget(budget)
         .with_max_waiters(s.workers.max(1))
         .with_outage_policy(s.on_store_outage.outage_policy());
+    if s.exact {
+        config = config.exact();
+    }
     if let Some(adaptive) = &s.adaptive {
         config = config.with_adaptive_rate(adaptive.rate()?);
     }

@@ -56,7 +56,7 @@ fn a_cooldown_raised_before_a_backward_step_ends_on_time() {
         // Ten hours of clock, so that it can step back one.
         tokio::time::advance(10 * HOUR).await;
         let allowance = Allowance::with_store(
-            AllowanceConfig::per_second(2, 1).expect("valid"),
+            AllowanceConfig::per_second(2, 1).expect("valid").exact(),
             store.clone(),
         );
         allowance.acquire().await.expect("admitted");
@@ -99,7 +99,7 @@ fn after_an_idle_spell_a_backward_step_restarts_the_outstanding_wait() {
         let store = support::fresh(&base);
         tokio::time::advance(10 * HOUR).await;
         let allowance = Allowance::with_store(
-            AllowanceConfig::per_second(2, 1).expect("valid"),
+            AllowanceConfig::per_second(2, 1).expect("valid").exact(),
             store.clone(),
         );
         let raised = Instant::now();
@@ -121,7 +121,7 @@ fn reservations_across_a_backward_step_are_released_or_lost_boundedly() {
     let (_redis, base) = base();
     support::paused().block_on(async {
         let store = support::fresh(&base);
-        let config = AllowanceConfig::per_second(2, 1).expect("valid");
+        let config = AllowanceConfig::per_second(2, 1).expect("valid").exact();
         let params = config.params();
         // The rule, applied on the same clock: the script must answer exactly as it does.
         let mut rule_state = State::default();
@@ -199,7 +199,7 @@ fn no_wait_grows_by_a_backward_step() {
         let store = support::fresh(&base);
         tokio::time::advance(10 * HOUR).await;
         let allowance = Allowance::with_store(
-            AllowanceConfig::per_second(2, 1).expect("valid"),
+            AllowanceConfig::per_second(2, 1).expect("valid").exact(),
             store.clone(),
         );
         let started = Instant::now();
@@ -243,7 +243,7 @@ fn a_forward_step_ends_cooldowns_early_and_refills_one_burst() {
     let (_redis, base) = base();
     support::paused().block_on(async {
         let store = support::fresh(&base);
-        let config = AllowanceConfig::per_second(2, 2).expect("valid");
+        let config = AllowanceConfig::per_second(2, 2).expect("valid").exact();
         let allowance = Allowance::with_store(config, store.clone());
         allowance.acquire().await.expect("admitted");
         allowance.acquire().await.expect("admitted");

@@ -31,7 +31,7 @@ async fn one_allowance_lives_in_one_slot_on_its_node() {
     let store = connect(&cluster, &name).await;
     assert!(store.is_cluster());
     let allowance = Allowance::with_store(
-        AllowanceConfig::per_second(10, 2).expect("valid"),
+        AllowanceConfig::per_second(10, 2).expect("valid").exact(),
         store.clone(),
     );
     for _ in 0..3 {

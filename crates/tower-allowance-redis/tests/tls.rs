@@ -94,7 +94,7 @@ async fn admissions_and_a_shared_cooldown_over_tls() {
     let connect = || RedisStore::connect(redis.url(), &name, trusting(&pki));
     let a_store = connect().await.expect("connect over TLS");
     let b_store = connect().await.expect("a second connection");
-    let config = AllowanceConfig::per_second(10, 3).expect("valid");
+    let config = AllowanceConfig::per_second(10, 3).expect("valid").exact();
     let a = Allowance::with_store(config.clone(), a_store.clone());
     let b = Allowance::with_store(config, b_store.clone());
 

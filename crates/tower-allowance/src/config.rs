@@ -95,6 +95,22 @@ pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
 ///
+/// # Headroom
+///
+/// A limit counting requests is kept a little under the number configured, by default, so
+/// that an allowance set exactly at a provider's documented limit draws no 429 from a strict
+/// token bucket: requests sent exactly one interval apart reach the server closer together
+/// or further apart (delivery jitter), and a bucket with no tolerance refuses the ones that
+/// arrive early. With a burst above 1 one token of the burst is kept back (the price: one
+/// request of the first burst; the steady rate is the configured one), which then absorbs an
+/// arrival up to one interval early. With a burst of 1 there is no token to keep back, and
+/// the interval is 50% longer instead (the price: a third of the throughput; measured on a
+/// loaded 2-core machine, 10%, 20% and 33% still drew 429s in most runs, see
+/// `BENCHMARKS.md`). Limits
+/// counting a cost keep their whole burst (a request may cost the burst), and so does an
+/// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
+/// (or [`AllowanceConfig::exact`] for the main limit) turns the headroom off.
+///
 /// ```
 /// use tower_allowance::Limit;
 ///
@@ -112,7 +128,11 @@ pub struct Limit {
     burst: NonZeroU32,
     unit: Unit,
     params: LimitParams,
+    exact: bool,
 }
+
+/// With a burst of 1, the interval is lengthened by `interval / BURST_ONE_MARGIN` (50%).
+const BURST_ONE_MARGIN: u64 = 2;
 
 impl Limit {
     /// `rate` units per `period`, at most `burst` back to back, counting requests.
@@ -154,7 +174,49 @@ impl Limit {
                 tolerance_us,
                 unit: Unit::Requests,
             },
+            exact: false,
         })
+    }
+
+    /// Keeps the limit exactly as configured: the whole burst at once, the exact interval,
+    /// no headroom for delivery jitter (see [Headroom](Limit#headroom)). Right for a server
+    /// that tolerates some jitter itself, or for a limit set below the server's already.
+    ///
+    /// ```
+    /// use tower_allowance::Limit;
+    ///
+    /// let limit = Limit::per_second(20, 4)?;
+    /// assert_eq!(limit.kept_burst(), 3);
+    /// assert_eq!(limit.exact().kept_burst(), 4);
+    /// # Ok::<(), tower_allowance::ConfigError>(())
+    /// ```
+    pub fn exact(mut self) -> Self {
+        self.exact = true;
+        self
+    }
+
+    /// The burst the allowance admits back to back: [`burst`](Limit::burst), one less with
+    /// headroom when it is above 1 (see [Headroom](Limit#headroom)).
+    pub fn kept_burst(&self) -> u32 {
+        let b = self.burst.get();
+        b - u32::from(self.headroom() && b > 1)
+    }
+
+    fn headroom(&self) -> bool {
+        !self.exact && self.unit == Unit::Requests
+    }
+
+    /// What the rule decides with: the configured parameters, less the headroom.
+    fn rule_params(&self) -> LimitParams {
+        let mut p = self.params;
+        if self.headroom() && self.burst.get() > 1 {
+            p.tolerance_us = p.interval_us * u64::from(self.kept_burst());
+        } else if self.headroom() {
+            p.interval_us = (p.interval_us + p.interval_us.div_ceil(BURST_ONE_MARGIN))
+                .min(rule::MAX_DELAY_US.max(p.interval_us));
+            p.tolerance_us = p.interval_us;
+        }
+        p
     }
 
     /// `rate` per second.
@@ -337,6 +399,23 @@ impl AllowanceConfig {
         Self::new(rate, Duration::from_secs(60), burst)
     }
 
+    /// Keeps the main limit exactly as configured, without headroom for delivery jitter (see
+    /// [`Limit::exact`] and [Headroom](Limit#headroom)).
+    ///
+    /// ```
+    /// use tower_allowance::AllowanceConfig;
+    ///
+    /// let config = AllowanceConfig::per_second(20, 4)?;
+    /// assert_eq!(config.params().limits()[0].tolerance_us(), 150_000);
+    /// assert_eq!(config.exact().params().limits()[0].tolerance_us(), 200_000);
+    /// # Ok::<(), tower_allowance::ConfigError>(())
+    /// ```
+    pub fn exact(mut self) -> Self {
+        self.limits[0] = self.limits[0].exact();
+        self.derive();
+        self
+    }
+
     /// Adds a limit that must admit every attempt too (all or nothing, in one atomic step).
     ///
     /// # Errors
@@ -461,7 +540,7 @@ impl AllowanceConfig {
 
     fn derive(&mut self) {
         for (l, limit) in self.limits.iter().enumerate() {
-            self.params.limits[l] = limit.params;
+            self.params.limits[l] = limit.rule_params();
         }
         self.params.limit_count = self.limits.len();
         self.params.budget = self.retry_budget.params();
@@ -496,13 +575,15 @@ impl AllowanceConfig {
         self.main().period()
     }
 
-    /// Attempts that may be admitted back to back.
+    /// The main limit's burst as configured (one is kept back as headroom: see
+    /// [`Limit::kept_burst`]).
     pub fn burst(&self) -> u32 {
         self.main().burst()
     }
 
     /// Time between tokens: `period / rate`, rounded up to the microsecond so that the
-    /// admitted rate never exceeds the configured one.
+    /// admitted rate never exceeds the configured one (50% longer at burst 1 with headroom:
+    /// see [Headroom](Limit#headroom); [`params`](Self::params) has what the rule uses).
     pub fn interval(&self) -> Duration {
         self.main().interval()
     }
@@ -652,7 +733,7 @@ impl ReplenishingBudget {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{adaptive::AdaptiveRate, *};
 
     #[test]
     fn invalid_configs_are_typed_errors() {
@@ -669,6 +750,44 @@ mod tests {
             assert!(!err.reason().is_empty());
         }
         assert!(AllowanceConfig::new(1_000_000, Duration::from_secs(1), 1).is_ok());
+    }
+
+    #[test]
+    fn headroom_keeps_one_token_or_half_an_interval() {
+        let limits = |c: &AllowanceConfig| {
+            let l = c.params().limits()[0];
+            (l.interval_us(), l.tolerance_us())
+        };
+        // Burst 4 at 20/s: 3 back to back, 50 ms apart; exact: all 4.
+        let c = AllowanceConfig::per_second(20, 4).expect("valid");
+        assert_eq!((c.burst(), c.interval()), (4, Duration::from_millis(50)));
+        assert_eq!(limits(&c), (50_000, 150_000));
+        assert_eq!(limits(&c.clone().exact()), (50_000, 200_000));
+        // Burst 1: the interval 50% longer (rounded up); exact: as configured.
+        let c = AllowanceConfig::per_second(3, 1).expect("valid");
+        assert_eq!(limits(&c), (500_001, 500_001));
+        assert_eq!(limits(&c.exact()), (333_334, 333_334));
+        // A cost limit keeps its whole burst; an extra request limit keeps one back too.
+        let c = AllowanceConfig::per_second(20, 4)
+            .and_then(|c| c.with_limit(Limit::per_minute(100, 100)?.counting_cost()))
+            .and_then(|c| c.with_limit(Limit::per_minute(10, 5)?))
+            .and_then(|c| c.with_limit(Limit::per_minute(10, 5)?.exact()))
+            .expect("valid");
+        let tolerances: Vec<u64> = c
+            .params()
+            .limits()
+            .iter()
+            .map(|l| l.tolerance_us())
+            .collect();
+        assert_eq!(tolerances, [150_000, 60_000_000, 24_000_000, 30_000_000]);
+        // An adaptive rate keeps the whole burst (it finds its level from the 429s).
+        let c = AllowanceConfig::per_second(20, 4)
+            .expect("valid")
+            .with_adaptive_rate(AdaptiveRate::new(2.0, 1.0, 100.0).expect("valid"));
+        assert_eq!(c.params().adaptive().map(|a| a.burst()), Some(4));
+        // The longest interval stays representable.
+        let c = AllowanceConfig::new(1, rule::MAX_DELAY, 1).expect("valid");
+        assert_eq!(limits(&c).0, rule::MAX_DELAY_US);
     }
 
     #[test]

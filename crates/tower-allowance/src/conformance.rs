@@ -76,15 +76,19 @@ where
     deadline_abandons_at_once(make().await).await;
     quota_verdict_is_shared(make().await).await;
     settled_only_when_the_rule_says(make().await).await;
+    headroom_keeps_one_token_back(make().await).await;
+    headroom_at_burst_one_lengthens_the_interval(make().await).await;
 }
 
 fn allowance<S: Store>(config: AllowanceConfig, store: S) -> Allowance {
     Allowance::with_store(config, store)
 }
 
+/// The checks of the rule's mechanics use the limits as configured (`exact`); the headroom
+/// kept by default is checked on its own (`headroom_*`).
 fn per_second(rate: u32, burst: u32) -> AllowanceConfig {
     match AllowanceConfig::per_second(rate, burst) {
-        Ok(c) => c,
+        Ok(c) => c.exact(),
         Err(e) => panic!("valid config: {e}"),
     }
 }
@@ -119,6 +123,49 @@ async fn burst_then_reserved_slots<S: Store>(store: S) {
             panic!("burst spent: reserved");
         };
         assert_eq!(wait, Duration::from_millis(100 * i), "reservation #{i}");
+    }
+}
+
+/// By default (headroom), burst 4 at 20/s admits 3 at once, then one every 50 ms: the first
+/// burst is one short, the steady rate is the configured one.
+async fn headroom_keeps_one_token_back<S: Store>(store: S) {
+    let config = AllowanceConfig::per_second(20, 4).expect("valid");
+    let a = allowance(config, store);
+    for i in 0..3 {
+        let adm = admit(&a, AdmitRequest::first()).await;
+        assert_eq!(adm, Admission::Admitted, "first burst #{i} of 3");
+    }
+    for i in 1..=20u64 {
+        let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+            panic!("the kept burst of 3 is spent: reserved");
+        };
+        assert_eq!(
+            wait,
+            50 * MS * u32::try_from(i).expect("small"),
+            "slot #{i}"
+        );
+    }
+    // Once the bucket is full again, 3 at once again: a steady 20/s after the first burst.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    for i in 0..3 {
+        let adm = admit(&a, AdmitRequest::first()).await;
+        assert_eq!(adm, Admission::Admitted, "refilled burst #{i}");
+    }
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, 50 * MS);
+}
+
+/// By default (headroom), burst 1 at 20/s admits one every 75 ms (50% longer than 50 ms).
+async fn headroom_at_burst_one_lengthens_the_interval<S: Store>(store: S) {
+    let a = allowance(AllowanceConfig::per_second(20, 1).expect("valid"), store);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    for i in 1..=10u32 {
+        let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+            panic!("reserved");
+        };
+        assert_eq!(wait, 75 * MS * i, "slot #{i}");
     }
 }
 
@@ -296,6 +343,7 @@ async fn a_left_slot_goes_back<S: Store>(store: S) {
 async fn several_limits_and_costs<S: Store>(store: S) {
     // 60 requests/min (burst 10) and 1,000 tokens/min (burst 1,000).
     let config = AllowanceConfig::per_minute(60, 10)
+        .map(AllowanceConfig::exact)
         .and_then(|c| c.with_limit(Limit::per_minute(1_000, 1_000)?.counting_cost()))
         .expect("valid");
     let a = allowance(config, store);

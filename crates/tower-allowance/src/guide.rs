@@ -203,10 +203,16 @@
 //! ## Burst
 //!
 //! `burst` is how many attempts may go back to back after a quiet spell, and how far the
-//! allowance may run ahead of its rate. Set the rate to what the provider allows (or a little
-//! less) and the burst no higher than the provider's: the allowance paces *sends*, and the
-//! network can bunch deliveries together, so a token of headroom below the provider's burst
-//! avoids 429s from arrival jitter. A burst of 1 spaces every attempt evenly.
+//! allowance may run ahead of its rate. Set the rate and the burst the provider documents:
+//! the allowance paces *sends*, and the network (or a busy client) can bunch deliveries
+//! together, so by default a limit counting requests keeps one token of its burst back
+//! (burst 4 admits 3 at once, then the rate), which absorbs an arrival up to one interval
+//! early at a strict token bucket; at burst 1 it lengthens the interval by half instead (a
+//! third of the throughput). Against a strict bucket at burst 4 and 20/s, 32 workers: a 429
+//! in 6 of 10 runs exact, in 0 of 10 with the token kept back. [`Limit::exact`](crate::Limit::exact)
+//! and [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) turn it off, for a provider
+//! that tolerates some jitter or a limit already set below the provider's. A burst of 1
+//! spaces every attempt evenly.
 //!
 //! ## `max_waiters`
 //!

@@ -31,7 +31,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
-//! let allowance = Allowance::new(AllowanceConfig::per_second(2, 2)?);
+//! let allowance = Allowance::new(AllowanceConfig::per_second(3, 3)?);
 //! let service = ServiceBuilder::new()
 //!     .layer(AdmissionLayer::new(allowance.clone()))
 //!     .service_fn(|_req: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
@@ -40,8 +40,9 @@
 //! for _ in 0..3 {
 //!     service.clone().oneshot(Request::new(())).await?;
 //! }
-//! // Two at once (the burst), the third one token interval later.
-//! assert_eq!(start.elapsed().as_millis(), 500);
+//! // Two at once (the burst of 3, one token kept back as headroom), the third one token
+//! // interval later.
+//! assert_eq!(start.elapsed().as_millis(), 334);
 //! # Ok(())
 //! # }
 //! ```

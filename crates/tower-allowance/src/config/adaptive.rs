@@ -99,6 +99,7 @@ impl AllowanceConfig {
             initial_milli: AdaptiveRate::milli(a.initial),
             floor_milli: AdaptiveRate::milli(a.floor),
             ceiling_milli: AdaptiveRate::milli(a.ceiling),
+            // Whole: an adaptive rate finds its level from the server's 429s.
             burst: u64::from(self.limits[0].burst()),
             adopt: a.adopt,
         });

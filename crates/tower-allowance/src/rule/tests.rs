@@ -5,15 +5,19 @@ use proptest::prelude::*;
 use super::*;
 use crate::{AllowanceConfig, Limit, RetryBudgetConfig};
 
+// The rule is tested on the parameters as configured (`exact`): the headroom a config keeps
+// for delivery jitter is the config's, tested there.
 fn params(per_sec: u32, burst: u32) -> Params {
     *AllowanceConfig::per_second(per_sec, burst)
         .expect("valid")
+        .exact()
         .params()
 }
 
 fn with_budget(per_sec: u32, burst: u32, budget: RetryBudgetConfig) -> Params {
     *AllowanceConfig::per_second(per_sec, burst)
         .expect("valid")
+        .exact()
         .with_retry_budget(budget)
         .params()
 }
@@ -203,6 +207,7 @@ fn defer_extends_never_shortens() {
 fn a_delay_beyond_max_cooldown_closes_the_allowance() {
     let config = AllowanceConfig::per_second(2, 2)
         .expect("valid")
+        .exact()
         .with_max_cooldown(Duration::from_secs(3600))
         .expect("valid");
     let p = *config.params();
@@ -368,7 +373,8 @@ fn several_limits_admit_all_or_nothing_at_the_earliest_common_instant() {
     // 10/s burst 10, plus 20 per minute burst 20 (one per 3 s).
     let config = AllowanceConfig::per_second(10, 10)
         .expect("valid")
-        .with_limit(Limit::per_minute(20, 20).expect("valid"))
+        .exact()
+        .with_limit(Limit::per_minute(20, 20).expect("valid").exact())
         .expect("two limits");
     let p = *config.params();
     let mut s = State::default();

@@ -8,7 +8,7 @@
 use std::{
     collections::{BTreeMap, VecDeque},
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Mutex, MutexGuard, PoisonError,
     },
     task::Waker,
@@ -100,6 +100,9 @@ pub(crate) struct Holders {
     waiting: AtomicUsize,
     /// `Registry::generation`, readable without the lock (admissions send it).
     generation: AtomicU64,
+    /// Whether a spare may be registered: set with one, cleared by [`Holders::take_spare`]
+    /// when none is left, so that a first attempt takes no lock while there is none.
+    spares: AtomicBool,
 }
 
 impl Holders {
@@ -109,6 +112,7 @@ impl Holders {
             registry: Mutex::new(Registry::default()),
             waiting: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
+            spares: AtomicBool::new(false),
         }
     }
 
@@ -181,6 +185,7 @@ impl Holders {
             };
             catch_up(&mut entry, &r.log, &self.params);
             if entry.spare {
+                self.spares.store(true, Ordering::Release);
                 pass_down(&mut r, &mut entry, &mut wake);
             }
             r.entries.insert(id, entry);
@@ -230,9 +235,19 @@ impl Holders {
 
     /// Takes the earliest spare still to come that a first attempt (without `not_before`) can
     /// use by its deadline: registered as its holder, without asking the store (it granted it).
+    ///
+    /// Without a spare (the flag is cleared under the lock), no lock is taken: a spare
+    /// registered meanwhile by another thread is as if it came just after this arrival.
     pub(crate) fn take_spare(&self, now: Instant, o: &AcquireOptions) -> Option<(u64, Instant)> {
+        if !self.spares.load(Ordering::Acquire) {
+            return None;
+        }
         let mut r = self.lock();
         (r.entries).retain(|_, e| !e.spare || e.at > now && !e.lost && e.closed.is_none());
+        if !r.entries.values().any(|e| e.spare) {
+            self.spares.store(false, Ordering::Release);
+            return None;
+        }
         // Only a spare behind every holder: an arrival never goes before an earlier one.
         let last = r.entries.values().filter(|e| !e.spare).map(|e| e.at).max();
         let (id, e) = (r.entries.iter_mut())
