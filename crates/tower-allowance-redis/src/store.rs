@@ -638,8 +638,9 @@ impl Inner {
     /// One operation, one round trip: `FCALL` of the library's function, or `EVALSHA` of the
     /// script where the server has no Functions. When the function is missing (`FUNCTION
     /// FLUSH`, a restarted or failed-over server without it) the library is loaded again and
-    /// the call retried; when the server refuses the library or the call (an ACL), calls
-    /// turn to the script for good. When the script is missing (`SCRIPT FLUSH`, ...) `redis`
+    /// the call retried (should it vanish again in between, the script settles the call);
+    /// when the server refuses the library or the call (an ACL), calls turn to the script for
+    /// good. When the script is missing (`SCRIPT FLUSH`, ...) `redis`
     /// loads it and retries; should it vanish again in between, `EVAL` with the source settles
     /// it. All within one timeout.
     async fn eval(&self, params: &Params, op: &Op) -> Result<Reply, CallError> {
@@ -652,31 +653,8 @@ impl Inner {
         );
         let mut conn = self.link.connection();
         let call = async {
-            if self.functions.load(Ordering::Relaxed) {
-                let mut fcall = redis::cmd("FCALL");
-                fcall
-                    .arg(self.script.function())
-                    .arg(1)
-                    .arg(&self.key)
-                    .arg(&argv[..]);
-                match fcall.query_async::<Vec<i64>>(&mut conn).await {
-                    Err(e) if missing_function(&e) => {
-                        match self
-                            .script
-                            .load_library()
-                            .query_async::<String>(&mut conn)
-                            .await
-                        {
-                            Ok(_) => return fcall.query_async::<Vec<i64>>(&mut conn).await,
-                            Err(e) if refused(&e) => self.functions.store(false, Ordering::Relaxed),
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {
-                        self.functions.store(false, Ordering::Relaxed);
-                    }
-                    other => return other,
-                }
+            if let Some(reply) = self.call_function(&mut conn, &argv).await {
+                return reply;
             }
             let mut invocation = self.script.script().prepare_invoke();
             invocation.key(&self.key);
@@ -699,6 +677,45 @@ impl Inner {
             .map_err(CallError::redis)?;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
+    }
+
+    /// `FCALL` of the library's function, loaded again if it is missing; `None` when the
+    /// script is to settle the call: the server refuses Functions (then for good), or the
+    /// library vanished again right after it was loaded.
+    async fn call_function(
+        &self,
+        conn: &mut link::CountingConnection<'_>,
+        argv: &[scripts::Arg<'_>],
+    ) -> Option<redis::RedisResult<Vec<i64>>> {
+        if !self.functions.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg(self.script.function())
+            .arg(1)
+            .arg(&self.key)
+            .arg(argv);
+        match fcall.query_async::<Vec<i64>>(conn).await {
+            Err(e) if missing_function(&e) => {}
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                self.functions.store(false, Ordering::Relaxed);
+                return None;
+            }
+            other => return Some(other),
+        }
+        match self.script.load_library().query_async::<String>(conn).await {
+            Ok(_) => {}
+            Err(e) if refused(&e) => {
+                self.functions.store(false, Ordering::Relaxed);
+                return None;
+            }
+            Err(e) => return Some(Err(e)),
+        }
+        match fcall.query_async::<Vec<i64>>(conn).await {
+            Err(e) if missing_function(&e) => None,
+            other => Some(other),
+        }
     }
 
     /// The answer, or the failure policy's: a refusal is never masked; an outage is decided
