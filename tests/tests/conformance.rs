@@ -3,7 +3,9 @@
 //! and this is what keeps the two from drifting apart).
 //!
 //! Both run in virtual time (a paused tokio clock): the Redis store follows tokio's clock
-//! (`RedisStore::follow_tokio_clock`), so instants are checked to the microsecond.
+//! (`RedisStore::follow_tokio_clock`), so instants are checked to the microsecond. The Redis
+//! store runs twice: calling the function library (`FCALL`, Redis 7 Functions) and the script
+//! (`EVALSHA`, for servers without Functions).
 //!
 //! And one differential property: random sequences of operations, applied at the same
 //! instants to a memory store and to the Redis script, get identical replies.
@@ -48,8 +50,8 @@ fn memory_store_conforms() {
 }
 
 /// A store connected in real time; `fresh` hands out new allowances over its connection to
-/// a suite that runs in virtual time.
-fn redis_store() -> (TestRedis, RedisStore) {
+/// a suite that runs in virtual time. `functions: false`: `EVALSHA`, as without Functions.
+fn redis_store(functions: bool) -> (TestRedis, RedisStore) {
     real().block_on(async {
         let redis = TestRedis::start().await;
         let store = RedisStore::connect(
@@ -59,6 +61,10 @@ fn redis_store() -> (TestRedis, RedisStore) {
         )
         .await
         .expect("connect");
+        assert!(store.uses_functions(), "Redis 7: the function library");
+        if !functions {
+            store.without_functions();
+        }
         (redis, store)
     })
 }
@@ -74,9 +80,19 @@ fn fresh(base: &RedisStore) -> RedisStore {
 
 #[test]
 fn redis_store_conforms() {
-    let (_redis, base) = redis_store();
+    let (_redis, base) = redis_store(true);
     paused().block_on(conformance::run(|| {
         let store = fresh(&base);
+        async move { store }
+    }));
+}
+
+#[test]
+fn redis_store_conforms_with_the_script() {
+    let (_redis, base) = redis_store(false);
+    paused().block_on(conformance::run(|| {
+        let store = fresh(&base);
+        assert!(!store.uses_functions());
         async move { store }
     }));
 }
@@ -155,10 +171,21 @@ fn any_config() -> impl Strategy<Value = AllowanceConfig> {
         })
 }
 
-/// The Redis script decides exactly as the memory store, reply for reply, to the microsecond.
+/// The Redis function decides exactly as the memory store, reply for reply, to the
+/// microsecond.
+#[test]
+fn redis_function_decides_exactly_as_the_memory_store() {
+    differential(true);
+}
+
+/// And so does the script (`EVALSHA`).
 #[test]
 fn redis_script_decides_exactly_as_the_memory_store() {
-    let (_redis, base) = redis_store();
+    differential(false);
+}
+
+fn differential(functions: bool) {
+    let (_redis, base) = redis_store(functions);
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 64,
         failure_persistence: None,

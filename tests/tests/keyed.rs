@@ -796,7 +796,7 @@ fn no_key_material_reaches_redis() {
             }
         }
         assert!(
-            monitored.contains("EVALSHA") || monitored.contains("evalsha"),
+            monitored.contains("FCALL") || monitored.contains("fcall"),
             "{monitored}"
         );
     });

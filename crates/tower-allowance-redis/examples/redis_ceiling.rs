@@ -11,7 +11,7 @@
 //! Reported, per case:
 //! - admissions per second this client achieved (client and server share the machine);
 //! - the server's own cost per admission, from `INFO commandstats` (`usec_per_call` of
-//!   `evalsha` over the run), and the ceiling it implies for Redis's one command thread:
+//!   `fcall`, or `evalsha` without Functions, over the run), and the ceiling it implies for Redis's one command thread:
 //!   `1e6 / usec_per_call` admissions per second;
 //! - the script runs per admission (1.00 when the fast path holds).
 //!
@@ -40,7 +40,8 @@ async fn script_stats(redis: &TestRedis) -> (u64, u64) {
     let mut total = (0, 0);
     for line in info.lines() {
         let Some(rest) = line
-            .strip_prefix("cmdstat_evalsha:")
+            .strip_prefix("cmdstat_fcall:")
+            .or_else(|| line.strip_prefix("cmdstat_evalsha:"))
             .or_else(|| line.strip_prefix("cmdstat_eval:"))
         else {
             continue;

@@ -16,60 +16,69 @@ local function read()
   return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0, s.gn}
 end
 
-local function arg(i) return tonumber(ARGV[O + i]) end
+-- The operation's own arguments, from ARGV[5] on.
+local function arg(i) return tonumber(ARGS[5 + i]) end
 
-rebase()
--- A state created now (first use, or lost and recreated) is stamped with its creation time.
--- A read creates nothing; only a first admission (a caller that knew no state) finds the
--- bucket full.
-local created = s.gn == 0 and OP ~= 8
-if created then
-  s.gn = math.max(now, 1)
-  if OP ~= 1 or arg(5) ~= 0 then recreated() end
+-- One call: the clock, the parameters and the state, then the rule.
+local function apply(keys, args)
+  clock(args)
+  if not begin(keys, args) then
+    return redis.error_reply('ERR tower-allowance: unreadable parameters')
+  end
+
+  rebase()
+  -- A state created now (first use, or lost and recreated) is stamped with its creation time.
+  -- A read creates nothing; only a first admission (a caller that knew no state) finds the
+  -- bucket full.
+  local created = s.gn == 0 and OP ~= 8
+  if created then
+    s.gn = math.max(now, 1)
+    if OP ~= 1 or arg(5) ~= 0 then recreated() end
+  end
+  local reply
+  local ev_at
+  if OP == 1 then
+    reply = admit(arg(0), arg(1) == 1, arg(2), arg(3), arg(4))
+  elseif OP == 2 then
+    local tats = {}
+    for l = 1, MAX_LIMITS do tats[l] = arg(l) end
+    reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3), arg(MAX_LIMITS + 4) == 1, arg(MAX_LIMITS + 5))
+  elseif OP == 3 then
+    reply = extend_cooldown(arg(0))
+    if reply[5] == 1 then ev_at = 6 end
+  elseif OP == 4 then
+    reply = close(arg(0), arg(1))
+    ev_at = 1
+  elseif OP == 5 then
+    reply = clear()
+    ev_at = 1
+  elseif OP == 6 then
+    reply = lease(arg(0), arg(1))
+  elseif OP == 7 then
+    reply = finish_probe(arg(0), arg(1), arg(2))
+    if reply[1] == 1 then ev_at = 2 end
+  elseif OP == 8 then
+    deposit(arg(0))
+    reply = read()
+  elseif OP == 9 then
+    reply = throttle(arg(0), arg(1))
+    if reply[5] == 1 then ev_at = 6 end
+  elseif OP == 10 then
+    reply = advertise(arg(0))
+  else
+    return redis.error_reply('ERR tower-allowance: unknown operation')
+  end
+  save()
+  if created then
+    -- Holders of reservations made in a lost state ask again at once, in every process.
+    local words = {}
+    for _, w in ipairs(event(4)) do words[#words + 1] = string.format('%.0f', w) end
+    redis.call('PUBLISH', channel, table.concat(words, ','))
+  end
+  if ev_at then
+    local words = {}
+    for i = 0, EVENT_WORDS - 1 do words[#words + 1] = string.format('%.0f', reply[ev_at + i]) end
+    redis.call('PUBLISH', channel, table.concat(words, ','))
+  end
+  return reply
 end
-local reply
-local ev_at
-if OP == 1 then
-  reply = admit(arg(0), arg(1) == 1, arg(2), arg(3), arg(4))
-elseif OP == 2 then
-  local tats = {}
-  for l = 1, MAX_LIMITS do tats[l] = arg(l) end
-  reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3), arg(MAX_LIMITS + 4) == 1, arg(MAX_LIMITS + 5))
-elseif OP == 3 then
-  reply = extend_cooldown(arg(0))
-  if reply[5] == 1 then ev_at = 6 end
-elseif OP == 4 then
-  reply = close(arg(0), arg(1))
-  ev_at = 1
-elseif OP == 5 then
-  reply = clear()
-  ev_at = 1
-elseif OP == 6 then
-  reply = lease(arg(0), arg(1))
-elseif OP == 7 then
-  reply = finish_probe(arg(0), arg(1), arg(2))
-  if reply[1] == 1 then ev_at = 2 end
-elseif OP == 8 then
-  deposit(arg(0))
-  reply = read()
-elseif OP == 9 then
-  reply = throttle(arg(0), arg(1))
-  if reply[5] == 1 then ev_at = 6 end
-elseif OP == 10 then
-  reply = advertise(arg(0))
-else
-  return redis.error_reply('ERR tower-allowance: unknown operation')
-end
-save()
-if created then
-  -- Holders of reservations made in a lost state ask again at once, in every process.
-  local words = {}
-  for _, w in ipairs(event(4)) do words[#words + 1] = string.format('%.0f', w) end
-  redis.call('PUBLISH', channel, table.concat(words, ','))
-end
-if ev_at then
-  local words = {}
-  for i = 0, EVENT_WORDS - 1 do words[#words + 1] = string.format('%.0f', reply[ev_at + i]) end
-  redis.call('PUBLISH', channel, table.concat(words, ','))
-end
-return reply

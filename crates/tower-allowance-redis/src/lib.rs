@@ -4,8 +4,9 @@
 //! An `Allowance` in memory coordinates only the tasks of one process; two processes with
 //! their own allowances spend the key twice over. [`RedisStore`] keeps the allowance's state
 //! in Redis and decides each admission, cooldown, budget deposit and state read with one
-//! atomic Lua script on the Redis server's clock, applying exactly the rules of the
-//! in-memory store. It plugs into the same layers, unchanged, through
+//! atomic Lua call on the Redis server's clock (`FCALL` of a Redis 7 function library loaded
+//! at connect; `EVALSHA` of the same code where the server has no Functions or refuses them),
+//! applying exactly the rules of the in-memory store. It plugs into the same layers, unchanged, through
 //! [`Allowance::with_store`](tower_allowance::Allowance::with_store).
 //!
 //! ```no_run
@@ -69,8 +70,9 @@
 //! # Redis Cluster
 //!
 //! With the `cluster` feature, `RedisStore::connect_cluster` takes the seed nodes' URLs.
-//! Every key of an allowance is in its name's hash slot (`ta:{name}:s`), so each script call
-//! runs with `EVALSHA` on the primary owning that slot, in one round trip, and the cluster
+//! Every key of an allowance is in its name's hash slot (`ta:{name}:s`), so each call runs
+//! (`FCALL`; the library is loaded on every primary) on the primary owning that slot, in one
+//! round trip, and the cluster
 //! connection follows `MOVED`/`ASK` and failovers by itself. Events use plain `PUBLISH`, which
 //! the cluster bus delivers to subscribers on every node: the subscription sits on the first
 //! seed node that answers. Allowances spread over the nodes by name, all over one cluster
@@ -117,7 +119,9 @@
 //! # Keys
 //!
 //! One HASH per allowance, `ta:{name}:s`, holding the token bucket's theoretical arrival
-//! time, the cooldown deadline and the retry budget; and `ta:{name}:cfg`, the configuration
+//! time, the cooldown deadline and the retry budget, packed in four fields (`b`, `u`, `q`,
+//! `a`: each a group of little-endian doubles, exact integers below 2^53), so that an
+//! admission reads one field and writes one; and `ta:{name}:cfg`, the configuration
 //! every process of the allowance must share (its limits, retry budget, longest cooldown,
 //! adaptive rate): a process deciding with another one is refused
 //! ([`CallErrorKind::ConfigMismatch`](error::CallErrorKind::ConfigMismatch), naming both),
@@ -176,7 +180,7 @@
 //! [`FailurePolicy`] decides: fail closed (the layers return
 //! [`StoreUnavailable`](tower_allowance::error::StoreUnavailable)) or fall back to a
 //! conservative in-process allowance. The connection reconnects by itself, and a
-//! `SCRIPT FLUSH` or a Redis restart only costs a transparent script reload. A restart of a
+//! `FUNCTION FLUSH`, a `SCRIPT FLUSH` or a Redis restart only costs a transparent reload. A restart of a
 //! Redis without persistence (or an eviction of the key) forgets the state: no cooldown, a
 //! full retry budget, and a new generation that the processes holding the old state hear of;
 //! their holders ask again and their bucket starts empty (only a process that knew no state

@@ -40,31 +40,53 @@ use tower_allowance::rule::{
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
 
-/// The script's source, and its hash for `EVALSHA`.
+/// The script twice over: as a Redis 7 function library (`FUNCTION LOAD` once, then `FCALL`,
+/// which runs only `apply`), and as a script (`EVALSHA`, which defines every function on
+/// every call) for servers without Functions. The same body, two tails.
 pub(crate) struct ApplyScript {
     script: Script,
     source: String,
+    library: String,
+    function: String,
 }
+
+/// The script's tail: run `apply` once (replicating its writes, not the script, on Redis 3.2
+/// to 6, since it reads `TIME`; a no-op since 7).
+const EVAL_TAIL: &str = "if redis.replicate_commands then redis.replicate_commands() end\n\
+                         return apply(KEYS, ARGV)\n";
 
 impl ApplyScript {
     pub(crate) fn new() -> Self {
-        let constants = constants();
-        let source = [
-            constants.as_str(),
-            include_str!("lua/now.lua"),
-            include_str!("lua/state.lua"),
-            include_str!("lua/budget.lua"),
-            include_str!("lua/clock.lua"),
-            include_str!("lua/adaptive.lua"),
-            include_str!("lua/cooldown.lua"),
-            include_str!("lua/gcra.lua"),
-            include_str!("lua/probe.lua"),
-            include_str!("apply.lua"),
-        ]
-        .concat();
+        let body = body(
+            &constants(),
+            [
+                include_str!("lua/now.lua"),
+                include_str!("lua/state.lua"),
+                include_str!("lua/budget.lua"),
+                include_str!("lua/clock.lua"),
+                include_str!("lua/adaptive.lua"),
+                include_str!("lua/cooldown.lua"),
+                include_str!("lua/gcra.lua"),
+                include_str!("lua/probe.lua"),
+                include_str!("apply.lua"),
+            ],
+        );
+        Self::from_body(&body)
+    }
+
+    /// Both forms of `body`: the library and its function are named after the body's SHA1,
+    /// so that processes running different versions side by side each call their own.
+    fn from_body(body: &str) -> Self {
+        let source = format!("{body}{EVAL_TAIL}");
+        let hash = Script::new(body);
+        let function = format!("tower_allowance_{}", &hash.get_hash()[..16]);
+        let library =
+            format!("#!lua name={function}\n{body}redis.register_function('{function}', apply)\n");
         Self {
             script: Script::new(&source),
             source,
+            library,
+            function,
         }
     }
 
@@ -72,9 +94,34 @@ impl ApplyScript {
         &self.script
     }
 
+    /// The script's source (`SCRIPT LOAD`, `EVAL`).
     pub(crate) fn source(&self) -> &str {
         &self.source
     }
+
+    /// The function library's source (`FUNCTION LOAD`).
+    pub(crate) fn library(&self) -> &str {
+        &self.library
+    }
+
+    /// `FUNCTION LOAD REPLACE` of the library (replacing it with itself where it is loaded).
+    pub(crate) fn load_library(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg("REPLACE").arg(self.library());
+        cmd
+    }
+
+    /// The function `FCALL` calls.
+    pub(crate) fn function(&self) -> &str {
+        &self.function
+    }
+}
+
+/// The body both forms share: the constants, then the files in the documented order.
+fn body<'a>(constants: &str, files: impl IntoIterator<Item = &'a str>) -> String {
+    let mut body = constants.to_owned();
+    files.into_iter().for_each(|f| body.push_str(f));
+    body
 }
 
 /// The script's first part: the constants it shares with `tower_allowance::rule`.
@@ -111,11 +158,13 @@ fn exact(v: u64) -> u64 {
     v.min(MAX_EXACT)
 }
 
-/// One script argument: an integer, `-1` for "none" / FOREVER, or the channel's name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// One script argument: an integer, `-1` for "none" / FOREVER, the parameters' text or the
+/// channel's name.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Arg<'a> {
     N(u64),
     None,
+    Params(String),
     Channel(&'a str),
 }
 
@@ -127,14 +176,74 @@ impl redis::ToRedisArgs for Arg<'_> {
         match self {
             Arg::N(n) => n.write_redis_args(out),
             Arg::None => (-1i64).write_redis_args(out),
+            Arg::Params(p) => p.write_redis_args(out),
             Arg::Channel(c) => c.write_redis_args(out),
         }
     }
 }
 
+/// The parameters as one argument, the integers `state.lua` reads, comma-separated: the
+/// limits' count; per limit (`MAX_LIMITS`, zeros for the unused) its interval, tolerance and
+/// unit; the budget (kind and three values); the longest cooldown; the probe's backoff (least,
+/// most); the adaptive rate (on, initial, floor, ceiling, burst, adopts); the idle TTL in
+/// milliseconds. One argument the script parses once per distinct text (a function library
+/// keeps them), not some thirty it would convert on every call.
+fn params_text(params: &Params, idle_ms: u64) -> String {
+    use std::fmt::Write as _;
+    let mut v: Vec<u64> = Vec::with_capacity(27);
+    let limits = params.limits();
+    v.push(limits.len() as u64);
+    for l in 0..MAX_LIMITS {
+        match limits.get(l) {
+            Some(limit) => v.extend([
+                limit.interval_us(),
+                limit.tolerance_us(),
+                u64::from(limit.unit() == Unit::Cost),
+            ]),
+            None => v.extend([0; 3]),
+        }
+    }
+    v.extend(match params.budget() {
+        BudgetParams::Unlimited => [0, 0, 0, 0],
+        // A budget beyond 2^53 retries is unlimited in practice.
+        BudgetParams::Fixed { retries } => [1, retries, 0, 0],
+        BudgetParams::Replenishing {
+            slot_us,
+            reserve,
+            per_mille,
+        } => [2, slot_us, reserve, per_mille],
+    });
+    v.extend([
+        params.max_cooldown_us(),
+        params.probe_backoff_min_us(),
+        params.probe_backoff_max_us(),
+    ]);
+    match params.adaptive() {
+        Some(ad) => v.extend([
+            1,
+            ad.initial_milli(),
+            ad.floor_milli(),
+            ad.ceiling_milli(),
+            ad.burst(),
+            u64::from(ad.adopts()),
+        ]),
+        None => v.extend([0; 6]),
+    }
+    v.push(idle_ms);
+    let mut text = String::with_capacity(v.len() * 8);
+    for (i, n) in v.into_iter().enumerate() {
+        if i > 0 {
+            text.push(',');
+        }
+        let _ = write!(text, "{}", exact(n));
+    }
+    text
+}
+
 /// `ARGV` for `op`: the operation code, the clock (`clock_us`, or "none": the server's `TIME`),
-/// the parameters, the event channel, then the operation's own arguments. The layout is the
-/// same in every build; only `RedisStore::follow_tokio_clock` passes a clock.
+/// the parameters (one argument, [`params_text`]), the event channel, then the operation's own
+/// arguments. The layout is the same in every build; only `RedisStore::follow_tokio_clock`
+/// passes a clock.
 pub(crate) fn argv<'a>(
     op: &Op,
     params: &Params,
@@ -145,49 +254,9 @@ pub(crate) fn argv<'a>(
     let mut a = vec![
         Arg::N(op_code(op)),
         clock_us.map_or(Arg::None, |c| Arg::N(exact(c))),
+        Arg::Params(params_text(params, idle_ms)),
+        Arg::Channel(channel),
     ];
-    let limits = params.limits();
-    a.push(Arg::N(limits.len() as u64));
-    for l in 0..MAX_LIMITS {
-        match limits.get(l) {
-            Some(limit) => {
-                a.push(Arg::N(limit.interval_us()));
-                a.push(Arg::N(limit.tolerance_us()));
-                a.push(Arg::N(u64::from(limit.unit() == Unit::Cost)));
-            }
-            None => a.extend([Arg::N(0); 3]),
-        }
-    }
-    let (kind, b1, b2, b3) = match params.budget() {
-        BudgetParams::Unlimited => (0, 0, 0, 0),
-        // A budget beyond 2^53 retries is unlimited in practice.
-        BudgetParams::Fixed { retries } => (1, exact(retries), 0, 0),
-        BudgetParams::Replenishing {
-            slot_us,
-            reserve,
-            per_mille,
-        } => (2, slot_us, exact(reserve), per_mille),
-    };
-    a.extend([kind, b1, b2, b3].map(Arg::N));
-    a.push(Arg::N(exact(params.max_cooldown_us())));
-    a.push(Arg::N(exact(params.probe_backoff_min_us())));
-    a.push(Arg::N(exact(params.probe_backoff_max_us())));
-    match params.adaptive() {
-        Some(ad) => a.extend(
-            [
-                1,
-                ad.initial_milli(),
-                ad.floor_milli(),
-                ad.ceiling_milli(),
-                ad.burst(),
-                u64::from(ad.adopts()),
-            ]
-            .map(|v| Arg::N(exact(v))),
-        ),
-        None => a.extend([Arg::N(0); 6]),
-    }
-    a.push(Arg::N(exact(idle_ms)));
-    a.push(Arg::Channel(channel));
     match *op {
         Op::Admit(req) => push_admit(&mut a, &req),
         Op::Release(res) => push_release(&mut a, &res),
@@ -439,11 +508,29 @@ mod tests {
     }
 
     #[test]
-    fn argv_ends_the_params_with_the_channel() {
+    fn argv_has_the_params_as_one_text_then_the_channel() {
         let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
         let a = argv(&Op::Clear, config.params(), 1000, "ta:{x}:ev", None);
-        assert_eq!(a.last(), Some(&Arg::Channel("ta:{x}:ev")));
-        assert_eq!(a[3], Arg::N(333_334));
+        assert_eq!(a.len(), 4);
+        assert_eq!(a[3], Arg::Channel("ta:{x}:ev"));
+        let Arg::Params(text) = &a[2] else {
+            panic!("{a:?}")
+        };
+        let v: Vec<u64> = text
+            .split(',')
+            .map(|n| n.parse().expect("an integer"))
+            .collect();
+        assert_eq!(v.len(), 27, "{text}");
+        assert_eq!(&v[..4], &[1, 333_334, 666_668, 0], "{text}");
+        assert_eq!(v[26], 1000, "the idle TTL last: {text}");
+        let admit = argv(
+            &Op::Admit(AdmitRequest::first()),
+            config.params(),
+            1000,
+            "c",
+            None,
+        );
+        assert_eq!(admit.len(), 4 + 6, "the admission's six arguments follow");
     }
 
     #[test]
@@ -461,31 +548,47 @@ mod tests {
     }
 
     /// The files under `src/`, read at test time, in the order the module docs give.
-    fn shipped_source() -> String {
+    fn shipped_body() -> String {
         let read = |file: &str| {
             let path = format!("{}/src/{file}", env!("CARGO_MANIFEST_DIR"));
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
         };
-        [
-            constants(),
-            read("lua/now.lua"),
-            read("lua/state.lua"),
-            read("lua/budget.lua"),
-            read("lua/clock.lua"),
-            read("lua/adaptive.lua"),
-            read("lua/cooldown.lua"),
-            read("lua/gcra.lua"),
-            read("lua/probe.lua"),
-            read("apply.lua"),
+        let files = [
+            "lua/now.lua",
+            "lua/state.lua",
+            "lua/budget.lua",
+            "lua/clock.lua",
+            "lua/adaptive.lua",
+            "lua/cooldown.lua",
+            "lua/gcra.lua",
+            "lua/probe.lua",
+            "apply.lua",
         ]
-        .concat()
+        .map(read);
+        body(&constants(), files.iter().map(String::as_str))
     }
 
     #[test]
     fn the_script_is_the_shipped_files_in_order() {
         let script = ApplyScript::new();
-        let shipped = shipped_source();
-        assert!(script.source() == shipped, "the script differs from src/");
-        assert_eq!(script.script().get_hash(), Script::new(&shipped).get_hash());
+        let body = shipped_body();
+        assert!(
+            script.source() == format!("{body}{EVAL_TAIL}"),
+            "the script differs from src/"
+        );
+        assert_eq!(
+            script.script().get_hash(),
+            Script::new(script.source()).get_hash()
+        );
+        // The library: the same body, named after it, registering `apply`.
+        let lib = script.library();
+        let name = script.function();
+        assert!(lib.starts_with(&format!("#!lua name={name}\n")));
+        assert!(lib.contains(&body));
+        assert!(lib.ends_with(&format!("redis.register_function('{name}', apply)\n")));
+        assert_eq!(
+            name,
+            format!("tower_allowance_{}", &Script::new(&body).get_hash()[..16])
+        );
     }
 }

@@ -83,8 +83,10 @@ fn event_channel(name: &str) -> String {
 /// Lua script run atomically on the Redis server against its own clock (`TIME`), applying
 /// `tower_allowance::rule` transcribed (`src/lua/`, one file per rule file): the same decisions as the
 /// [`MemoryStore`], checked by the same conformance suite. In the steady state an admission
-/// costs one round trip (`EVALSHA`), whether it is admitted now or given a reserved slot;
-/// after a `SCRIPT FLUSH` or a Redis restart the script is reloaded transparently.
+/// costs one round trip, whether it is admitted now or given a reserved slot: `FCALL` of a
+/// function library loaded at connect (Redis 7 Functions), or `EVALSHA` where the server has
+/// no Functions or refuses them (an older Redis, an ACL); after a `FUNCTION FLUSH`, a
+/// `SCRIPT FLUSH` or a Redis restart the library or script is reloaded transparently.
 ///
 /// Cooldowns and closures are published on the allowance's channel (`ta:{name}:ev`); every
 /// store subscribes to it, so callers holding reserved slots in other processes move (or
@@ -102,7 +104,7 @@ fn event_channel(name: &str) -> String {
 /// let config = AllowanceConfig::per_second(10, 5)?.with_retry_budget(RetryBudgetConfig::fixed(20));
 /// let allowance = Allowance::with_store(config, store.clone());
 /// allowance.acquire().await?;
-/// assert_eq!(store.round_trips(), 2); // connect: 1 (script preload); admission: 1
+/// assert_eq!(store.round_trips(), 2); // connect: 1 (FUNCTION LOAD); admission: 1
 /// # Ok(())
 /// # }
 /// ```
@@ -123,6 +125,9 @@ pub(crate) struct Inner {
     /// The connection, shared with the stores made by [`RedisStore::for_allowance`].
     link: Arc<Link>,
     script: ApplyScript,
+    /// Whether calls are `FCALL`s (the library is loaded) rather than `EVALSHA`s; shared by
+    /// the stores over one connection.
+    functions: Arc<AtomicBool>,
     circuit: Circuit,
     /// The local allowance used under [`FailurePolicy::LocalFallback`].
     fallback: Option<(NonZeroU32, MemoryStore)>,
@@ -402,7 +407,7 @@ impl RedisStore {
     /// The store for `name` over `link`, once the script is loaded (or, under the local
     /// fallback, once Redis failed to answer).
     async fn start(link: Link, name: &str) -> Result<Self, ConnectError> {
-        let store = Self::over(Arc::new(link), name);
+        let store = Self::over(Arc::new(link), name, Arc::new(AtomicBool::new(true)));
         let inner = &store.inner;
         let timeout = inner.link.options.connect_timeout;
         let tls = inner.link.redacted.starts_with("rediss://");
@@ -438,7 +443,7 @@ impl RedisStore {
     }
 
     /// A store for `name` (already validated) over `link`.
-    fn over(link: Arc<Link>, name: &str) -> Self {
+    fn over(link: Arc<Link>, name: &str, functions: Arc<AtomicBool>) -> Self {
         let options = &link.options;
         let fallback = match options.failure_policy {
             FailurePolicy::Report => None,
@@ -453,6 +458,7 @@ impl RedisStore {
                 channel: event_channel(name),
                 circuit: Circuit::new(options.probe_interval),
                 script: ApplyScript::new(),
+                functions,
                 fallback,
                 watchers: Mutex::new(Vec::new()),
                 subscribed: AtomicBool::new(false),
@@ -476,7 +482,11 @@ impl RedisStore {
     /// [`InvalidName`] when `name` is refused by [`validate_name`].
     pub fn for_allowance(&self, name: &str) -> Result<Self, InvalidName> {
         validate_name(name)?;
-        Ok(Self::over(self.inner.link.clone(), name))
+        Ok(Self::over(
+            self.inner.link.clone(),
+            name,
+            self.inner.functions.clone(),
+        ))
     }
 
     /// Whether this store talks to a Redis Cluster.
@@ -503,10 +513,26 @@ impl RedisStore {
         &self.inner.channel
     }
 
-    /// The SHA1 of the script every call runs (`EVALSHA`), as `SCRIPT LOAD` returns it: the
-    /// same in every build, so `SCRIPT EXISTS <sha>` tells whether a server holds it.
+    /// The SHA1 of the script calls run as `EVALSHA` where the server has no Functions, as
+    /// `SCRIPT LOAD` returns it: the same in every build, so `SCRIPT EXISTS <sha>` tells
+    /// whether a server holds it.
     pub fn script_sha(&self) -> &str {
         self.inner.script.script().get_hash()
+    }
+
+    /// The function calls run as `FCALL` (`tower_allowance_` and 16 hex digits of the
+    /// script's SHA1, which also names its library): one per version of the script, so that
+    /// processes of different versions on one server each call their own.
+    pub fn function_name(&self) -> &str {
+        self.inner.script.function()
+    }
+
+    /// Whether calls are `FCALL`s of the function library (loaded at connect), rather than
+    /// `EVALSHA`s of the script: `false` once the server refused the library (no Functions
+    /// before Redis 7; an ACL without `FUNCTION` or `FCALL`). Shared by the stores over one
+    /// connection.
+    pub fn uses_functions(&self) -> bool {
+        self.inner.functions.load(Ordering::Relaxed)
     }
 
     /// Round trips to Redis made over this store's connection so far (by this store, its
@@ -554,6 +580,14 @@ impl RedisStore {
     #[cfg(feature = "test-util")]
     pub fn step_clock_back(&self, step: Duration) {
         self.inner.test.step(step, false);
+    }
+
+    /// Test support: calls are `EVALSHA`s from now on, as against a server without Functions
+    /// (for this store and every store over its connection), so that the conformance suite
+    /// runs over both paths.
+    #[cfg(feature = "test-util")]
+    pub fn without_functions(&self) {
+        self.inner.functions.store(false, Ordering::Relaxed);
     }
 
     /// Test support: moves the clock the scripts decide on forward by `step` (a forward step
@@ -697,9 +731,14 @@ impl Inner {
         }
     }
 
-    /// One operation: `EVALSHA` (one round trip). When the script is missing (`SCRIPT FLUSH`,
-    /// a restarted or failed-over server) `redis` loads it and retries; should it vanish
-    /// again in between, `EVAL` with the source settles it. All within one timeout.
+    /// One operation, one round trip: `FCALL` of the library's function, or `EVALSHA` of the
+    /// script where the server has no Functions. When the function is missing (`FUNCTION
+    /// FLUSH`, a restarted or failed-over server without it) the library is loaded again and
+    /// the call retried (should it vanish again in between, the script settles the call);
+    /// when the server refuses the library or the call (an ACL), calls turn to the script for
+    /// good. When the script is missing (`SCRIPT FLUSH`, ...) `redis`
+    /// loads it and retries; should it vanish again in between, `EVAL` with the source settles
+    /// it. All within one timeout.
     async fn eval(&self, params: &Params, op: &Op) -> Result<Reply, CallError> {
         let argv = scripts::argv(
             op,
@@ -708,11 +747,14 @@ impl Inner {
             &self.channel,
             self.test_clock(),
         );
-        let mut invocation = self.script.script().prepare_invoke();
-        invocation.key(&self.key);
-        invocation.arg(&argv[..]);
         let mut conn = self.link.connection();
         let call = async {
+            if let Some(reply) = self.call_function(&mut conn, &argv).await {
+                return reply;
+            }
+            let mut invocation = self.script.script().prepare_invoke();
+            invocation.key(&self.key);
+            invocation.arg(&argv[..]);
             match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     redis::cmd("EVAL")
@@ -731,6 +773,45 @@ impl Inner {
             .map_err(|e| self.call_error(e))?;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
+    }
+
+    /// `FCALL` of the library's function, loaded again if it is missing; `None` when the
+    /// script is to settle the call: the server refuses Functions (then for good), or the
+    /// library vanished again right after it was loaded.
+    async fn call_function(
+        &self,
+        conn: &mut link::CountingConnection<'_>,
+        argv: &[scripts::Arg<'_>],
+    ) -> Option<redis::RedisResult<Vec<i64>>> {
+        if !self.functions.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut fcall = redis::cmd("FCALL");
+        fcall
+            .arg(self.script.function())
+            .arg(1)
+            .arg(&self.key)
+            .arg(argv);
+        match fcall.query_async::<Vec<i64>>(conn).await {
+            Err(e) if missing_function(&e) => {}
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                self.functions.store(false, Ordering::Relaxed);
+                return None;
+            }
+            other => return Some(other),
+        }
+        match self.script.load_library().query_async::<String>(conn).await {
+            Ok(_) => {}
+            Err(e) if refused(&e) => {
+                self.functions.store(false, Ordering::Relaxed);
+                return None;
+            }
+            Err(e) => return Some(Err(e)),
+        }
+        match fcall.query_async::<Vec<i64>>(conn).await {
+            Err(e) if missing_function(&e) => None,
+            other => Some(other),
+        }
     }
 
     /// The answer, or the failure policy's: a refusal is never masked; an outage is decided
@@ -766,16 +847,29 @@ impl Inner {
         }
     }
 
-    /// Loads the script (one round trip).
+    /// Loads the function library (one round trip), or, where the server refuses it (no
+    /// Functions before Redis 7, an ACL), the script (a second).
     async fn preload(&self, timeout: Duration) -> Result<(), CallError> {
         let mut conn = self.link.connection();
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.script.source());
-        let load = cmd.query_async::<String>(&mut conn);
-        with_timeout(timeout, load)
-            .await?
-            .map(drop)
-            .map_err(CallError::redis)
+        let load = async {
+            match self
+                .script
+                .load_library()
+                .query_async::<String>(&mut conn)
+                .await
+            {
+                Ok(_) => {
+                    self.functions.store(true, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) if refused(&e) => self.functions.store(false, Ordering::Relaxed),
+                Err(e) => return Err(e),
+            }
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(self.script.source());
+            cmd.query_async::<String>(&mut conn).await.map(drop)
+        };
+        with_timeout(timeout, load).await?.map_err(CallError::redis)
     }
 
     fn policy_name(&self) -> &'static str {
@@ -784,6 +878,20 @@ impl Inner {
             None => "report the outage (the allowance waits for redis)",
         }
     }
+}
+
+/// `FCALL` of a function the server does not hold (its libraries were flushed, or it
+/// restarted or failed over without them).
+fn missing_function(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR")
+        && e.detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// The server answered with an error (an unknown command, `NOPERM`, ...), not a lost
+/// connection: Functions are not to be had there.
+fn refused(e: &redis::RedisError) -> bool {
+    e.code().is_some()
 }
 
 /// A reply without the event it carried (decided by the local fallback).
@@ -1158,13 +1266,32 @@ impl TestClock {
             Some(now),
         );
         inner.link.round_trips.fetch_add(1, Ordering::Relaxed);
-        let reply = inner
-            .script
-            .script()
-            .key(&inner.key)
-            .arg(&argv[..])
-            .invoke::<Vec<i64>>(&mut **conn)
-            .map_err(CallError::redis);
+        let conn = &mut **conn;
+        let reply = if inner.functions.load(Ordering::Relaxed) {
+            // As `Inner::eval`: the function, loaded again if it is missing.
+            let mut fcall = redis::cmd("FCALL");
+            fcall
+                .arg(inner.script.function())
+                .arg(1)
+                .arg(&inner.key)
+                .arg(&argv[..]);
+            match fcall.query::<Vec<i64>>(conn) {
+                Err(e) if missing_function(&e) => inner
+                    .script
+                    .load_library()
+                    .query::<String>(conn)
+                    .and_then(|_| fcall.query::<Vec<i64>>(conn)),
+                other => other,
+            }
+        } else {
+            inner
+                .script
+                .script()
+                .key(&inner.key)
+                .arg(&argv[..])
+                .invoke::<Vec<i64>>(conn)
+        }
+        .map_err(CallError::redis);
         Some(reply.and_then(|r| {
             scripts::decode(op, &r)
                 .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))

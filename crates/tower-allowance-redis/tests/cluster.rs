@@ -1,6 +1,6 @@
 //! The store on a Redis Cluster of three primaries the test starts on loopback: one
 //! allowance's keys in one slot, script calls on the node owning it (reloaded there after a
-//! `SCRIPT FLUSH`), allowances spread over every node through one connection, events crossing
+//! `FUNCTION FLUSH`), allowances spread over every node through one connection, events crossing
 //! nodes, a connection brought by the caller, and the public conformance suite.
 
 mod support;
@@ -42,7 +42,7 @@ async fn one_allowance_lives_in_one_slot_on_its_node() {
         1,
         "the third waited for a token"
     );
-    // Preload, then one EVALSHA per admission, and no catch-up read: the first admission
+    // Preload, then one FCALL per admission, and no catch-up read: the first admission
     // waited for the event subscription, so nothing published since can have been missed.
     let trips = store.round_trips();
     assert_eq!(trips, 1 + 3, "{trips} round trips for 3 admissions");
@@ -67,17 +67,19 @@ async fn one_allowance_lives_in_one_slot_on_its_node() {
         assert!(reply.starts_with("-MOVED"), "node {node}: {reply}");
     }
 
-    // The script vanishes from the owner: the next call reloads it there, transparently.
-    assert_eq!(cluster.command(owner, &["SCRIPT", "FLUSH"]).await, "+OK");
+    // The function library vanishes from the owner: the next call reloads it (on every
+    // primary), transparently.
+    assert!(store.uses_functions());
+    assert_eq!(cluster.command(owner, &["FUNCTION", "FLUSH"]).await, "+OK");
     let before = store.round_trips();
     allowance
         .acquire()
         .await
-        .expect("admitted after SCRIPT FLUSH");
+        .expect("admitted after FUNCTION FLUSH");
     assert_eq!(
         store.round_trips() - before,
         3,
-        "EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA"
+        "FCALL (not found), FUNCTION LOAD, FCALL"
     );
 }
 

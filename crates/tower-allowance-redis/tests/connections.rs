@@ -73,7 +73,7 @@ async fn hundred_allowances_over(first: RedisStore, inspector: &redis::Client) {
         2,
         "one command connection and one subscription for {ALLOWANCES} allowances: {seen:?}"
     );
-    assert_eq!(seen[0], (0, "evalsha".to_owned()), "the command connection");
+    assert_eq!(seen[0], (0, "fcall".to_owned()), "the command connection");
     assert_eq!(seen[1].0, ALLOWANCES, "the subscription");
 }
 

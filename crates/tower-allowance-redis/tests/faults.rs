@@ -326,17 +326,38 @@ async fn script_flush_mid_run_is_invisible() {
     .expect("connect");
     let config = AllowanceConfig::per_second(100_000, 10_000).expect("valid");
 
-    // One flush, counted: EVALSHA -> NOSCRIPT, SCRIPT LOAD, EVALSHA; then one again.
+    // One flush of the library, counted: FCALL -> not found, FUNCTION LOAD, FCALL; then one
+    // again. (A SCRIPT FLUSH does not touch it.)
     admit(&store, &config).await.expect("up");
-    assert_eq!(redis.command(&["SCRIPT", "FLUSH"]).await, "+OK");
+    assert!(store.uses_functions());
+    assert_eq!(redis.command(&["FUNCTION", "FLUSH"]).await, "+OK");
     let before = store.round_trips();
     admit(&store, &config)
         .await
         .expect("reloaded transparently");
     assert_eq!(store.round_trips() - before, 3);
+    assert_eq!(redis.command(&["SCRIPT", "FLUSH"]).await, "+OK");
     let before = store.round_trips();
     admit(&store, &config).await.expect("up");
     assert_eq!(store.round_trips() - before, 1);
+
+    // The same for the script, where calls are EVALSHAs: EVALSHA -> NOSCRIPT, SCRIPT LOAD,
+    // EVALSHA.
+    let scripted = RedisStore::connect(
+        redis.url(),
+        &unique_name("flush"),
+        options(FailurePolicy::Report),
+    )
+    .await
+    .expect("connect");
+    scripted.without_functions();
+    admit(&scripted, &config).await.expect("up");
+    assert_eq!(redis.command(&["SCRIPT", "FLUSH"]).await, "+OK");
+    let before = scripted.round_trips();
+    admit(&scripted, &config)
+        .await
+        .expect("reloaded transparently");
+    assert_eq!(scripted.round_trips() - before, 3);
 
     // Flushes racing with 16 tasks admitting through an allowance: no caller sees an error.
     let allowance = Allowance::with_store(config.clone(), store.clone());
@@ -352,19 +373,20 @@ async fn script_flush_mid_run_is_invisible() {
             }
         });
     }
-    // A flush every 10 ms while they run (pacing the fault, not waiting for anything).
+    // A flush of the library every 10 ms while they run (pacing the fault, not waiting for
+    // anything).
     let mut flushes = 0;
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     while !tasks.is_empty() {
         tick.tick().await;
-        assert_eq!(redis.command(&["SCRIPT", "FLUSH"]).await, "+OK");
+        assert_eq!(redis.command(&["FUNCTION", "FLUSH"]).await, "+OK");
         flushes += 1;
         while let Some(done) = tasks.try_join_next() {
             done.expect("task");
         }
     }
     eprintln!(
-        "800 admissions with {flushes} SCRIPT FLUSHes: {} round trips",
+        "800 admissions with {flushes} FUNCTION FLUSHes: {} round trips",
         store.round_trips()
     );
     assert!(flushes > 1);

@@ -62,6 +62,8 @@ where
     S: Store,
 {
     burst_then_reserved_slots(make().await).await;
+    burst_one_reserves_on_whole_milliseconds(make().await).await;
+    burst_one_callers_go_on_the_grid(make().await).await;
     max_wait_reserves_nothing(make().await).await;
     cooldown_then_metered_restart(make().await).await;
     cooldown_moves_waiting_callers(make().await).await;
@@ -167,6 +169,52 @@ async fn headroom_at_burst_one_lengthens_the_interval<S: Store>(store: S) {
         };
         assert_eq!(wait, 75 * MS * i, "slot #{i}");
     }
+}
+
+/// 300/s in bursts of 1, whose interval is no whole millisecond (3,333.3 µs, 3,334 rounded
+/// up): reserved slots fall on whole milliseconds and the schedule advances from the rounded
+/// slot, so waiting callers are spaced by 4 ms, never closer than the interval: a sender's
+/// timer fires on whole milliseconds, and a limiter with less tolerance than that refuses a
+/// request sent 3 ms after the one before (`rule::schedule`). The price: 250/s, not 300/s.
+async fn burst_one_reserves_on_whole_milliseconds<S: Store>(store: S) {
+    let a = allowance(per_second(300, 1), store);
+    assert_eq!(admit(&a, AdmitRequest::first()).await, Admission::Admitted);
+    for k in 1..300u32 {
+        let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+            panic!("reservation #{k}: reserved");
+        };
+        assert_eq!(wait, 4 * MS * k, "reservation #{k}");
+    }
+}
+
+/// And through the admission's waits: 64 callers sharing 400 admissions at 300/s, burst 1,
+/// finish on the last slot, 399 × 4 ms = 1,596 ms (the rate's minimum is 1,330 ms).
+async fn burst_one_callers_go_on_the_grid<S: Store>(store: S) {
+    let a = allowance(per_second(300, 1), store);
+    let left = Arc::new(AtomicUsize::new(400));
+    let start = Instant::now();
+    let mut tasks = vec![];
+    for _ in 0..64 {
+        let (a, left) = (a.clone(), left.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut last = Duration::ZERO;
+            while left
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                if let Err(e) = a.acquire().await {
+                    panic!("acquire: {e}");
+                }
+                last = start.elapsed();
+            }
+            last
+        }));
+    }
+    let mut makespan = Duration::ZERO;
+    for t in tasks {
+        makespan = makespan.max(t.await.unwrap_or_default());
+    }
+    assert_eq!(makespan, 399 * 4 * MS, "400 admissions at 300/s, burst 1");
 }
 
 async fn max_wait_reserves_nothing<S: Store>(store: S) {

@@ -23,7 +23,9 @@ local function adaptive_rate()
 end
 
 -- The limits as they stand now: the main one's interval from the adaptive rate.
+-- Without an adaptive rate, the configured limits themselves (as rule/fixed.rs: no copy).
 local function effective_limits(at)
+  if P.ad_on ~= 1 then return P.iv, P.tol end
   local iv, tol = {}, {}
   for l = 1, MAX_LIMITS do
     iv[l] = P.iv[l]

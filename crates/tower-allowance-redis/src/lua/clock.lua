@@ -8,7 +8,7 @@ local function rebase()
   load(PROBE)
   if P.kind == 2 then load(BUDGET) end
   local step = s.sn - now
-  for l = 1, MAX_LIMITS do s['t' .. l] = sat_sub(s['t' .. l], step) end
+  for l = 1, MAX_LIMITS do s[TAT[l]] = sat_sub(s[TAT[l]], step) end
   s.bu = sat_sub(s.bu, step)
   s.ru = sat_sub(s.ru, step)
   if s.cl ~= FOREVER then s.cl = sat_sub(s.cl, step) end
@@ -25,5 +25,5 @@ end
 
 -- rule::recreated: a state created for a caller that knew a lost one starts empty.
 local function recreated()
-  for l = 1, P.n do s['t' .. l] = now + P.tol[l] end
+  for l = 1, P.n do s[TAT[l]] = now + P.tol[l] end
 end

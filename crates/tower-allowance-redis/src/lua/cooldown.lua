@@ -42,13 +42,13 @@ local function extend_cooldown(delay)
   local shift = cooldown_shift(until_us)
   local moved = false
   for l = 1, P.n do
-    s['t' .. l] = s['t' .. l] + shift[l]
+    s[TAT[l]] = s[TAT[l]] + shift[l]
     if shift[l] > 0 then moved = true end
   end
   if P.ad_on == 1 and s.rr > now then s.rr = s.rr + shift[1] end
   if moved then
     local last = until_us
-    for l = 1, P.n do last = math.max(last, sat_sub(s['t' .. l], P.tol[l])) end
+    for l = 1, P.n do last = math.max(last, sat_sub(s[TAT[l]], P.tol[l])) end
     s.ru = math.max(s.ru, last)
   end
   s.bu = until_us

@@ -6,13 +6,13 @@ local function schedule(iv, tol, t0, cost)
   for l = 1, P.n do
     local inc = units(l, cost) * iv[l]
     if inc > tol[l] then return nil end
-    at = math.max(at, sat_sub(math.max(s['t' .. l], t0) + inc, tol[l]))
+    at = math.max(at, sat_sub(math.max(s[TAT[l]], t0) + inc, tol[l]))
   end
   if at > now then
     at = math.ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
   end
   local new = {}
-  for l = 1, P.n do new[l] = math.max(s['t' .. l], at) + units(l, cost) * iv[l] end
+  for l = 1, P.n do new[l] = math.max(s[TAT[l]], at) + units(l, cost) * iv[l] end
   return at, new
 end
 
@@ -36,7 +36,7 @@ local function admit(cost, retry, not_before, max_wait, deposits)
     if s.bu > now then cd = 1 end
     return {2, wait, cd}
   end
-  for l = 1, P.n do s['t' .. l] = new[l] end
+  for l = 1, P.n do s[TAT[l]] = new[l] end
   local budget_slot = 0
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end
@@ -59,8 +59,8 @@ local function release(slot, tats, rebased, generation, cost, retry, budget_slot
   local iv = effective_limits(slot)
   for l = 1, P.n do
     local mine = sat_sub(tats[l], step)
-    if s['t' .. l] == mine then
-      s['t' .. l] = sat_sub(mine, units(l, cost) * iv[l])
+    if s[TAT[l]] == mine then
+      s[TAT[l]] = sat_sub(mine, units(l, cost) * iv[l])
     else
       all = 0
     end

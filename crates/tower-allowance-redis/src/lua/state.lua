@@ -2,56 +2,18 @@
 -- allowance: one HASH per allowance, KEYS[1]. Every number is an integer below 2^53, exact in
 -- Lua's doubles; a state closed until cleared stores -1 (FOREVER).
 
-local key = KEYS[1]
-local OP = tonumber(ARGV[1])
+-- The call's key, operation, parameters, channel and arguments (`scripts::argv`).
+local key, OP, P, channel, ARGS
+-- The state's fields (`s`), and each loaded group's packed field as read (`loaded`).
+local s, loaded
 
--- Params, in `scripts::Params::argv` order.
-local P = {n = tonumber(ARGV[A]), iv = {}, tol = {}, unit = {}}
-for l = 1, MAX_LIMITS do
-  P.iv[l] = tonumber(ARGV[A + 3 * l - 2])
-  P.tol[l] = tonumber(ARGV[A + 3 * l - 1])
-  P.unit[l] = tonumber(ARGV[A + 3 * l])
-end
-local B = A + 3 * MAX_LIMITS + 1
-P.kind = tonumber(ARGV[B])
-P.b1 = tonumber(ARGV[B + 1])
-P.b2 = tonumber(ARGV[B + 2])
-P.b3 = tonumber(ARGV[B + 3])
-P.max_cd = tonumber(ARGV[B + 4])
-P.pb_min = tonumber(ARGV[B + 5])
-P.pb_max = tonumber(ARGV[B + 6])
-P.ad_on = tonumber(ARGV[B + 7])
-P.ad_init = tonumber(ARGV[B + 8])
-P.ad_floor = tonumber(ARGV[B + 9])
-P.ad_ceil = tonumber(ARGV[B + 10])
-P.ad_burst = tonumber(ARGV[B + 11])
-P.ad_adopt = tonumber(ARGV[B + 12])
-local idle_ms = tonumber(ARGV[B + 13])
-local channel = ARGV[B + 14]
--- The operation's own arguments start here.
-local O = B + 15
-
--- The state, loaded a group of fields at a time.
-local s = {}
-local orig = {}
-local loaded = {}
-local function load(fields)
-  local want = {}
-  for _, f in ipairs(fields) do
-    if not loaded[f] then want[#want + 1] = f end
-  end
-  if #want == 0 then return end
-  local raw = redis.call('HMGET', key, unpack(want))
-  for i, f in ipairs(want) do
-    local v = tonumber(raw[i]) or 0
-    s[f] = v
-    orig[f] = v
-    loaded[f] = true
-  end
-end
-
-local BASE = {'bu', 'ep', 'ru', 'cl', 'cb', 'sn', 'rb', 'ex', 'gn'}
-for l = 1, MAX_LIMITS do BASE[#BASE + 1] = 't' .. l end
+-- The state's fields in four groups, each stored packed in one field of the hash (`b`, `u`,
+-- `q`, `a`: as many little-endian doubles, exact for integers below 2^53): one `HGET` and one
+-- `struct.unpack` load a group, one `struct.pack` saves it. An absent group reads as zeros.
+-- Each limit's theoretical arrival time: `t1` to `t4` (MAX_LIMITS).
+local TAT = {}
+for l = 1, MAX_LIMITS do TAT[l] = 't' .. l end
+local BASE = {'bu', 'ep', 'ru', 'cl', 'cb', 'sn', 'rb', 'ex', 'gn', TAT[1], TAT[2], TAT[3], TAT[4]}
 local BUDGET = {'sp', 'hd'}
 for i = 0, BUDGET_SLOTS - 1 do
   BUDGET[#BUDGET + 1] = 'd' .. i
@@ -59,41 +21,126 @@ for i = 0, BUDGET_SLOTS - 1 do
 end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
 local ADAPTIVE = {'rc', 'ca', 'sa', 'av', 'rr'}
+local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a'}
+-- (Built without globals: a library's load-time code under `FUNCTION LOAD` sees none.)
+local FORMAT = {}
+local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE}
+for g = 1, #GROUPS do
+  local f = '<'
+  for _ = 1, #GROUPS[g] do f = f .. 'd' end
+  FORMAT[GROUPS[g]] = f
+end
 
-load(BASE)
-if P.ad_on == 1 then load(ADAPTIVE) end
-
--- Writes back what changed, and keeps a TTL covering everything the key must remember plus
--- at least half the idle TTL: the expiry moves only when it would fall short, so in the
--- steady state an admission writes its fields and sets no TTL. Closed until cleared: no TTL.
-local function save()
-  local args = {}
-  for f, v in pairs(s) do
-    if f ~= 'ex' and v ~= orig[f] then
-      args[#args + 1] = f
-      args[#args + 1] = string.format('%.0f', v)
-    end
+-- Sets a group's fields from its packed field (`false`: absent, all zeros).
+local function unpack_group(group, packed)
+  loaded[group] = packed
+  if packed then
+    local v = {struct.unpack(FORMAT[group], packed)}
+    for j = 1, #group do s[group[j]] = v[j] end
+  else
+    for j = 1, #group do s[group[j]] = 0 end
   end
+end
+
+-- Loads a group unless it is loaded already.
+local function load(group)
+  if loaded[group] ~= nil then return end
+  unpack_group(group, redis.call('HGET', key, FIELD[group]))
+end
+
+-- The parameters (rule::Params), from their text: the limits' count, then per limit its
+-- interval, tolerance and unit (`MAX_LIMITS` of them), the budget (kind and three values),
+-- the longest cooldown, the probe's backoff (least, most), the adaptive rate (on, initial,
+-- floor, ceiling, burst, adopts), and the idle TTL in milliseconds, comma-separated.
+-- Parsed once per distinct text while the library stays loaded (under `EVALSHA`: per call);
+-- never modified.
+local PARAMS, PARAMS_COUNT = {}, 0
+local function params(text)
+  local p = PARAMS[text]
+  if p then return p end
+  local v = {}
+  for x in string.gmatch(text, '[^,]+') do v[#v + 1] = tonumber(x) end
+  p = {
+    n = v[1],
+    iv = {v[2], v[5], v[8], v[11]},
+    tol = {v[3], v[6], v[9], v[12]},
+    unit = {v[4], v[7], v[10], v[13]},
+    kind = v[14], b1 = v[15], b2 = v[16], b3 = v[17],
+    max_cd = v[18], pb_min = v[19], pb_max = v[20],
+    ad_on = v[21], ad_init = v[22], ad_floor = v[23],
+    ad_ceil = v[24], ad_burst = v[25], ad_adopt = v[26],
+    idle_ms = v[27],
+  }
+  if #v ~= 27 or MAX_LIMITS ~= 4 then return nil end
+  if PARAMS_COUNT >= 1000 then PARAMS, PARAMS_COUNT = {}, 0 end
+  PARAMS[text] = p
+  PARAMS_COUNT = PARAMS_COUNT + 1
+  return p
+end
+
+-- Reads one call's key, operation, parameters and channel, and loads the state's common
+-- fields (and the adaptive rate's, in the same `HMGET`).
+local function begin(keys, args)
+  key = keys[1]
+  OP = tonumber(args[1])
+  ARGS = args
+  P = params(args[3])
+  if not P then return false end
+  channel = args[4]
+  local base, adaptive
+  if P.ad_on == 1 then
+    local raw = redis.call('HMGET', key, 'b', 'a')
+    base, adaptive = raw[1], raw[2]
+  else
+    base = redis.call('HGET', key, 'b')
+  end
+  -- The common fields, unrolled (the one group every call loads).
+  local bu, ep, ru, cl, cb, sn, rb, ex, gn, t1, t2, t3, t4 = 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
+  if base then
+    bu, ep, ru, cl, cb, sn, rb, ex, gn, t1, t2, t3, t4 = struct.unpack(FORMAT[BASE], base)
+  end
+  s = {bu = bu, ep = ep, ru = ru, cl = cl, cb = cb, sn = sn, rb = rb, ex = ex, gn = gn, t1 = t1, t2 = t2, t3 = t3, t4 = t4}
+  loaded = {[BASE] = base}
+  if P.ad_on == 1 then unpack_group(ADAPTIVE, adaptive) end
+  return true
+end
+
+-- Writes back the groups that changed, and keeps a TTL covering everything the key must
+-- remember plus at least half the idle TTL: the expiry moves only when it would fall short, so
+-- in the steady state an admission writes one field and sets no TTL. Closed until cleared: no
+-- TTL.
+local function save()
   local ttl_cmd
   if s.cl == FOREVER then
     if s.ex ~= -1 then
       s.ex = -1
-      args[#args + 1] = 'ex'
-      args[#args + 1] = '-1'
       ttl_cmd = 'PERSIST'
     end
   else
     local keep_us = math.max(s.bu - now, s.ru - now, s.cl - now, 0)
-    for l = 1, P.n do keep_us = math.max(keep_us, s['t' .. l] - now) end
-    if loaded.np then keep_us = math.max(keep_us, s.np - now, s.lu - now) end
+    for l = 1, P.n do keep_us = math.max(keep_us, s[TAT[l]] - now) end
+    if loaded[PROBE] ~= nil then keep_us = math.max(keep_us, s.np - now, s.lu - now) end
     if P.kind == 2 then keep_us = math.max(keep_us, P.b1 * BUDGET_SLOTS) end
     local now_ms = math.floor(now / 1000)
     local keep_ms = math.ceil(keep_us / 1000)
-    if s.ex == -1 or s.ex - now_ms < keep_ms + math.floor(idle_ms / 2) then
-      s.ex = now_ms + keep_ms + idle_ms
-      args[#args + 1] = 'ex'
-      args[#args + 1] = string.format('%.0f', s.ex)
+    if s.ex == -1 or s.ex - now_ms < keep_ms + math.floor(P.idle_ms / 2) then
+      s.ex = now_ms + keep_ms + P.idle_ms
       ttl_cmd = 'PEXPIRE'
+    end
+  end
+  local args = {}
+  for group, was in pairs(loaded) do
+    local packed
+    if group == BASE then
+      packed = struct.pack(FORMAT[BASE], s.bu, s.ep, s.ru, s.cl, s.cb, s.sn, s.rb, s.ex, s.gn, s.t1, s.t2, s.t3, s.t4)
+    else
+      local v = {}
+      for j = 1, #group do v[j] = s[group[j]] end
+      packed = struct.pack(FORMAT[group], unpack(v))
+    end
+    if packed ~= was then
+      args[#args + 1] = FIELD[group]
+      args[#args + 1] = packed
     end
   end
   if #args > 0 then redis.call('HSET', key, unpack(args)) end
