@@ -1,6 +1,7 @@
-//! What the store needs of its Redis user: `SCRIPT LOAD` (tried by the preload), `PUBLISH`
+//! What the store needs of its Redis user: `FUNCTION LOAD` or `SCRIPT LOAD` (tried by the
+//! preload, the library first), `PUBLISH`
 //! and `SUBSCRIBE` on the allowance's channel (tried here, once, at connect), `EVALSHA` on
-//! its keys (tried by the first decision: a probe `EVALSHA` would count as a decision in
+//! its keys, or `FCALL` where the library loaded (tried by the first decision: a probe `EVALSHA` would count as a decision in
 //! every server's statistics). An ACL user without one of them would otherwise break the
 //! cross-process cooldown silently (a cooldown nobody else hears of), so connecting (or the
 //! first decision) fails, naming the permission and the `ACL SETUSER` that grants it.
@@ -120,8 +121,8 @@ pub(crate) fn no_evalsha(e: &RedisError, name: &str, user: &str) -> Option<Missi
     is_no_perm(e).then(|| {
         let keys = format!("ta:{{{name}}}:*");
         MissingPermission::new(
-            format!("EVALSHA with the keys {keys}"),
-            format!("ACL SETUSER {user} +evalsha +eval ~{keys}"),
+            format!("FCALL or EVALSHA with the keys {keys}"),
+            format!("ACL SETUSER {user} +evalsha +eval +fcall ~{keys}"),
             said(e),
         )
     })
@@ -131,8 +132,8 @@ pub(crate) fn no_evalsha(e: &RedisError, name: &str, user: &str) -> Option<Missi
 pub(crate) fn no_script_load(e: &RedisError, user: &str) -> ConnectError {
     missing(
         e,
-        "SCRIPT LOAD".to_owned(),
-        format!("ACL SETUSER {user} +script|load +evalsha"),
+        "FUNCTION LOAD or SCRIPT LOAD".to_owned(),
+        format!("ACL SETUSER {user} +function|load +fcall (or +script|load +evalsha)"),
     )
 }
 

@@ -137,13 +137,14 @@
 //!
 //! # Permissions
 //!
-//! An ACL user needs `SCRIPT LOAD`, `EVALSHA` and the keys `ta:{name}:*`, and `PUBLISH` and
-//! `SUBSCRIBE` on the channel `ta:{name}:ev` (Redis 7 gives new users no channel: grant
-//! `&ta:{name}:ev` or `&ta:*`): `ACL SETUSER app on >secret +script|load +evalsha +eval
-//! +publish +subscribe ~ta:* &ta:*`. [`RedisStore::connect`] tries `SCRIPT LOAD`, `PUBLISH`
+//! An ACL user needs `FUNCTION LOAD` and `FCALL` (or, where Functions are refused, `SCRIPT
+//! LOAD` and `EVALSHA`) and the keys `ta:{name}:*`, and `PUBLISH` and `SUBSCRIBE` on the
+//! channel `ta:{name}:ev` (Redis 7 gives new users no channel: grant `&ta:{name}:ev` or
+//! `&ta:*`): `ACL SETUSER app on >secret +function|load +fcall +publish +subscribe ~ta:*
+//! &ta:*`. [`RedisStore::connect`] tries loading the library (then the script), `PUBLISH`
 //! and `SUBSCRIBE` and fails with
 //! [`ConnectErrorKind::MissingPermission`](error::ConnectErrorKind::MissingPermission)
-//! naming the missing one and that fix; the first decision tries `EVALSHA` and the keys. A
+//! naming the missing one and that fix; the first decision tries `FCALL` (or `EVALSHA`) and the keys. A
 //! password changed under a running store fails every caller at once with the refusal, until
 //! Redis accepts a call again. The `{name}` hash tag keeps every key of
 //! an allowance in one Redis Cluster slot; names are restricted by [`validate_name`] so that

@@ -509,7 +509,10 @@ mod tests {
 
     #[test]
     fn argv_has_the_params_as_one_text_then_the_channel() {
-        let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
+        // Exact: the rule's parameters are the configured ones (no headroom).
+        let config = tower_allowance::AllowanceConfig::per_second(3, 2)
+            .expect("valid")
+            .exact();
         let a = argv(&Op::Clear, config.params(), 1000, "ta:{x}:ev", None);
         assert_eq!(a.len(), 4);
         assert_eq!(a[3], Arg::Channel("ta:{x}:ev"));

@@ -54,7 +54,13 @@ async fn each_missing_permission_fails_connect_naming_it_and_the_fix() {
     let cases: [(&str, &[&str], &str, &str); 4] = [
         ("nopub", &["-publish"], "PUBLISH", "+publish"),
         ("nosub", &["-subscribe"], "SUBSCRIBE", "+subscribe"),
-        ("noload", &["-script"], "SCRIPT LOAD", "+script|load"),
+        // Neither the function library nor the script can be loaded.
+        (
+            "noload",
+            &["-script", "-function"],
+            "SCRIPT LOAD",
+            "+script|load",
+        ),
         // Redis 7's default for new users: no channel at all.
         ("nochan", &["resetchannels"], "PUBLISH", "&"),
     ];
@@ -77,7 +83,7 @@ async fn each_missing_permission_fails_connect_naming_it_and_the_fix() {
     // EVALSHA and the keys: the first decision tries them (a probe EVALSHA would count as a
     // decision in the server's statistics), and fails at once, typed, naming them.
     for (who, rules) in [
-        ("noeval", &["-evalsha"][..]),
+        ("noeval", &["-evalsha", "-fcall"][..]),
         ("nokeys", &["resetkeys", "~other:*"][..]),
     ] {
         let url = user(&redis, who, rules).await;

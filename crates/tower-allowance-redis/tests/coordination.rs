@@ -307,7 +307,7 @@ async fn the_first_decision_waits_for_the_subscription() {
 }
 
 #[tokio::test]
-async fn every_key_has_a_ttl_and_there_is_one_key() {
+async fn every_key_has_a_ttl_and_there_are_two() {
     let redis = TestRedis::start().await;
     let name = unique_name("ttl");
     let store = RedisStore::connect(
@@ -363,8 +363,14 @@ async fn every_key_has_a_ttl_and_there_is_one_key() {
     for _ in 0..20 {
         admit(&store, &config, AdmitRequest::retry()).await;
     }
+    // The state, and the configuration every process of the allowance shares (`:cfg`), each
+    // with its TTL.
     let keys = redis.command(&["KEYS", &format!("ta:{{{name}}}*")]).await;
-    assert!(keys.starts_with("*1\r\n"), "one key per allowance: {keys}");
+    assert!(keys.starts_with("*2\r\n"), "two keys per allowance: {keys}");
+    let cfg = format!("ta:{{{name}}}:cfg");
+    assert!(keys.contains(&cfg), "{keys}");
+    let ttl = parse_int(&redis.command(&["PTTL", &cfg]).await);
+    assert!(ttl > 0 && ttl <= 10_000, "the configuration's PTTL {ttl}");
 }
 
 fn parse_int(reply: &str) -> i64 {
