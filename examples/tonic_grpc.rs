@@ -368,7 +368,7 @@ pub(crate) async fn run(server: &QuoteServer, s: Scenario, mode: Mode) -> Result
         Mode::Shared => {
             let allowance = Allowance::new(AllowanceConfig::per_second(s.rate_per_sec, s.burst)?);
             let stack = ServiceBuilder::new()
-                .layer(GrpcLayer::new(allowance, retry))
+                .layer(GrpcLayer::new(allowance).with_retry(retry))
                 .service(channel);
             workers(stack, &s).await?
         }

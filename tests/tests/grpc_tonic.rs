@@ -260,7 +260,9 @@ impl Rig {
 
     /// A tonic client over `GrpcLayer` on `allowance`, retrying every call.
     fn client(&self, allowance: &Allowance, retry: RetryConfig) -> tonic::client::Grpc<Boxed> {
-        let stack = GrpcLayer::new(allowance.clone(), retry).layer(self.channel.clone());
+        let stack = GrpcLayer::new(allowance.clone())
+            .with_retry(retry)
+            .layer(self.channel.clone());
         tonic::client::Grpc::new(Boxed::new(stack))
     }
 }
@@ -420,8 +422,10 @@ async fn a_queued_call_pushed_past_its_deadline_fails_when_it_is_pushed() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_is_unavailable_with_the_wait_left() {
     let rig = Rig::start(|_, _| Answer::Ok).await;
+    // Exact: the next slot is the interval away (no headroom).
     let config = AllowanceConfig::per_second(2, 1)
         .expect("valid")
+        .exact()
         .with_max_waiters(0);
     let allowance = Allowance::new(config);
     let mut client = rig.client(&allowance, retry_all());
@@ -638,7 +642,11 @@ async fn shed_load(shared: bool) -> (usize, u64) {
     .await;
     let allowance = allowance(100);
     let stack: Boxed = if shared {
-        Boxed::new(GrpcLayer::new(allowance.clone(), retry_all()).layer(rig.channel.clone()))
+        Boxed::new(
+            GrpcLayer::new(allowance.clone())
+                .with_retry(retry_all())
+                .layer(rig.channel.clone()),
+        )
     } else {
         // The same stack, with UNAVAILABLE transient: without `GrpcCall`, which changes
         // nothing here (no deadline, nothing refused).
@@ -683,7 +691,9 @@ async fn outcome_of_reads_the_stacks_own_answer() {
         .extend_cooldown(Duration::from_secs(3))
         .await
         .expect("memory store");
-    let stack = GrpcLayer::new(allowance, retry_all()).layer(rig.channel.clone());
+    let stack = GrpcLayer::new(allowance)
+        .with_retry(retry_all())
+        .layer(rig.channel.clone());
     let mut request = http::Request::post(UNARY)
         .header("grpc-timeout", "300m")
         .body(Body::empty())

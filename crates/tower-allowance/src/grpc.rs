@@ -64,7 +64,7 @@
 //!     Ok::<_, tower_allowance::BoxError>(res)
 //! });
 //! let client = ServiceBuilder::new()
-//!     .layer(GrpcLayer::new(allowance.clone(), retry))
+//!     .layer(GrpcLayer::new(allowance.clone()).with_retry(retry))
 //!     .service(channel);
 //!
 //! let result = client.oneshot(Request::post("/pkg.Svc/Get").body(String::new())?).await;
@@ -701,14 +701,21 @@ pub struct GrpcLayer {
 }
 
 impl GrpcLayer {
-    /// The gRPC stack over `allowance`, retrying by `retry`.
-    pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
+    /// The gRPC stack over `allowance`, retrying by the allowance's retry rules and
+    /// classifying answers without a gRPC status by the allowance's classifier.
+    pub fn new(allowance: Allowance) -> Self {
+        let http = allowance.config().classifier();
         Self {
             trailers: TrailersLayer::new(allowance.clone()),
             allowance: AllowanceLayer::new(allowance)
-                .with_retry(retry)
-                .with_classifier(GrpcClassifier::new()),
+                .with_classifier(GrpcClassifier::new().with_http(http)),
         }
+    }
+
+    /// Retries by `retry` instead of the allowance's retry rules (this layer alone).
+    pub fn with_retry(mut self, retry: RetryConfig) -> Self {
+        self.allowance = self.allowance.with_retry(retry);
+        self
     }
 }
 
@@ -748,7 +755,7 @@ struct GrpcDeadline(Instant);
 ///     Ok::<_, BoxError>(Response::builder().header("grpc-status", "0").body(String::new())?)
 /// });
 /// let client = ServiceBuilder::new()
-///     .layer(GrpcLayer::new(allowance, RetryConfig::default()))
+///     .layer(GrpcLayer::new(allowance))
 ///     .service(channel);
 /// client.clone().oneshot(Request::post("/pkg.Svc/Get").body(String::new())?).await?;
 ///
@@ -1589,7 +1596,7 @@ mod tests {
         let allowance = grpc_allowance();
         let calls = Arc::new(AtomicUsize::new(0));
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(channel(
                 &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "1500")],
                 calls.clone(),
@@ -1632,7 +1639,7 @@ mod tests {
             }
         });
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(always_exhausted);
         let first = stack.clone().oneshot(call()).await;
         assert_eq!(
@@ -1659,7 +1666,7 @@ mod tests {
         let allowance = grpc_allowance();
         let calls = Arc::new(AtomicUsize::new(0));
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(channel(
                 &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "-1")],
                 calls.clone(),
@@ -1678,7 +1685,7 @@ mod tests {
         let allowance = grpc_allowance();
         let calls = Arc::new(AtomicUsize::new(0));
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), RetryConfig::default()))
+            .layer(GrpcLayer::new(allowance.clone()))
             .service(channel(
                 &[("grpc-status", "8"), ("grpc-retry-pushback-ms", "700")],
                 calls.clone(),
@@ -1721,7 +1728,7 @@ mod tests {
     async fn a_status_in_the_trailers_feeds_the_cooldown_as_it_passes() -> Result<(), BoxError> {
         let allowance = grpc_allowance();
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(streamed_call("8"));
         let response = stack.oneshot(call()).await?;
         // The head is handed on at once; nothing is known yet.
@@ -1743,7 +1750,7 @@ mod tests {
         // An OK in the trailers changes nothing.
         let allowance = grpc_allowance();
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(streamed_call("0"));
         let response = stack.oneshot(call()).await?;
         response.into_body().collect().await?;
@@ -1840,7 +1847,7 @@ mod tests {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let first_refused = |n| if n == 0 { EXHAUSTED_1S } else { OK };
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(grpc_allowance(), retry_posts()))
+            .layer(GrpcLayer::new(grpc_allowance()).with_retry(retry_posts()))
             .service(recording(first_refused, seen.clone()));
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(timed_call("1500000u")).await;
@@ -1855,7 +1862,7 @@ mod tests {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let allowance = grpc_allowance();
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(recording(|_| EXHAUSTED_1S, seen.clone()));
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(timed_call("1500m")).await;
@@ -1884,7 +1891,7 @@ mod tests {
         let allowance = grpc_allowance();
         allowance.extend_cooldown(Duration::from_secs(3)).await?;
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(recording(|_| OK, seen.clone()));
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(timed_call("300m")).await;
@@ -1910,10 +1917,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_and_a_closure_answer_with_the_wait_left() -> Result<(), BoxError> {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let config = AllowanceConfig::per_second(1, 1)?.with_max_waiters(0);
+        let config = AllowanceConfig::per_second(1, 1)?
+            .exact()
+            .with_max_waiters(0);
         let allowance = Allowance::new(config.with_max_cooldown(Duration::from_secs(10))?);
         let stack = ServiceBuilder::new()
-            .layer(GrpcLayer::new(allowance.clone(), retry_posts()))
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
             .service(recording(|_| OK, seen.clone()));
         stack.clone().oneshot(call()).await?;
         // The burst is spent and nobody may wait: UNAVAILABLE, come back in a second.
