@@ -103,9 +103,9 @@
 //! - **Absolute times** (epoch seconds, RFC 3339, HTTP-date) are measured against the
 //!   response's `Date` when it parses and lies within [`ReadContext::max_skew`] of the
 //!   local clock ([`DateTrust::Trusted`]). `Date` has whole seconds, so it only places the
-//!   server's time within a second: the local clock, at the response's arrival, is clamped
-//!   into `[Date, Date + 1 s]` and measured against (a reset at `Date + 30.0 s` read 0.6 s
-//!   into that second is a wait of 29.4 s, not 30 s, when the clocks agree). Otherwise they are measured against the local
+//!   server's time within a second: when the local clock, at the response's arrival, lies in
+//!   `[Date, Date + 1 s)`, it is the reference (a reset at `Date + 30 s` read 0.6 s into
+//!   that second is a wait of 29.4 s, not 30 s); otherwise `Date` is (the longer wait). Otherwise they are measured against the local
 //!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
@@ -532,12 +532,12 @@ impl Collector<'_> {
                     Err(behind) => Skew::Behind(behind.duration()),
                 };
                 let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
-                // `Date` has whole seconds: the server's time was in `[date, date + 1 s)`,
-                // and the local clock places it inside that second. (An HTTP-date ends in
-                // 9999: adding a second cannot overflow.)
-                let second = date + Duration::from_secs(1);
+                // `Date` has whole seconds: the server's time was in `[date, date + 1 s)`. A
+                // local clock inside that second places it there; one outside, `date` (the
+                // longer wait). (An HTTP-date ends in 9999: adding a second cannot overflow.)
+                let within = (date..date + Duration::from_secs(1)).contains(&now);
                 if off <= self.cx.max_skew {
-                    (DateTrust::Trusted, now.clamp(date, second))
+                    (DateTrust::Trusted, if within { now } else { date })
                 } else {
                     (DateTrust::Untrusted { skew }, now)
                 }

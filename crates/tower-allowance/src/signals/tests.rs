@@ -301,10 +301,11 @@ fn a_whole_second_date_is_refined_by_the_local_clock() {
     let wait = |local: SystemTime| Dialect::standard().read(&h, &ReadContext::new(local)).wait;
     let ms = Duration::from_millis;
     assert_eq!(wait(at(NOW) + ms(600)), Some(Wait::For(ms(29_400))));
-    // A local clock outside that second is brought to its nearest end: `Date` still corrects
-    // it, to within the second `Date` can state.
-    assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(29_000))));
+    // A local clock outside that second is not the server's: `Date` corrects it, and the
+    // wait is the longer one it states.
+    assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(30_000))));
     assert_eq!(wait(at(NOW) - ms(2_500)), Some(Wait::For(ms(30_000))));
+    assert_eq!(wait(at(NOW) + ms(999)), Some(Wait::For(ms(29_001))));
 }
 
 proptest! {
