@@ -32,7 +32,7 @@ local function apply(keys, args)
   -- bucket full.
   local created = s.gn == 0 and OP ~= 8
   if created then
-    s.gn = math.max(now, 1)
+    s.gn = max(now, 1)
     if OP ~= 1 or arg(5) ~= 0 then recreated() end
   end
   local reply

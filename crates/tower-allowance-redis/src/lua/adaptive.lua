@@ -9,17 +9,17 @@ local function adaptive_rate()
   if s.ca == 0 then
     local since = 0
     if s.sa ~= 0 then since = sat_sub(now, s.sa) end
-    local d = math.floor(since / SLOW_START_DOUBLING_US)
+    local d = floor(since / SLOW_START_DOUBLING_US)
     if d >= 40 then rate = 2 ^ 62 else rate = base * 2 ^ d end
   else
     local since = sat_sub(now, s.ca)
-    local q = math.floor(since / ADDITIVE_INCREASE_PERIOD_US)
+    local q = floor(since / ADDITIVE_INCREASE_PERIOD_US)
     local r = since % ADDITIVE_INCREASE_PERIOD_US
-    rate = base + base * q + math.floor(base * r / ADDITIVE_INCREASE_PERIOD_US)
+    rate = base + base * q + floor(base * r / ADDITIVE_INCREASE_PERIOD_US)
   end
   local ceiling = P.ad_ceil
-  if s.av ~= 0 then ceiling = math.min(ceiling, s.av) end
-  return math.max(math.min(rate, ceiling), P.ad_floor)
+  if s.av ~= 0 then ceiling = min(ceiling, s.av) end
+  return max(min(rate, ceiling), P.ad_floor)
 end
 
 -- The limits as they stand now: the main one's interval from the adaptive rate.
@@ -33,14 +33,14 @@ local function effective_limits(at)
   end
   local saved = now
   -- The rate when the next slot falls: after the last one reserved (rule/adaptive.rs).
-  now = math.max(at, s.ru)
+  now = max(at, s.ru)
   local rate = adaptive_rate()
   now = saved
   if rate then
-    local q = math.floor(1000000000 / math.max(rate, 1))
-    if q * math.max(rate, 1) < 1000000000 then q = q + 1 end
-    iv[1] = math.max(q, 1)
-    tol[1] = math.min(iv[1] * P.ad_burst, MAX_DELAY_US)
+    local q = floor(1000000000 / max(rate, 1))
+    if q * max(rate, 1) < 1000000000 then q = q + 1 end
+    iv[1] = max(q, 1)
+    tol[1] = min(iv[1] * P.ad_burst, MAX_DELAY_US)
   end
   return iv, tol
 end
@@ -51,12 +51,12 @@ local function cut_rate(age)
   local rate = adaptive_rate()
   if rate then
     local sent = sat_sub(now, age)
-    if s.ca == 0 or sent > math.max(s.ca, s.rr + ROUND_GRACE_US) then
+    if s.ca == 0 or sent > max(s.ca, s.rr + ROUND_GRACE_US) then
       local keep = CUT_PER_MILLE
       if s.ca ~= 0 and now - s.ca < FAST_CUT_WINDOW_US then keep = FAST_CUT_PER_MILLE end
-      s.rc = math.max(math.floor(rate * keep / 1000), math.max(P.ad_floor, 1))
-      s.ca = math.max(now, 1)
-      s.rr = math.max(s.ru, now)
+      s.rc = max(floor(rate * keep / 1000), max(P.ad_floor, 1))
+      s.ca = max(now, 1)
+      s.rr = max(s.ru, now)
     end
   end
 end
@@ -66,8 +66,8 @@ local function advertise(rate_milli)
   if rate_milli == 0 then return {adaptive_rate()} end
   s.av = rate_milli
   if P.ad_adopt == 1 then
-    s.rc = math.max(math.min(rate_milli, P.ad_ceil), P.ad_floor)
-    s.ca = math.max(now, 1)
+    s.rc = max(min(rate_milli, P.ad_ceil), P.ad_floor)
+    s.ca = max(now, 1)
   end
   return {adaptive_rate()}
 end

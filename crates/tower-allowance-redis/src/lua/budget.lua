@@ -1,9 +1,9 @@
 -- rule/budget.rs: the retry budget, fixed or replenishing over a sliding window of slots.
 
 local function advance(slot_us)
-  local now_slot = math.floor(now / math.max(slot_us, 1))
+  local now_slot = floor(now / max(slot_us, 1))
   if now_slot > s.hd then
-    local clear = math.min(now_slot - s.hd, BUDGET_SLOTS)
+    local clear = min(now_slot - s.hd, BUDGET_SLOTS)
     for i = 1, clear do
       local idx = (s.hd + i) % BUDGET_SLOTS
       s['d' .. idx] = 0
@@ -27,14 +27,14 @@ end
 local function remaining()
   if P.kind == 0 then return -1 end
   load(BUDGET)
-  if P.kind == 1 then return math.max(P.b1 - s.sp, 0) end
+  if P.kind == 1 then return max(P.b1 - s.sp, 0) end
   advance(P.b1)
   local d, w = 0, 0
   for i = 0, BUDGET_SLOTS - 1 do
     d = d + s['d' .. i]
     w = w + s['w' .. i]
   end
-  return math.max(P.b2 + math.floor(d * P.b3 / 1000) - w, 0)
+  return max(P.b2 + floor(d * P.b3 / 1000) - w, 0)
 end
 
 local function spend()

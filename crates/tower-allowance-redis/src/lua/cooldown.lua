@@ -23,7 +23,7 @@ end
 local function cooldown_shift(until_us)
   local shift = {0, 0, 0, 0}
   if s.ru == 0 or s.ru + PENDING_GRACE_US <= now then return shift end
-  local rigid = sat_sub(until_us, math.max(now, s.bu))
+  local rigid = sat_sub(until_us, max(now, s.bu))
   for l = 1, P.n do shift[l] = rigid end
   return shift
 end
@@ -48,8 +48,8 @@ local function extend_cooldown(delay)
   if P.ad_on == 1 and s.rr > now then s.rr = s.rr + shift[1] end
   if moved then
     local last = until_us
-    for l = 1, P.n do last = math.max(last, sat_sub(s[TAT[l]], P.tol[l])) end
-    s.ru = math.max(s.ru, last)
+    for l = 1, P.n do last = max(last, sat_sub(s[TAT[l]], P.tol[l])) end
+    s.ru = max(s.ru, last)
   end
   s.bu = until_us
   s.ep = s.ep + 1
@@ -63,7 +63,7 @@ local function clear()
   for i = 0, BUDGET_SLOTS - 1 do
     s['d' .. i], s['w' .. i] = 0, 0
   end
-  s.bu = math.min(s.bu, now)
+  s.bu = min(s.bu, now)
   s.cl = 0
   s.cb = 0
   s.np = 0

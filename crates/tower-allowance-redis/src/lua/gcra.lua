@@ -6,13 +6,14 @@ local function schedule(iv, tol, t0, cost)
   for l = 1, P.n do
     local inc = units(l, cost) * iv[l]
     if inc > tol[l] then return nil end
-    at = math.max(at, sat_sub(math.max(s[TAT[l]], t0) + inc, tol[l]))
+    at = max(at, sat_sub(max(s[TAT[l]], t0) + inc, tol[l]))
   end
   if at > now then
-    at = math.ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
+    at = ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
   end
-  local new = {}
-  for l = 1, P.n do new[l] = math.max(s[TAT[l]], at) + units(l, cost) * iv[l] end
+  -- (Tables are built whole where they can be: growing one costs more than the rest here.)
+  local new = {0, 0, 0, 0}
+  for l = 1, P.n do new[l] = max(s[TAT[l]], at) + units(l, cost) * iv[l] end
   return at, new
 end
 
@@ -24,9 +25,9 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   local c = closed()
   if c then return c end
   if retry and P.kind ~= 0 and remaining() < 1 then return {3} end
-  local natural = math.max(now, s.bu)
-  local t0 = math.max(natural, now + not_before)
-  if P.ad_on == 1 and s.sa == 0 then s.sa = math.max(now, 1) end
+  local natural = max(now, s.bu)
+  local t0 = max(natural, now + not_before)
+  if P.ad_on == 1 and s.sa == 0 then s.sa = max(now, 1) end
   local iv, tol = effective_limits(now)
   local at, new = schedule(iv, tol, t0, cost)
   if not at then return {5} end
@@ -40,14 +41,8 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   local budget_slot = 0
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end
-  s.ru = math.max(s.ru, at)
-  local reply = {1, wait, at}
-  for l = 1, MAX_LIMITS do reply[#reply + 1] = new[l] or 0 end
-  reply[#reply + 1] = s.gn
-  reply[#reply + 1] = s.ep
-  reply[#reply + 1] = s.rb
-  reply[#reply + 1] = budget_slot
-  return reply
+  s.ru = max(s.ru, at)
+  return {1, wait, at, new[1], new[2], new[3], new[4], s.gn, s.ep, s.rb, budget_slot}
 end
 
 -- {1} when every limit took the slot back, else {0} (and nothing for a reservation made in a

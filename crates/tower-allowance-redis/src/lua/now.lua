@@ -6,7 +6,11 @@
 -- (`FUNCTION LOAD`), or per call under `EVALSHA`. A call sets the per-call values (`now`, the
 -- parameters, the state) in `apply`, before anything reads them.
 local now
+-- `math`'s functions as upvalues, set by the first call (a library's load-time code sees no
+-- globals): cheaper than a global and a field looked up at each of the rule's many uses.
+local max, min, floor, ceil
 local function clock(args)
+  if not max then max, min, floor, ceil = math.max, math.min, math.floor, math.ceil end
   now = tonumber(args[2])
   if now < 0 then
     local t = redis.call('TIME')

@@ -3,7 +3,7 @@
 local function lease(ttl, token)
   load(PROBE)
   if s.cl == FOREVER or now < s.cl or now < s.np or now < s.lu then return {0} end
-  s.lu = now + math.max(ttl, 1)
+  s.lu = now + max(ttl, 1)
   s.lt = token
   s.pc = s.pc + 1
   return {1}
@@ -21,7 +21,7 @@ local function finish_probe(token, outcome, retry_in)
     s.np = now + P.pb_min
     return {0}
   end
-  local backoff = math.min(P.pb_min * 2 ^ s.pf, P.pb_max)
+  local backoff = min(P.pb_min * 2 ^ s.pf, P.pb_max)
   s.pf = s.pf + 1
   s.np = now + backoff
   return {0}

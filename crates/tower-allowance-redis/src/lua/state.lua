@@ -117,43 +117,51 @@ local function save()
       ttl_cmd = 'PERSIST'
     end
   else
-    local keep_us = math.max(s.bu - now, s.ru - now, s.cl - now, 0)
-    for l = 1, P.n do keep_us = math.max(keep_us, s[TAT[l]] - now) end
-    if loaded[PROBE] ~= nil then keep_us = math.max(keep_us, s.np - now, s.lu - now) end
-    if P.kind == 2 then keep_us = math.max(keep_us, P.b1 * BUDGET_SLOTS) end
-    local now_ms = math.floor(now / 1000)
-    local keep_ms = math.ceil(keep_us / 1000)
-    if s.ex == -1 or s.ex - now_ms < keep_ms + math.floor(P.idle_ms / 2) then
+    local keep_us = max(s.bu - now, s.ru - now, s.cl - now, 0)
+    for l = 1, P.n do keep_us = max(keep_us, s[TAT[l]] - now) end
+    if loaded[PROBE] ~= nil then keep_us = max(keep_us, s.np - now, s.lu - now) end
+    if P.kind == 2 then keep_us = max(keep_us, P.b1 * BUDGET_SLOTS) end
+    local now_ms = floor(now / 1000)
+    local keep_ms = ceil(keep_us / 1000)
+    if s.ex == -1 or s.ex - now_ms < keep_ms + floor(P.idle_ms / 2) then
       s.ex = now_ms + keep_ms + P.idle_ms
       ttl_cmd = 'PEXPIRE'
     end
   end
-  local args = {}
-  for group, was in pairs(loaded) do
-    local packed
-    if group == BASE then
-      packed = struct.pack(FORMAT[BASE], s.bu, s.ep, s.ru, s.cl, s.cb, s.sn, s.rb, s.ex, s.gn, s.t1, s.t2, s.t3, s.t4)
-    else
-      local v = {}
-      for j = 1, #group do v[j] = s[group[j]] end
-      packed = struct.pack(FORMAT[group], unpack(v))
-    end
-    if packed ~= was then
-      args[#args + 1] = FIELD[group]
-      args[#args + 1] = packed
+  local args
+  for g = 1, #GROUPS do
+    local group = GROUPS[g]
+    local was = loaded[group]
+    if was ~= nil then
+      local packed
+      if group == BASE then
+        packed = struct.pack(FORMAT[BASE], s.bu, s.ep, s.ru, s.cl, s.cb, s.sn, s.rb, s.ex, s.gn, s.t1, s.t2, s.t3, s.t4)
+      else
+        local v = {}
+        for j = 1, #group do v[j] = s[group[j]] end
+        packed = struct.pack(FORMAT[group], unpack(v))
+      end
+      if packed ~= was then
+        if args then
+          args[#args + 1] = FIELD[group]
+          args[#args + 1] = packed
+        else
+          args = {FIELD[group], packed}
+        end
+      end
     end
   end
-  if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  if args then redis.call('HSET', key, unpack(args)) end
   if ttl_cmd == 'PERSIST' then
     redis.call('PERSIST', key)
   elseif ttl_cmd == 'PEXPIRE' then
-    redis.call('PEXPIRE', key, string.format('%.0f', s.ex - math.floor(now / 1000)))
+    redis.call('PEXPIRE', key, string.format('%.0f', s.ex - floor(now / 1000)))
   end
 end
 
 -- Helpers over the state and parameters, for the rule's files that follow.
 
-local function sat_sub(a, b) return math.max(a - b, 0) end
+local function sat_sub(a, b) return max(a - b, 0) end
 
 -- Whether closure `a` ends later than `b` (FOREVER = -1 is the latest).
 local function later(a, b)
