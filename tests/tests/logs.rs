@@ -85,7 +85,7 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let config = AllowanceConfig::per_second(2, 2).expect("valid");
+    let config = AllowanceConfig::per_second(2, 2).expect("valid").exact();
     let allowance = Allowance::builder(config).name("odds-api").build();
     let stack = ServiceBuilder::new()
         .layer(
