@@ -62,33 +62,18 @@ impl AbandonReason {
     /// How many reasons there are (for counters).
     pub(crate) const COUNT: usize = 8;
 
-    /// Each reason's short stable name and what it means, in counter order.
-    const NAMES: [(&'static str, &'static str); Self::COUNT] = [
-        ("max_attempts", "it reached its maximum number of attempts"),
-        ("budget_exhausted", "the shared retry budget is spent"),
-        (
-            "deadline",
-            "its deadline would pass before it could be sent",
-        ),
-        ("not_replayable", "it is not safe to replay"),
-        (
-            "overloaded",
-            "too many callers are already waiting for admission",
-        ),
-        ("quota_exhausted", "the provider's quota is spent"),
-        (
-            "cooldown_too_long",
-            "a server asked for a wait beyond max_cooldown",
-        ),
-        (
-            "too_costly",
-            "its cost exceeds what the allowance can ever admit at once",
-        ),
-    ];
-
     /// A short stable name (`"max_attempts"`, `"budget_exhausted"`, ...).
     pub fn as_str(self) -> &'static str {
-        Self::NAMES[self as usize].0
+        match self {
+            Self::MaxAttempts => "max_attempts",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::Deadline => "deadline",
+            Self::NotReplayable => "not_replayable",
+            Self::Overloaded => "overloaded",
+            Self::QuotaExhausted => "quota_exhausted",
+            Self::CooldownTooLong => "cooldown_too_long",
+            Self::TooCostly => "too_costly",
+        }
     }
 
     /// Every reason, in counter order.
@@ -111,7 +96,16 @@ impl AbandonReason {
     }
 
     fn describe(self) -> &'static str {
-        Self::NAMES[self as usize].1
+        match self {
+            Self::MaxAttempts => "it reached its maximum number of attempts",
+            Self::BudgetExhausted => "the shared retry budget is spent",
+            Self::Deadline => "its deadline would pass before it could be sent",
+            Self::NotReplayable => "it is not safe to replay",
+            Self::Overloaded => "too many callers are already waiting for admission",
+            Self::QuotaExhausted => "the provider's quota is spent",
+            Self::CooldownTooLong => "a server asked for a wait beyond max_cooldown",
+            Self::TooCostly => "its cost exceeds what the allowance can ever admit at once",
+        }
     }
 }
 

@@ -54,10 +54,8 @@ impl AllowanceBuilder {
     /// Builds the allowance, and starts hearing the store's events.
     pub fn build(self) -> Allowance {
         let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
-        let name = self
-            .name
-            .or_else(|| store.name().map(Arc::from))
-            .unwrap_or("default".into());
+        let name = self.name.or_else(|| store.name().map(Arc::from));
+        let name = name.unwrap_or_else(|| Arc::from("default"));
         let params = *self.config.params();
         let shared = Arc::new_cyclic(|weak| Shared {
             stats: Stats::new(name.clone()),

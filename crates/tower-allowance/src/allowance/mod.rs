@@ -239,13 +239,10 @@ impl Allowance {
         let state = self.read_store().await?;
         let mut snapshot = self.snapshot();
         snapshot.cooling_for = (!state.blocked_for.is_zero()).then_some(state.blocked_for);
-        snapshot.closed = match (state.closed, state.closed_by) {
-            (Some(reopens_in), Some(by)) => Some(ClosedState {
-                reopens_in,
-                reason: AbandonReason::closed_by(by),
-            }),
-            _ => None,
-        };
+        snapshot.closed = state.closed.zip(state.closed_by).map(|(reopens_in, by)| {
+            let reason = AbandonReason::closed_by(by);
+            ClosedState { reopens_in, reason }
+        });
         snapshot.retries_remaining = state.retries_remaining;
         snapshot.adaptive_rate = (state.rate_milli > 0).then(|| state.rate_milli as f64 / 1000.0);
         Ok(snapshot)
@@ -258,10 +255,8 @@ impl Allowance {
                 if let Some(until) = Instant::now().checked_add(state.blocked_for) {
                     self.shared.holders.learn_cooldown(until);
                 }
-                self.shared
-                    .stats
-                    .metrics
-                    .state(&state, self.shared.holders.waiting());
+                let waiting = self.shared.holders.waiting();
+                self.shared.stats.metrics.state(&state, waiting);
                 Ok(state)
             }
             Ok(_) => Err(StoreError::protocol(WrongReply)),
