@@ -322,7 +322,7 @@ async fn every_key_has_a_ttl_and_there_are_two_keys() {
     let pttl = || redis.command(&pttl_args);
     assert_eq!(pttl().await, ":-2", "no key before the first write");
 
-    let config = AllowanceConfig::per_second(10, 1).expect("valid");
+    let config = AllowanceConfig::per_second(10, 1).expect("valid").exact();
     admit(&store, &config, AdmitRequest::first()).await;
     let ttl = parse_int(&pttl().await);
     assert!(ttl > 0 && ttl <= 10_100, "admission: PTTL {ttl}");
