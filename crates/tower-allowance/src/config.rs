@@ -28,6 +28,11 @@ use crate::{
 // The feature-only setters and getters, in files the default build does not read.
 #[cfg(any(test, feature = "adaptive"))]
 mod adaptive;
+#[cfg(any(test, feature = "adaptive"))]
+pub use self::adaptive::AdaptiveRate;
+// Without the feature (outside tests) no adaptive rate can be set (`adaptive.rs`).
+#[cfg(not(any(test, feature = "adaptive")))]
+type AdaptiveRate = std::convert::Infallible;
 #[cfg(feature = "serde")]
 mod de;
 #[cfg(feature = "dialects")]
@@ -51,14 +56,6 @@ impl ConfigError {
         }
     }
 
-    /// The same error, for the configuration field `field` (as a file names it).
-    pub const fn at(mut self, field: &'static str) -> Self {
-        if self.field.is_none() {
-            self.field = Some(field);
-        }
-        self
-    }
-
     /// The rule that was broken.
     pub fn reason(&self) -> &'static str {
         self.reason
@@ -72,14 +69,11 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.field {
-            Some(field) => write!(
-                f,
-                "invalid allowance configuration: `{field}`: {}",
-                self.reason
-            ),
-            None => write!(f, "invalid allowance configuration: {}", self.reason),
+        f.write_str("invalid allowance configuration: ")?;
+        if let Some(field) = self.field {
+            write!(f, "`{field}`: ")?;
         }
+        f.write_str(self.reason)
     }
 }
 
@@ -124,13 +118,9 @@ pub struct Limit {
     rate: NonZeroU32,
     period: Duration,
     burst: NonZeroU32,
-    unit: Unit,
     params: LimitParams,
     exact: bool,
 }
-
-/// With a burst of 1, the interval is lengthened by `interval / BURST_ONE_MARGIN` (50%).
-const BURST_ONE_MARGIN: u64 = 2;
 
 impl Limit {
     /// `rate` units per `period`, at most `burst` back to back, counting requests.
@@ -166,7 +156,6 @@ impl Limit {
             rate,
             period,
             burst,
-            unit: Unit::Requests,
             params: LimitParams {
                 interval_us,
                 tolerance_us,
@@ -181,38 +170,29 @@ impl Limit {
     /// that tolerates some jitter itself, or for a limit set below the server's already.
     ///
     /// ```
-    /// use tower_allowance::Limit;
+    /// use tower_allowance::{AllowanceConfig, Limit};
     ///
-    /// let limit = Limit::per_second(20, 4)?;
-    /// assert_eq!(limit.kept_burst(), 3);
-    /// assert_eq!(limit.exact().kept_burst(), 4);
+    /// let config = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?)?;
+    /// assert_eq!(config.params().limits()[1].tolerance_us(), 9_000_000); // 3 at once
+    /// let exact = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?.exact())?;
+    /// assert_eq!(exact.params().limits()[1].tolerance_us(), 12_000_000); // 4 at once
     /// # Ok::<(), tower_allowance::ConfigError>(())
     /// ```
-    pub fn exact(mut self) -> Self {
-        self.exact = true;
-        self
+    pub fn exact(self) -> Self {
+        Self {
+            exact: true,
+            ..self
+        }
     }
 
-    /// The burst the allowance admits back to back: [`burst`](Limit::burst), one less with
-    /// headroom when it is above 1 (see [Headroom](Limit#headroom)).
-    pub fn kept_burst(&self) -> u32 {
-        let b = self.burst.get();
-        b - u32::from(self.headroom() && b > 1)
-    }
-
-    fn headroom(&self) -> bool {
-        !self.exact && self.unit == Unit::Requests
-    }
-
-    /// What the rule decides with: the configured parameters, less the headroom.
+    /// What the rule decides with: the configured parameters, less the headroom (one token
+    /// of a burst above 1; at burst 1, half an interval more, rounded up).
     fn rule_params(&self) -> LimitParams {
-        let mut p = self.params;
-        if self.headroom() && self.burst.get() > 1 {
-            p.tolerance_us = p.interval_us * u64::from(self.kept_burst());
-        } else if self.headroom() {
-            p.interval_us = (p.interval_us + p.interval_us.div_ceil(BURST_ONE_MARGIN))
-                .min(rule::MAX_DELAY_US.max(p.interval_us));
-            p.tolerance_us = p.interval_us;
+        let (mut p, b) = (self.params, u64::from(self.burst.get()));
+        if !self.exact && p.unit == Unit::Requests {
+            let margin = if b > 1 { 0 } else { p.interval_us.div_ceil(2) };
+            p.interval_us = (p.interval_us + margin).min(rule::MAX_DELAY_US.max(p.interval_us));
+            p.tolerance_us = p.interval_us * (b - 1).max(1);
         }
         p
     }
@@ -246,7 +226,6 @@ impl Limit {
 
     /// Charges each request its cost (see [`Cost`](crate::Cost)) instead of one.
     pub fn counting_cost(mut self) -> Self {
-        self.unit = Unit::Cost;
         self.params.unit = Unit::Cost;
         self
     }
@@ -269,7 +248,7 @@ impl Limit {
     /// Whether the limit counts each request's [`Cost`](crate::Cost) (set by
     /// [`Limit::counting_cost`]) rather than one per request.
     pub fn counts_cost(&self) -> bool {
-        self.unit == Unit::Cost
+        self.params.unit == Unit::Cost
     }
 
     /// Time per unit: `period / rate`, rounded up to the microsecond.
@@ -314,45 +293,6 @@ pub struct AllowanceConfig {
     max_date_skew: Duration,
     params: Params,
 }
-
-/// An adaptive rate for the main limit: found and followed when nobody states the limit, or
-/// when it changes (see [`AllowanceConfig::with_adaptive_rate`]).
-///
-/// The rate starts at `initial` and doubles every second until the first throttling response
-/// (a slow start), then is cut to 85% (70% when throttling persists within 2.5 s) and grows by
-/// 1% of its value per second (additive increase, multiplicative decrease), always within
-/// `floor..=ceiling` and never above a rate the server advertised (see
-/// `signals` (feature `dialects`)). The state lives in the store: every process sharing the
-/// allowance follows one rate.
-///
-#[cfg_attr(feature = "adaptive", doc = "```")]
-#[cfg_attr(not(feature = "adaptive"), doc = "```ignore")]
-/// use tower_allowance::{AdaptiveRate, AllowanceConfig};
-///
-/// let config = AllowanceConfig::per_second(20, 4)?
-///     .with_adaptive_rate(AdaptiveRate::new(2.0, 0.5, 200.0)?.adopt_advertised(true));
-/// # let _ = config;
-/// # Ok::<(), tower_allowance::ConfigError>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
-pub struct AdaptiveRate {
-    initial: f64,
-    floor: f64,
-    ceiling: f64,
-    adopt: bool,
-}
-
-#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
-impl AdaptiveRate {
-    fn milli(r: f64) -> u64 {
-        // Validated to 0.001..=10,000: the product fits.
-        ((r * 1000.0).round() as u64).max(1)
-    }
-}
-
-// Eq for the config: the rates are validated finite.
-impl Eq for AdaptiveRate {}
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
 ///
@@ -537,24 +477,17 @@ impl AllowanceConfig {
         self.params.budget = self.retry_budget.params();
         self.params.max_cooldown_us =
             rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
-        self.params.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
-            initial_milli: AdaptiveRate::milli(a.initial),
-            floor_milli: AdaptiveRate::milli(a.floor),
-            ceiling_milli: AdaptiveRate::milli(a.ceiling),
-            // Whole: an adaptive rate finds its level from the server's 429s.
-            burst: u64::from(self.limits[0].burst()),
-            adopt: a.adopt,
-        });
+        // The whole burst: an adaptive rate finds its level from the server's 429s.
+        #[cfg(any(test, feature = "adaptive"))]
+        let adaptive = (self.adaptive).map(|a| a.params(u64::from(self.limits[0].burst())));
+        #[cfg(not(any(test, feature = "adaptive")))]
+        let adaptive = self.adaptive.map(|a| match a {});
+        self.params.adaptive = adaptive;
     }
 
     /// The derived parameters every store decides with (a read-only view).
     pub fn params(&self) -> &Params {
         &self.params
-    }
-
-    fn main(&self) -> &Limit {
-        // `limits` always holds the main limit first.
-        &self.limits[0]
     }
 
     /// Every limit, the main one first.
@@ -564,25 +497,25 @@ impl AllowanceConfig {
 
     /// Attempts per period (the main limit).
     pub fn rate(&self) -> u32 {
-        self.main().rate()
+        self.limits[0].rate()
     }
 
     /// The period `rate` is counted over.
     pub fn period(&self) -> Duration {
-        self.main().period()
+        self.limits[0].period()
     }
 
     /// The main limit's burst as configured (one is kept back as headroom: see
-    /// [`Limit::kept_burst`]).
+    /// [Headroom](Limit#headroom)).
     pub fn burst(&self) -> u32 {
-        self.main().burst()
+        self.limits[0].burst()
     }
 
     /// Time between tokens: `period / rate`, rounded up to the microsecond so that the
     /// admitted rate never exceeds the configured one (50% longer at burst 1 with headroom:
     /// see [Headroom](Limit#headroom); [`params`](Self::params) has what the rule uses).
     pub fn interval(&self) -> Duration {
-        self.main().interval()
+        self.limits[0].interval()
     }
 
     /// The wait-queue bound.

@@ -1,7 +1,57 @@
 //! The adaptive rate's constructors, setter and getter (feature `adaptive`; all but the
 //! getter in tests too).
 
-use super::{AdaptiveRate, AllowanceConfig, ConfigError};
+use super::{rule, AllowanceConfig, ConfigError};
+
+/// An adaptive rate for the main limit: found and followed when nobody states the limit, or
+/// when it changes (see [`AllowanceConfig::with_adaptive_rate`]).
+///
+/// The rate starts at `initial` and doubles every second until the first throttling response
+/// (a slow start), then is cut to 85% (70% when throttling persists within 2.5 s) and grows by
+/// 1% of its value per second (additive increase, multiplicative decrease), always within
+/// `floor..=ceiling` and never above a rate the server advertised (see
+/// `signals` (feature `dialects`)). The state lives in the store: every process sharing the
+/// allowance follows one rate.
+///
+#[cfg_attr(feature = "adaptive", doc = "```")]
+#[cfg_attr(not(feature = "adaptive"), doc = "```ignore")]
+/// use tower_allowance::{AdaptiveRate, AllowanceConfig};
+///
+/// let config = AllowanceConfig::per_second(20, 4)?
+///     .with_adaptive_rate(AdaptiveRate::new(2.0, 0.5, 200.0)?.adopt_advertised(true));
+/// # let _ = config;
+/// # Ok::<(), tower_allowance::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
+pub struct AdaptiveRate {
+    initial: f64,
+    floor: f64,
+    ceiling: f64,
+    adopt: bool,
+}
+
+#[cfg_attr(not(feature = "adaptive"), allow(unreachable_pub, dead_code))]
+impl AdaptiveRate {
+    fn milli(r: f64) -> u64 {
+        // Validated to 0.001..=10,000: the product fits.
+        ((r * 1000.0).round() as u64).max(1)
+    }
+
+    /// The rule's parameters, with the main limit's `burst`.
+    pub(super) fn params(&self, burst: u64) -> rule::AdaptiveParams {
+        rule::AdaptiveParams {
+            initial_milli: Self::milli(self.initial),
+            floor_milli: Self::milli(self.floor),
+            ceiling_milli: Self::milli(self.ceiling),
+            burst,
+            adopt: self.adopt,
+        }
+    }
+}
+
+// Eq for the config: the rates are validated finite.
+impl Eq for AdaptiveRate {}
 
 impl AdaptiveRate {
     /// Starts at `initial` requests per second, never below `floor` or above `ceiling`.
