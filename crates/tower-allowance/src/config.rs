@@ -56,14 +56,6 @@ impl ConfigError {
         }
     }
 
-    /// The same error, for the configuration field `field` (as a file names it).
-    pub const fn at(mut self, field: &'static str) -> Self {
-        if self.field.is_none() {
-            self.field = Some(field);
-        }
-        self
-    }
-
     /// The rule that was broken.
     pub fn reason(&self) -> &'static str {
         self.reason
@@ -126,13 +118,9 @@ pub struct Limit {
     rate: NonZeroU32,
     period: Duration,
     burst: NonZeroU32,
-    unit: Unit,
     params: LimitParams,
     exact: bool,
 }
-
-/// With a burst of 1, the interval is lengthened by `interval / BURST_ONE_MARGIN` (50%).
-const BURST_ONE_MARGIN: u64 = 2;
 
 impl Limit {
     /// `rate` units per `period`, at most `burst` back to back, counting requests.
@@ -168,7 +156,6 @@ impl Limit {
             rate,
             period,
             burst,
-            unit: Unit::Requests,
             params: LimitParams {
                 interval_us,
                 tolerance_us,
@@ -183,38 +170,29 @@ impl Limit {
     /// that tolerates some jitter itself, or for a limit set below the server's already.
     ///
     /// ```
-    /// use tower_allowance::Limit;
+    /// use tower_allowance::{AllowanceConfig, Limit};
     ///
-    /// let limit = Limit::per_second(20, 4)?;
-    /// assert_eq!(limit.kept_burst(), 3);
-    /// assert_eq!(limit.exact().kept_burst(), 4);
+    /// let config = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?)?;
+    /// assert_eq!(config.params().limits()[1].tolerance_us(), 9_000_000); // 3 at once
+    /// let exact = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?.exact())?;
+    /// assert_eq!(exact.params().limits()[1].tolerance_us(), 12_000_000); // 4 at once
     /// # Ok::<(), tower_allowance::ConfigError>(())
     /// ```
-    pub fn exact(mut self) -> Self {
-        self.exact = true;
-        self
+    pub fn exact(self) -> Self {
+        Self {
+            exact: true,
+            ..self
+        }
     }
 
-    /// The burst the allowance admits back to back: [`burst`](Limit::burst), one less with
-    /// headroom when it is above 1 (see [Headroom](Limit#headroom)).
-    pub fn kept_burst(&self) -> u32 {
-        let b = self.burst.get();
-        b - u32::from(self.headroom() && b > 1)
-    }
-
-    fn headroom(&self) -> bool {
-        !self.exact && self.unit == Unit::Requests
-    }
-
-    /// What the rule decides with: the configured parameters, less the headroom.
+    /// What the rule decides with: the configured parameters, less the headroom (one token
+    /// of a burst above 1; at burst 1, half an interval more, rounded up).
     fn rule_params(&self) -> LimitParams {
-        let mut p = self.params;
-        if self.headroom() && self.burst.get() > 1 {
-            p.tolerance_us = p.interval_us * u64::from(self.kept_burst());
-        } else if self.headroom() {
-            p.interval_us = (p.interval_us + p.interval_us.div_ceil(BURST_ONE_MARGIN))
-                .min(rule::MAX_DELAY_US.max(p.interval_us));
-            p.tolerance_us = p.interval_us;
+        let (mut p, b) = (self.params, u64::from(self.burst.get()));
+        if !self.exact && p.unit == Unit::Requests {
+            let margin = if b > 1 { 0 } else { p.interval_us.div_ceil(2) };
+            p.interval_us = (p.interval_us + margin).min(rule::MAX_DELAY_US.max(p.interval_us));
+            p.tolerance_us = p.interval_us * (b - 1).max(1);
         }
         p
     }
@@ -248,7 +226,6 @@ impl Limit {
 
     /// Charges each request its cost (see [`Cost`](crate::Cost)) instead of one.
     pub fn counting_cost(mut self) -> Self {
-        self.unit = Unit::Cost;
         self.params.unit = Unit::Cost;
         self
     }
@@ -271,7 +248,7 @@ impl Limit {
     /// Whether the limit counts each request's [`Cost`](crate::Cost) (set by
     /// [`Limit::counting_cost`]) rather than one per request.
     pub fn counts_cost(&self) -> bool {
-        self.unit == Unit::Cost
+        self.params.unit == Unit::Cost
     }
 
     /// Time per unit: `period / rate`, rounded up to the microsecond.
@@ -555,11 +532,6 @@ impl AllowanceConfig {
         &self.params
     }
 
-    fn main(&self) -> &Limit {
-        // `limits` always holds the main limit first.
-        &self.limits[0]
-    }
-
     /// Every limit, the main one first.
     pub fn limits(&self) -> &[Limit] {
         &self.limits
@@ -567,25 +539,25 @@ impl AllowanceConfig {
 
     /// Attempts per period (the main limit).
     pub fn rate(&self) -> u32 {
-        self.main().rate()
+        self.limits[0].rate()
     }
 
     /// The period `rate` is counted over.
     pub fn period(&self) -> Duration {
-        self.main().period()
+        self.limits[0].period()
     }
 
     /// The main limit's burst as configured (one is kept back as headroom: see
-    /// [`Limit::kept_burst`]).
+    /// [Headroom](Limit#headroom)).
     pub fn burst(&self) -> u32 {
-        self.main().burst()
+        self.limits[0].burst()
     }
 
     /// Time between tokens: `period / rate`, rounded up to the microsecond so that the
     /// admitted rate never exceeds the configured one (50% longer at burst 1 with headroom:
     /// see [Headroom](Limit#headroom); [`params`](Self::params) has what the rule uses).
     pub fn interval(&self) -> Duration {
-        self.main().interval()
+        self.limits[0].interval()
     }
 
     /// The wait-queue bound.

@@ -37,6 +37,17 @@ impl<'de> serde::Deserialize<'de> for NoStore {
     }
 }
 
+impl ConfigError {
+    /// The same error, for the configuration field `field` (as a file names it; feature
+    /// `serde`).
+    pub const fn at(mut self, field: &'static str) -> Self {
+        if self.field.is_none() {
+            self.field = Some(field);
+        }
+        self
+    }
+}
+
 fn one_second() -> Duration {
     Duration::from_secs(1)
 }

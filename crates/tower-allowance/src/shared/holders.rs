@@ -244,10 +244,7 @@ impl Holders {
         }
         let mut r = self.lock();
         (r.entries).retain(|_, e| !e.spare || e.at > now && !e.lost && e.closed.is_none());
-        if !r.entries.values().any(|e| e.spare) {
-            self.spares.store(false, Ordering::Release);
-            return None;
-        }
+        (self.spares).store(r.entries.values().any(|e| e.spare), Ordering::Release);
         // Only a spare behind every holder: an arrival never goes before an earlier one.
         let last = r.entries.values().filter(|e| !e.spare).map(|e| e.at).max();
         let (id, e) = (r.entries.iter_mut())
