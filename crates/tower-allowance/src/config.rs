@@ -85,6 +85,9 @@ pub(crate) const DEFAULT_MAX_WAITERS: usize = 1024;
 pub(crate) const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
 pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 
+/// The most headroom a limit keeps, in time (see [Headroom](Limit#headroom)).
+const HEADROOM_CAP_US: u64 = 1_000_000;
+
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
 ///
 /// # Headroom
@@ -93,11 +96,14 @@ pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 /// that an allowance set exactly at a provider's documented limit draws no 429 from a strict
 /// token bucket: requests sent exactly one interval apart reach the server closer together
 /// or further apart (delivery jitter), and a bucket with no tolerance refuses the ones that
-/// arrive early. With a burst above 1 one token of the burst is kept back (the price: one
-/// request of the first burst; the steady rate is the configured one), which then absorbs an
-/// arrival up to one interval early. With a burst of 1 there is no token to keep back, and
-/// the interval is 50% longer instead (the price: a third of the throughput; measured on a
-/// loaded 2-core machine, 10%, 20% and 33% still drew 429s in most runs, see
+/// arrive early. With a burst above 1 the bucket tolerates one interval less, which then
+/// absorbs an arrival up to one interval early: one token of the burst is kept back (the
+/// price: one request of the first burst; the steady rate is the configured one). For an
+/// interval over a second (a per-minute or per-day quota) the headroom is one second, not a
+/// whole interval: the burst's last request waits one second, and no token is lost. With a
+/// burst of 1 there is no token to keep back, and the interval is 50% longer instead, by at
+/// most a second (the price: a third of the throughput at rates of 1/s and more; measured on
+/// a loaded 2-core machine, 10%, 20% and 33% still drew 429s in most runs, see
 /// `BENCHMARKS.md`). Limits
 /// counting a cost keep their whole burst (a request may cost the burst), and so does an
 /// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
@@ -173,7 +179,8 @@ impl Limit {
     /// use tower_allowance::{AllowanceConfig, Limit};
     ///
     /// let config = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?)?;
-    /// assert_eq!(config.params().limits()[1].tolerance_us(), 9_000_000); // 3 at once
+    /// // 3 at once, the 4th one second later (an interval of 3 s keeps a second back).
+    /// assert_eq!(config.params().limits()[1].tolerance_us(), 11_000_000);
     /// let exact = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?.exact())?;
     /// assert_eq!(exact.params().limits()[1].tolerance_us(), 12_000_000); // 4 at once
     /// # Ok::<(), tower_allowance::ConfigError>(())
@@ -185,14 +192,19 @@ impl Limit {
         }
     }
 
-    /// What the rule decides with: the configured parameters, less the headroom (one token
-    /// of a burst above 1; at burst 1, half an interval more, rounded up).
+    /// What the rule decides with: the configured parameters, less the headroom (a burst
+    /// above 1 tolerates one interval less, at most a second; at burst 1, the interval is
+    /// half an interval longer, rounded up, at most a second).
     fn rule_params(&self) -> LimitParams {
         let (mut p, b) = (self.params, u64::from(self.burst.get()));
         if !self.exact && p.unit == Unit::Requests {
-            let margin = if b > 1 { 0 } else { p.interval_us.div_ceil(2) };
-            p.interval_us = (p.interval_us + margin).min(rule::MAX_DELAY_US.max(p.interval_us));
-            p.tolerance_us = p.interval_us * (b - 1).max(1);
+            if b > 1 {
+                p.tolerance_us -= p.interval_us.min(HEADROOM_CAP_US);
+            } else {
+                let longer = p.interval_us + p.interval_us.div_ceil(2).min(HEADROOM_CAP_US);
+                p.interval_us = longer.min(rule::MAX_DELAY_US.max(p.interval_us));
+                p.tolerance_us = p.interval_us;
+            }
         }
         p
     }
@@ -751,7 +763,17 @@ mod tests {
             .iter()
             .map(|l| l.tolerance_us())
             .collect();
-        assert_eq!(tolerances, [150_000, 60_000_000, 24_000_000, 30_000_000]);
+        // (An interval over a second keeps a second back, not a whole interval.)
+        assert_eq!(tolerances, [150_000, 60_000_000, 29_000_000, 30_000_000]);
+        // A daily quota loses no request to the headroom: the 20th waits a second.
+        let c = AllowanceConfig::per_second(10, 10)
+            .and_then(|c| c.with_limit(Limit::per_day(20, 20)?))
+            .expect("valid");
+        let day = c.params().limits()[1];
+        assert_eq!(day.tolerance_us(), 20 * day.interval_us() - 1_000_000);
+        // Burst 1 with an interval of a minute: one second longer, not 30 s.
+        let c = AllowanceConfig::new(1, Duration::from_secs(60), 1).expect("valid");
+        assert_eq!(limits(&c), (61_000_000, 61_000_000));
         // An adaptive rate keeps the whole burst (it finds its level from the 429s).
         let c = AllowanceConfig::per_second(20, 4)
             .expect("valid")

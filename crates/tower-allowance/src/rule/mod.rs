@@ -30,7 +30,8 @@
 //! use std::time::Duration;
 //! use tower_allowance::{rule::{self, Admission, AdmitRequest, Op, Reply, State}, AllowanceConfig};
 //!
-//! let config = AllowanceConfig::per_second(2, 1)?;
+//! // Exact: the rule decides with the configured numbers (no headroom; see `Limit::exact`).
+//! let config = AllowanceConfig::per_second(2, 1)?.exact();
 //! let mut state = State::default();
 //! let first = rule::apply(&mut state, 0, config.params(), &Op::Admit(AdmitRequest::first()));
 //! assert!(matches!(first, Reply::Admit(Admission::Admitted)));
