@@ -237,19 +237,13 @@ impl<C: Classify> RetryPolicy<C> {
                 if res.extensions().get::<Abandoned>().is_some() {
                     return None;
                 }
-                let classified = match res.extensions().get::<Classified>() {
-                    Some(c) => *c,
-                    // Without the cooldown layer below: classify here.
-                    None => {
-                        read_response(
-                            &self.shared.classifier,
-                            self.shared.allowance.config(),
-                            res.status(),
-                            res.headers(),
-                        )
+                let classified = res.extensions().get::<Classified>().copied();
+                // Without the cooldown layer below: classify here.
+                let classified = classified.unwrap_or_else(|| {
+                    let config = self.shared.allowance.config();
+                    read_response(&self.shared.classifier, config, res.status(), res.headers())
                         .classified
-                    }
-                };
+                });
                 match classified.class {
                     class @ (Classification::Throttled | Classification::Transient) => {
                         self.plan(extensions, class, classified.delay)
