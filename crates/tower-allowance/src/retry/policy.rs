@@ -488,14 +488,7 @@ impl RetryWait {
         ticket: RetryTicket,
     ) -> Self {
         let sleep = (!sleep.is_zero()).then(|| tokio::time::sleep(sleep));
-        let admit = Some(OwnedAdmit::new(shared, options));
-        Self {
-            inner: Box::pin(RetryWaitInner {
-                sleep,
-                admit,
-                ticket,
-            }),
-        }
+        Self::of(sleep, Some(OwnedAdmit::new(shared, options)), ticket)
     }
 
     /// The rest of an admission whose first step the policy made when it decided (`step`
@@ -514,9 +507,13 @@ impl RetryWait {
             }
             step => Some(OwnedAdmit::resume(shared, options, progress, step)),
         };
+        Self::of(None, admit, ticket)
+    }
+
+    fn of(sleep: Option<Sleep>, admit: Option<OwnedAdmit>, ticket: RetryTicket) -> Self {
         Self {
             inner: Box::pin(RetryWaitInner {
-                sleep: None,
+                sleep,
                 admit,
                 ticket,
             }),
