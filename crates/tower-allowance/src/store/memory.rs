@@ -52,9 +52,7 @@ impl MemoryStore {
             .saturating_mul(1_000_000)
             .saturating_add(u64::from(d.subsec_micros()))
     }
-}
 
-impl MemoryStore {
     /// Applies `op` and tells every watcher of the event it caused, if any.
     #[inline]
     fn decide(&self, now: Instant, params: &Params, op: &Op) -> Reply {
