@@ -201,10 +201,8 @@ impl StatusSet {
     }
 
     fn iter(&self) -> impl Iterator<Item = u16> + '_ {
-        (Self::FIRST..=999).filter(|code| {
-            let bit = usize::from(code - Self::FIRST);
-            self.0[bit / 64] & (1 << (bit % 64)) != 0
-        })
+        (Self::FIRST..=999)
+            .filter(|&code| StatusCode::from_u16(code).is_ok_and(|s| self.contains(s)))
     }
 }
 

@@ -377,12 +377,5 @@ impl std::error::Error for CooldownError {
 pub(crate) fn find<'a, E: std::error::Error + 'static>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a E> {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(found) = e.downcast_ref::<E>() {
-            return Some(found);
-        }
-        cur = e.source();
-    }
-    None
+    std::iter::successors(Some(err), |e| e.source()).find_map(|e| e.downcast_ref::<E>())
 }

@@ -76,10 +76,7 @@ impl<C: Classify> AllowanceLayer<C> {
     /// The stack around `policy`: its allowance, its classifier for the cooldown too.
     fn of(policy: RetryPolicy<C>) -> Self {
         let shared = policy.shared();
-        let cooldown = Arc::new(CooldownShared {
-            allowance: shared.allowance.clone(),
-            classifier: shared.classifier.clone(),
-        });
+        let cooldown = CooldownShared::new(shared.allowance.clone(), shared.classifier.clone());
         Self { policy, cooldown }
     }
 

@@ -170,16 +170,11 @@ impl Allowance {
 
     /// [`Allowance::extend_cooldown`], with the rule's whole answer.
     pub(crate) async fn raise_cooldown(&self, delay: Duration) -> Result<Deferred, CooldownError> {
-        let delay_us = rule::micros_ceil(delay).ok_or_else(|| {
+        let delay_us = rule::micros_ceil(delay).map(Some).ok_or_else(|| {
             CooldownError::Unrepresentable(UnrepresentableDelay::new(format!("{delay:?}")))
         })?;
         let now = Instant::now();
-        let reply = match self.shared.apply(
-            now,
-            Op::Defer {
-                delay_us: Some(delay_us),
-            },
-        ) {
+        let reply = match self.shared.apply(now, Op::Defer { delay_us }) {
             Applying::Done(r) => r,
             Applying::Pending(fut) => fut.await,
         };

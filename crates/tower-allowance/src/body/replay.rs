@@ -99,19 +99,24 @@ impl<B: Body> ReplayBody<B> {
             capped,
             failed: false,
         };
+        Self::at_start(Arc::new(Shared {
+            cap,
+            state: Mutex::new(state),
+        }))
+    }
+}
+
+impl<B> ReplayBody<B> {
+    /// A reader of `shared` from its first frame.
+    fn at_start(shared: Arc<Shared<B>>) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                cap,
-                state: Mutex::new(state),
-            }),
+            shared,
             frames: 0,
             bytes: 0,
             trailers_sent: false,
         }
     }
-}
 
-impl<B> ReplayBody<B> {
     /// Whether the body outgrew its cap: no clone can replay it from the start any more.
     pub fn is_capped(&self) -> bool {
         self.shared.lock().capped
@@ -133,12 +138,7 @@ impl<B> ReplayBody<B> {
 impl<B> Clone for ReplayBody<B> {
     /// A replay from the first byte; see [`ReplayBody`]'s `# Clone` section.
     fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
-            frames: 0,
-            bytes: 0,
-            trailers_sent: false,
-        }
+        Self::at_start(Arc::clone(&self.shared))
     }
 }
 

@@ -260,11 +260,8 @@ cloned!(Full<Bytes>, Bytes, Empty<Bytes>, ());
 impl Replayable for String {
     /// Cloned, which copies it: not replayed when longer than the cap.
     fn prepare(self, cap: usize) -> (Self, Option<Replay<Self>>) {
-        if self.len() > cap {
-            return (self, None);
-        }
-        let copy = self.clone();
-        (self, Some(Replay::from_fn(move || copy.clone())))
+        let copy = self.try_clone(cap);
+        (self, copy.map(|copy| Replay::from_fn(move || copy.clone())))
     }
 
     fn try_clone(&self, cap: usize) -> Option<Self> {

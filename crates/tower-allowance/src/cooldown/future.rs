@@ -254,24 +254,20 @@ where
             _ => return Poll::Ready(Ok(response)),
         };
         let now = Instant::now();
-        match allowance.shared.apply(now, op) {
-            Applying::Done(result) => {
-                deferred(&shared.allowance, now, result, read.asked.as_deref());
-                Poll::Ready(Ok(response))
-            }
+        let result = match allowance.shared.apply(now, op) {
+            Applying::Done(result) => result,
             Applying::Pending(mut fut) => match fut.as_mut().poll(cx) {
-                Poll::Ready(result) => {
-                    deferred(&shared.allowance, now, result, read.asked.as_deref());
-                    Poll::Ready(Ok(response))
-                }
+                Poll::Ready(result) => result,
                 Poll::Pending => {
                     // A shared store: hold the response until the cooldown is recorded, so the
                     // retry that follows is scheduled after it.
                     *this.deferring = Some(Box::new((fut, now, response, read.asked)));
-                    Poll::Pending
+                    return Poll::Pending;
                 }
             },
-        }
+        };
+        deferred(&shared.allowance, now, result, read.asked.as_deref());
+        Poll::Ready(Ok(response))
     }
 }
 

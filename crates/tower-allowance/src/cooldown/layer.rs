@@ -46,10 +46,7 @@ impl<C> CooldownLayer<C> {
 
     fn of(allowance: Allowance, classifier: C) -> Self {
         Self {
-            shared: Arc::new(CooldownShared {
-                allowance,
-                classifier,
-            }),
+            shared: CooldownShared::new(allowance, classifier),
         }
     }
 }

@@ -38,6 +38,15 @@ pub(crate) struct CooldownShared<C> {
     pub(crate) classifier: C,
 }
 
+impl<C> CooldownShared<C> {
+    pub(crate) fn new(allowance: Allowance, classifier: C) -> Arc<Self> {
+        Arc::new(Self {
+            allowance,
+            classifier,
+        })
+    }
+}
+
 /// Marks a request no retry will follow: a throttling or transient response to it is reported
 /// as abandoned (with this reason), never passed off as final.
 #[derive(Clone, Copy, Debug)]
@@ -48,13 +57,7 @@ pub(crate) struct FinalAttempt(pub(crate) crate::error::AbandonReason);
 impl<S, C> Cooldown<S, C> {
     /// Wraps `inner`.
     pub fn new(inner: S, allowance: Allowance, classifier: C) -> Self {
-        Self::from_shared(
-            inner,
-            Arc::new(CooldownShared {
-                allowance,
-                classifier,
-            }),
-        )
+        Self::from_shared(inner, CooldownShared::new(allowance, classifier))
     }
 
     pub(crate) fn from_shared(inner: S, shared: Arc<CooldownShared<C>>) -> Self {
@@ -91,7 +94,7 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         let final_attempt = req.extensions().get::<FinalAttempt>().map(|f| f.0);
         // One span per attempt, with the allowance's name and the attempt number.
         let span = tracing::debug_span!(
@@ -100,7 +103,6 @@ where
             attempt = req.extensions().get::<Attempt>().map_or(1, Attempt::number),
         );
         // An adaptive rate needs to know when the attempt left the admission queue.
-        let mut req = req;
         let sent = self.shared.allowance.config().params().adaptive().map(|_| {
             let sent = SentAt::default();
             req.extensions_mut().insert(sent.clone());

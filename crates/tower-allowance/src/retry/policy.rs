@@ -237,19 +237,13 @@ impl<C: Classify> RetryPolicy<C> {
                 if res.extensions().get::<Abandoned>().is_some() {
                     return None;
                 }
-                let classified = match res.extensions().get::<Classified>() {
-                    Some(c) => *c,
-                    // Without the cooldown layer below: classify here.
-                    None => {
-                        read_response(
-                            &self.shared.classifier,
-                            self.shared.allowance.config(),
-                            res.status(),
-                            res.headers(),
-                        )
+                let classified = res.extensions().get::<Classified>().copied();
+                // Without the cooldown layer below: classify here.
+                let classified = classified.unwrap_or_else(|| {
+                    let config = self.shared.allowance.config();
+                    read_response(&self.shared.classifier, config, res.status(), res.headers())
                         .classified
-                    }
-                };
+                });
                 match classified.class {
                     class @ (Classification::Throttled | Classification::Transient) => {
                         self.plan(extensions, class, classified.delay)
@@ -494,14 +488,7 @@ impl RetryWait {
         ticket: RetryTicket,
     ) -> Self {
         let sleep = (!sleep.is_zero()).then(|| tokio::time::sleep(sleep));
-        let admit = Some(OwnedAdmit::new(shared, options));
-        Self {
-            inner: Box::pin(RetryWaitInner {
-                sleep,
-                admit,
-                ticket,
-            }),
-        }
+        Self::of(sleep, Some(OwnedAdmit::new(shared, options)), ticket)
     }
 
     /// The rest of an admission whose first step the policy made when it decided (`step`
@@ -520,9 +507,13 @@ impl RetryWait {
             }
             step => Some(OwnedAdmit::resume(shared, options, progress, step)),
         };
+        Self::of(None, admit, ticket)
+    }
+
+    fn of(sleep: Option<Sleep>, admit: Option<OwnedAdmit>, ticket: RetryTicket) -> Self {
         Self {
             inner: Box::pin(RetryWaitInner {
-                sleep: None,
+                sleep,
                 admit,
                 ticket,
             }),

@@ -86,10 +86,7 @@ impl EventSink for Sink {
             // Nobody holds a slot an event could have moved: nothing to catch up with.
             return;
         }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        handle.spawn(async move {
+        spawn(async move {
             let now = Instant::now();
             if let Ok(Reply::State(state)) = shared.apply_async(Op::Read { deposits: 0 }).await {
                 let until = now.checked_add(state.blocked_for).unwrap_or(now);
@@ -110,7 +107,8 @@ impl Shared {
                 if !metrics::Metrics::enabled() {
                     return Applying::Pending(fut);
                 }
-                let this = self.stats_handle();
+                // A weak handle to this state, for a store call's timing.
+                let this = self.me.clone();
                 Applying::Pending(Box::pin(async move {
                     let started = Instant::now();
                     let result = fut.await;
@@ -124,11 +122,6 @@ impl Shared {
                 }))
             }
         }
-    }
-
-    /// A weak handle to this state, for a store call's timing.
-    fn stats_handle(&self) -> std::sync::Weak<Shared> {
-        self.me.clone()
     }
 
     /// Applies `op` and waits for the answer.

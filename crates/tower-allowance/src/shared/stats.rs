@@ -3,7 +3,7 @@
 use std::{
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
-        Arc, Mutex, PoisonError,
+        Arc, Mutex, MutexGuard, PoisonError,
     },
     time::Duration,
 };
@@ -96,6 +96,11 @@ fn thread_slot() -> usize {
 
 /// Owned slot numbers handed back by exited threads.
 static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// `FREE_SLOTS`, through a poisoned lock too (a list of numbers stays valid).
+fn free_slots() -> MutexGuard<'static, Vec<usize>> {
+    FREE_SLOTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// The next owned slot number never handed out.
 static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
 
@@ -105,10 +110,7 @@ struct SlotClaim(usize);
 
 impl SlotClaim {
     fn claim() -> Self {
-        let freed = FREE_SLOTS
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let freed = free_slots().pop();
         Self(freed.unwrap_or_else(|| {
             // Saturates at OWNED_SLOTS: the shared slot.
             NEXT_SLOT
@@ -123,10 +125,7 @@ impl SlotClaim {
 impl Drop for SlotClaim {
     fn drop(&mut self) {
         if self.0 < OWNED_SLOTS {
-            FREE_SLOTS
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(self.0);
+            free_slots().push(self.0);
         }
     }
 }

@@ -224,19 +224,12 @@ impl Cell {
         let now = now.max(state.seen);
         let reply = rule::apply(&mut state, now, params, op);
         // Publish before the word (see the module docs).
-        published
-            .generation
-            .store(state.generation, Ordering::Release);
-        published
-            .blocked_until
-            .store(state.blocked_until, Ordering::Release);
-        published
-            .closed_until
-            .store(state.closed_until, Ordering::Release);
-        published
-            .closed_by
-            .store(state.closed_by, Ordering::Release);
-        published.epoch.store(state.epoch, Ordering::Release);
+        let publish = |field: &AtomicU64, value| field.store(value, Ordering::Release);
+        publish(&published.generation, state.generation);
+        publish(&published.blocked_until, state.blocked_until);
+        publish(&published.closed_until, state.closed_until);
+        publish(&published.closed_by, state.closed_by);
+        publish(&published.epoch, state.epoch);
         self.reserved_until
             .0
             .fetch_max(state.reserved_until, Ordering::AcqRel);

@@ -1,4 +1,4 @@
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
@@ -52,9 +52,7 @@ impl MemoryStore {
             .saturating_mul(1_000_000)
             .saturating_add(u64::from(d.subsec_micros()))
     }
-}
 
-impl MemoryStore {
     /// Applies `op` and tells every watcher of the event it caused, if any.
     #[inline]
     fn decide(&self, now: Instant, params: &Params, op: &Op) -> Reply {
@@ -65,21 +63,19 @@ impl MemoryStore {
         reply
     }
 
+    /// The watchers, through a poisoned lock too (a list stays valid).
+    fn watchers(&self) -> MutexGuard<'_, Vec<Watcher>> {
+        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn publish(&self, event: Event) {
-        let watchers: Vec<Watcher> = self
-            .watchers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let watchers: Vec<Watcher> = self.watchers().clone();
         let mut gone = false;
         for w in &watchers {
             gone |= !w.notify(event);
         }
         if gone {
-            self.watchers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(Watcher::is_alive);
+            self.watchers().retain(Watcher::is_alive);
         }
     }
 }
@@ -116,7 +112,7 @@ impl Store for MemoryStore {
     }
 
     fn watch(&self, watcher: Watcher) {
-        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut watchers = self.watchers();
         watchers.retain(Watcher::is_alive);
         watchers.push(watcher);
     }

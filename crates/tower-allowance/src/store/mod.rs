@@ -257,26 +257,21 @@ pub struct StoreError {
 impl StoreError {
     /// A store that did not answer (it may later).
     pub fn unavailable(source: impl Into<BoxError>) -> Self {
-        Self {
-            kind: StoreErrorKind::Unavailable,
-            source: source.into(),
-        }
+        Self::of(StoreErrorKind::Unavailable, source.into())
     }
 
     /// A store that refused for a reason waiting will not fix.
     pub fn rejected(source: impl Into<BoxError>) -> Self {
-        Self {
-            kind: StoreErrorKind::Rejected,
-            source: source.into(),
-        }
+        Self::of(StoreErrorKind::Rejected, source.into())
     }
 
     /// A reply that breaks the contract.
     pub fn protocol(source: impl Into<BoxError>) -> Self {
-        Self {
-            kind: StoreErrorKind::Protocol,
-            source: source.into(),
-        }
+        Self::of(StoreErrorKind::Protocol, source.into())
+    }
+
+    fn of(kind: StoreErrorKind, source: BoxError) -> Self {
+        Self { kind, source }
     }
 
     /// What kind of failure.
