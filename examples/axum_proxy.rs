@@ -76,9 +76,7 @@ pub(crate) fn app(
 ) -> Result<Router, BoxError> {
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let retry = RetryConfig::default().with_max_attempts(4)?;
-    let odds = AllowanceLayer::new(allowance.clone())
-        .with_retry(retry)
-        .layer(client);
+    let odds = allowance.layer().with_retry(retry).layer(client);
     let state = AppState {
         odds,
         allowance,

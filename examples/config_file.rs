@@ -4,7 +4,7 @@
 //!
 //! Each `[apis.NAME]` table is a [`tower_allowance::AllowanceSpec`] (feature `serde`) whose
 //! store part is tower-allowance-redis's [`StoreSpec`]: `spec.build(name)` opens the store
-//! and builds the allowance, and every layer built on it (`AllowanceLayer::new(allowance)`)
+//! and builds the allowance, and every layer built on it (`allowance.layer()`)
 //! classifies and retries as the file says. Durations are written `"250ms"`, `"1h"`; unknown
 //! fields and out-of-range values are refused with an error naming the field.
 //!
@@ -110,7 +110,7 @@ pub(crate) async fn build(
         StoreSpec::Redis(_) => (spec.build(name).await?, "Redis at $ALLOWANCE_REDIS_URL"),
         _ => (spec.build(name).await?, "memory (this process)"),
     };
-    let stack = AllowanceLayer::new(allowance.clone()).layer(client);
+    let stack = allowance.layer().layer(client);
     Ok(Built {
         allowance,
         stack,

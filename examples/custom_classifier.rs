@@ -23,7 +23,7 @@ use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     classify::{Classification, Classify, StatusClassifier},
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
+    Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
 /// 503 + `X-Throttled: true` is throttling; any other 5xx is a final failure.
@@ -88,7 +88,8 @@ pub(crate) async fn demo<C: Classify>(classifier: C) -> Result<Summary, BoxError
     let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?);
     let stack = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance)
+            allowance
+                .layer()
                 .with_retry(RetryConfig::default().with_max_attempts(3)?)
                 .with_classifier(classifier),
         )

@@ -42,9 +42,7 @@ pub(crate) fn stack(rate_per_sec: u32, burst: u32) -> Result<(Allowance, Stack),
     );
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let retry = RetryConfig::default().with_max_attempts(5)?;
-    let stack = AllowanceLayer::new(allowance.clone())
-        .with_retry(retry)
-        .layer(client);
+    let stack = allowance.layer().with_retry(retry).layer(client);
     Ok((allowance, stack))
 }
 

@@ -43,7 +43,7 @@ use tower::{retry::Retry, Service, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     cost::CostLayer,
     retry::{RetryConfig, RetryPolicy},
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Limit, Outcome,
+    Allowance, AllowanceConfig, BoxError, Limit, Outcome,
 };
 
 type HttpClient = Client<HttpConnector, Empty<Bytes>>;
@@ -175,7 +175,7 @@ pub(crate) async fn run(demo: &Demo, shared: bool) -> Result<Row, BoxError> {
                 .layer(CostLayer::from_header(HeaderName::from_static(
                     TOKENS_HEADER,
                 )))
-                .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry.clone()))
+                .layer(allowance.layer().with_retry(retry.clone()))
                 .service(client.clone());
             tokio::spawn(work(svc, jobs))
         } else {

@@ -128,9 +128,7 @@ pub(crate) fn stack(
         .quota_probe(probe, QuotaTrigger::after_consecutive(1)?)
         .build();
     let retry = RetryConfig::default().with_max_attempts(5)?;
-    let stack = AllowanceLayer::new(allowance.clone())
-        .with_retry(retry)
-        .layer(client);
+    let stack = allowance.layer().with_retry(retry).layer(client);
     Ok((allowance, stack))
 }
 

@@ -14,14 +14,14 @@ use std::{
 use alloc_counting::{allocations_over_calls, CALLS, ROUNDS, WARM_UP};
 use http::{Request, Response};
 use tower::{service_fn, Layer};
-use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{Allowance, AllowanceConfig};
 
 #[test]
 fn full_stack_fast_path_does_not_allocate() {
     // Never runs dry: every call takes the fast path (token available, nobody waiting).
     let config = AllowanceConfig::per_second(1_000_000, NonZeroU32::MAX.get()).expect("valid");
     let allowance = Allowance::new(config);
-    let mut service = AllowanceLayer::new(allowance.clone()).layer(service_fn(
+    let mut service = allowance.layer().layer(service_fn(
         |_req: Request<String>| -> Ready<Result<Response<()>, Infallible>> {
             ready(Ok(Response::new(())))
         },

@@ -16,13 +16,13 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{service_fn, Layer};
-use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{Allowance, AllowanceConfig};
 
 #[test]
 fn full_stack_fast_path_with_a_full_bytes_body_does_not_allocate() {
     let config = AllowanceConfig::per_second(1_000_000, NonZeroU32::MAX.get()).expect("valid");
     let allowance = Allowance::new(config);
-    let mut service = AllowanceLayer::new(allowance.clone()).layer(service_fn(
+    let mut service = allowance.layer().layer(service_fn(
         |_req: Request<Full<Bytes>>| -> Ready<Result<Response<()>, Infallible>> {
             ready(Ok(Response::new(())))
         },

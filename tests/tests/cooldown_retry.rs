@@ -12,7 +12,7 @@ use tower_allowance::{
     cooldown::CooldownLayer,
     error::{AbandonReason, Exhausted},
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome, RetryBudgetConfig,
+    Allowance, AllowanceConfig, Deadline, Outcome, RetryBudgetConfig,
 };
 
 fn allowance() -> Allowance {
@@ -357,7 +357,7 @@ fn stack(
 ) -> tower::util::BoxCloneService<Request<String>, Response<String>, tower_allowance::BoxError> {
     tower::util::BoxCloneService::new(
         ServiceBuilder::new()
-            .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry))
+            .layer(allowance.layer().with_retry(retry))
             .service(svc.service),
     )
 }
@@ -485,18 +485,19 @@ async fn success_is_completed_and_a_404_is_unsuccessful_not_retried() {
     let allowance = allowance();
     let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seen = calls.clone();
-    let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()))
-        .service_fn(move |req: Request<String>| {
-            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                let mut res = Response::new(String::new());
-                if req.uri().path() == "/missing" {
-                    *res.status_mut() = StatusCode::NOT_FOUND;
+    let svc =
+        ServiceBuilder::new()
+            .layer(allowance.layer())
+            .service_fn(move |req: Request<String>| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    let mut res = Response::new(String::new());
+                    if req.uri().path() == "/missing" {
+                        *res.status_mut() = StatusCode::NOT_FOUND;
+                    }
+                    Ok::<_, Infallible>(res)
                 }
-                Ok::<_, Infallible>(res)
-            }
-        });
+            });
     let ok = svc.clone().oneshot(Request::new(String::new())).await;
     assert_eq!(Outcome::of(&ok), Outcome::Completed);
     let missing = svc
@@ -613,11 +614,12 @@ async fn successes_replenish_a_replenishing_budget() {
             .expect("valid")
             .with_retry_budget(RetryBudgetConfig::Replenishing(budget)),
     );
-    let ok = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()))
-        .service_fn(|_r: Request<String>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        });
+    let ok =
+        ServiceBuilder::new()
+            .layer(allowance.layer())
+            .service_fn(|_r: Request<String>| async {
+                Ok::<_, Infallible>(Response::new(String::new()))
+            });
     assert_eq!(
         allowance
             .store_state()

@@ -13,7 +13,7 @@ use std::{
 use http::{Method, Request, Response};
 use http_body_util::Empty;
 use tower::{service_fn, Layer, Service};
-use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{Allowance, AllowanceConfig};
 
 const LIMIT: usize = 512;
 
@@ -30,13 +30,14 @@ async fn the_full_stack_response_future_is_at_most_512_bytes() {
         "zero-sized inner service"
     );
 
-    let mut get =
-        AllowanceLayer::new(allowance.clone()).layer(service_fn(answer::<Empty<bytes::Bytes>>));
+    let mut get = allowance
+        .layer()
+        .layer(service_fn(answer::<Empty<bytes::Bytes>>));
     let fut = get.call(Request::new(Empty::new()));
     let get_size = size_of_val(&fut);
     drop(fut);
 
-    let mut post = AllowanceLayer::new(allowance).layer(service_fn(answer::<String>));
+    let mut post = allowance.layer().layer(service_fn(answer::<String>));
     let fut = post.call(
         Request::builder()
             .method(Method::POST)

@@ -32,7 +32,7 @@ use tower_allowance::{
     error::AbandonReason,
     grpc::{FeedAllowance, GrpcClassifier, GrpcLayer, TrailersLayer, WatchTrailers},
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
+    Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
 /// Every message of the test service.
@@ -650,7 +650,8 @@ async fn shed_load(shared: bool) -> (usize, u64) {
     } else {
         // The same stack, with UNAVAILABLE transient: without `GrpcCall`, which changes
         // nothing here (no deadline, nothing refused).
-        let layer = AllowanceLayer::new(allowance.clone())
+        let layer = allowance
+            .layer()
             .with_retry(retry_all())
             .with_classifier(OwnPushback::default());
         let stack = layer.layer(TrailersLayer::new(allowance.clone()).layer(rig.channel.clone()));

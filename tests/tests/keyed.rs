@@ -26,8 +26,7 @@ use tower_allowance::{
     error::AbandonReason,
     keyed::{key, KeySecret, Keyed, KeyedConfig, KeyedError, KeyedLayer, SharedStores},
     retry::RetryConfig,
-    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Deadline, Limit, Outcome,
-    RetryBudgetConfig,
+    AcquireOptions, Allowance, AllowanceConfig, Deadline, Limit, Outcome, RetryBudgetConfig,
 };
 use tower_allowance_redis::{
     test_util::{unique_name, TestRedis},
@@ -647,7 +646,7 @@ fn eager_eviction_admits_exactly_what_never_evicting_does() {
                                 req
                             };
                             let want = ServiceBuilder::new()
-                                .layer(AllowanceLayer::new(plain.clone()))
+                                .layer(plain.layer())
                                 .service(recording(Seen::default()))
                                 .oneshot(request())
                                 .await;

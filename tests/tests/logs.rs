@@ -14,8 +14,7 @@ use std::{
 use http::{HeaderValue, Request, Response, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
-    RetryBudgetConfig,
+    error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, RetryBudgetConfig,
 };
 
 #[derive(Clone, Default)]
@@ -89,7 +88,8 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let allowance = Allowance::builder(config).name("odds-api").build();
     let stack = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance.clone())
+            allowance
+                .layer()
                 .with_retry(RetryConfig::default().with_jitter_seed(1)),
         )
         .service(first_throttled());
@@ -166,7 +166,8 @@ async fn snapshots_and_configs_read_as_they_mean() {
     let allowance = Allowance::builder(config).name("odds-api").build();
     let stack = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance.clone())
+            allowance
+                .layer()
                 .with_retry(RetryConfig::default().with_jitter_seed(1)),
         )
         .service_fn(|_req: Request<String>| async {

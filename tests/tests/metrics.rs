@@ -13,7 +13,7 @@ use std::{
 use http::{Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer};
+use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig};
 
 #[test]
 fn counters_match_what_the_upstream_saw() {
@@ -34,7 +34,8 @@ fn counters_match_what_the_upstream_saw() {
             let (s, t) = (seen.clone(), throttled.clone());
             let svc = ServiceBuilder::new()
                 .layer(
-                    AllowanceLayer::new(allowance.clone())
+                    allowance
+                        .layer()
                         .with_retry(RetryConfig::default().with_max_attempts(2).expect("valid")),
                 )
                 .service_fn(move |_r: Request<String>| {

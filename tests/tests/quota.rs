@@ -18,7 +18,7 @@ use tower_allowance::{
     error::{AbandonReason, Exhausted},
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
+    Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
 /// A probe that answers a fixed status after a short (virtual) round trip, counting calls.
@@ -59,7 +59,8 @@ async fn exhausted_quota_probes_once_and_abandons_every_job() {
     let upstream = throttling(None);
     let svc = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance.clone())
+            allowance
+                .layer()
                 .with_retry(RetryConfig::default().with_max_attempts(10).expect("valid")),
         )
         .service(upstream.service.clone());
@@ -131,7 +132,7 @@ async fn a_failing_probe_is_not_retried_in_a_loop() {
     let upstream = throttling(None);
     let svc = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance.clone()).with_retry(
+            allowance.layer().with_retry(
                 RetryConfig::default()
                     .with_max_attempts(20)
                     .expect("valid")

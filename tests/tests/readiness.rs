@@ -14,7 +14,7 @@ use tower::{buffer::Buffer, service_fn, BoxError, Layer, Service, ServiceBuilder
 use tower_allowance::{
     error::AbandonReason,
     keyed::{key, Keyed, KeyedConfig, KeyedLayer},
-    Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome,
+    Allowance, AllowanceConfig, Deadline, Outcome,
 };
 
 const COOLDOWN: Duration = Duration::from_secs(5);
@@ -107,8 +107,8 @@ async fn a_concurrency_limit_shared_by_two_allowances_is_not_held_through_a_cool
         .service(log.service(start));
     let (a, b) = (allowance("a"), allowance("b"));
     a.extend_cooldown(COOLDOWN).await.expect("cooldown");
-    let stack_a = AllowanceLayer::new(a.clone()).layer(limit.clone());
-    let mut stack_b = AllowanceLayer::new(b).layer(limit);
+    let stack_a = a.layer().layer(limit.clone());
+    let mut stack_b = b.layer().layer(limit);
 
     let waiting = spawn(stack_a, request("a"), start);
     settle().await;
@@ -172,8 +172,8 @@ async fn a_buffer_slot_is_not_held_through_a_cooldown() {
     let buffer = Buffer::new(log.service(start), 1);
     let (a, b) = (allowance("a"), allowance("b"));
     a.extend_cooldown(COOLDOWN).await.expect("cooldown");
-    let stack_a = AllowanceLayer::new(a.clone()).layer(buffer.clone());
-    let stack_b = AllowanceLayer::new(b).layer(buffer);
+    let stack_a = a.layer().layer(buffer.clone());
+    let stack_b = b.layer().layer(buffer);
 
     let waiting = spawn(stack_a, request("a"), start);
     settle().await;
@@ -194,7 +194,7 @@ async fn a_deadline_behind_a_cooldown_is_abandoned_at_once() {
         .service(log.service(start));
     let a = allowance("a");
     a.extend_cooldown(COOLDOWN).await.expect("cooldown");
-    let stack = AllowanceLayer::new(a.clone()).layer(limit);
+    let stack = a.layer().layer(limit);
 
     let patient = spawn(stack.clone(), request("patient"), start);
     settle().await;
@@ -222,8 +222,8 @@ async fn an_admitted_request_waits_for_the_inner_service_by_its_deadline() {
         .concurrency_limit(1)
         .service(log.service(start));
     let (a, b) = (allowance("a"), allowance("b"));
-    let stack_a = AllowanceLayer::new(a).layer(limit.clone());
-    let stack_b = AllowanceLayer::new(b).layer(limit);
+    let stack_a = a.layer().layer(limit.clone());
+    let stack_b = b.layer().layer(limit);
 
     // `a`'s request holds the one permit for 3 s, in the inner service.
     let mut slow = request("slow");

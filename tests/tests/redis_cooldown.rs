@@ -14,7 +14,7 @@ use std::{
 use http::{Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, Outcome};
+use tower_allowance::{retry::RetryConfig, Allowance, AllowanceConfig, Outcome};
 use tower_allowance_redis::{
     test_util::{unique_name, TestRedis},
     RedisStore, RedisStoreOptions,
@@ -26,7 +26,8 @@ async fn retry_after_seen_by_one_process_holds_the_other() {
     let name = unique_name("retry-after");
     let config = AllowanceConfig::per_second(10, 2).expect("valid");
     let process = |store: RedisStore| {
-        AllowanceLayer::new(Allowance::with_store(config.clone(), store))
+        (Allowance::with_store(config.clone(), store))
+            .layer()
             .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid"))
     };
     let connect = || RedisStore::connect(redis.url(), &name, RedisStoreOptions::new());

@@ -10,7 +10,7 @@ use std::{
 
 use http::{Method, Request, Response, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, RetryBudgetConfig};
+use tower_allowance::{Allowance, AllowanceConfig, Deadline, RetryBudgetConfig};
 
 const KEY: &str = "sk-live-SECRET-4242";
 const TOKEN: &str = "Bearer tok-SECRET-9999";
@@ -57,9 +57,8 @@ async fn no_secret_in_tracing_debug_or_errors() {
             .with_retry_budget(RetryBudgetConfig::fixed(1))
             .with_max_waiters(1),
     );
-    let svc = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()))
-        .service_fn(|req: Request<String>| async move {
+    let svc = ServiceBuilder::new().layer(allowance.layer()).service_fn(
+        |req: Request<String>| async move {
             let mut res = Response::new(String::new());
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             // Throttle with several kinds of delay, including absurd ones.
@@ -71,7 +70,8 @@ async fn no_secret_in_tracing_debug_or_errors() {
             res.headers_mut()
                 .insert("retry-after", ra.parse().expect("header"));
             Ok::<_, Infallible>(res)
-        });
+        },
+    );
 
     let mut texts = vec![format!("{svc:?}"), format!("{allowance:?}")];
     let calls = [

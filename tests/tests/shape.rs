@@ -32,7 +32,7 @@ use tower_allowance::{
     rule::AdmitRequest,
     rule::{Admission, Op, Reply},
     store::{MemoryStore, Store},
-    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Limit, Outcome,
+    AcquireOptions, Allowance, AllowanceConfig, Limit, Outcome,
 };
 use tower_allowance_redis::{
     test_util::{unique_name, TestRedis},
@@ -165,7 +165,7 @@ async fn cost_is_charged_on_every_limit_through_the_layer<S: Store>(store: S) {
     let seen: Seen = Arc::default();
     let svc = ServiceBuilder::new()
         .layer(CostLayer::from_header(HeaderName::from_static("x-cost")))
-        .layer(AllowanceLayer::new(allowance.clone()))
+        .layer(allowance.layer())
         .service(recording(start, seen.clone()));
     // 400 + 500 fit the token burst; then 300 waits for 200 tokens (200 ms). Then seven
     // requests of cost 0 (one request each, no token): they queue behind the 300 (FIFO), and
@@ -211,7 +211,7 @@ async fn too_costly_fails_at_once_and_spends_nothing<S: Store>(store: S) {
     let seen: Seen = Arc::default();
     let svc = ServiceBuilder::new()
         .layer(CostLayer::from_header(HeaderName::from_static("x-cost")))
-        .layer(AllowanceLayer::new(allowance.clone()))
+        .layer(allowance.layer())
         .service(recording(start, seen.clone()));
     let result = svc.clone().oneshot(costed(0, 1_001)).await;
     assert_eq!(
@@ -264,7 +264,7 @@ async fn fifo_with_mixed_costs_nothing_starves<S: Store>(store: S) {
     let seen: Seen = Arc::default();
     let svc = ServiceBuilder::new()
         .layer(CostLayer::from_header(HeaderName::from_static("x-cost")))
-        .layer(AllowanceLayer::new(allowance.clone()))
+        .layer(allowance.layer())
         .service(recording(start, seen.clone()));
     let mut tasks = vec![];
     // 60 tokens now: 40 left. Then a heavy request of 100 at the head: it waits 600 ms.

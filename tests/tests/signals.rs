@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_allowance::{
     cooldown::CooldownLayer, retry::RetryConfig, signals::Dialect, AdaptiveRate, Allowance,
-    AllowanceConfig, AllowanceLayer, Outcome,
+    AllowanceConfig, Outcome,
 };
 
 fn allowance(dialect: Dialect) -> Allowance {
@@ -263,7 +263,8 @@ async fn an_adaptive_rate_finds_an_unknown_limit() {
         let up = upstream.clone();
         let svc = ServiceBuilder::new()
             .layer(
-                AllowanceLayer::new(allowance.clone())
+                allowance
+                    .layer()
                     .with_retry(RetryConfig::default().with_max_attempts(10).expect("valid")),
             )
             .service_fn(move |_r: Request<String>| {
@@ -334,7 +335,8 @@ async fn a_request_queued_before_a_cut_but_sent_after_it_cuts_again() {
     );
     let svc = ServiceBuilder::new()
         .layer(
-            AllowanceLayer::new(allowance.clone())
+            allowance
+                .layer()
                 .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid")),
         )
         .service_fn(|_r: Request<String>| async {
@@ -547,9 +549,7 @@ async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
     for (headers, wait) in [(secondary, 60), (primary, 30)] {
         let a = allowance(Dialect::github());
         let (upstream, sent) = once_then_ok(response(403, &headers));
-        let svc = ServiceBuilder::new()
-            .layer(AllowanceLayer::new(a.clone()))
-            .service(upstream);
+        let svc = ServiceBuilder::new().layer(a.layer()).service(upstream);
         let before = wall();
         let result = svc.oneshot(Request::new(String::new())).await;
         assert_eq!(
@@ -579,9 +579,7 @@ async fn github_403_rate_limits_throttle_and_plain_403s_do_not() {
     for (dialect, headers) in plain {
         let a = allowance(dialect);
         let (upstream, sent) = once_then_ok(response(403, &headers));
-        let svc = ServiceBuilder::new()
-            .layer(AllowanceLayer::new(a.clone()))
-            .service(upstream);
+        let svc = ServiceBuilder::new().layer(a.layer()).service(upstream);
         let result = svc.oneshot(Request::new(String::new())).await;
         assert_eq!(
             Outcome::of(&result),

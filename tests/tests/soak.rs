@@ -38,7 +38,7 @@ use http::Request;
 use http_body_util::Empty;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_allowance::{Allowance, AllowanceConfig, AllowanceLayer, Deadline, Outcome};
+use tower_allowance::{Allowance, AllowanceConfig, Deadline, Outcome};
 
 const TASKS: usize = 200;
 const RUN: Duration = Duration::from_secs(15);
@@ -87,9 +87,7 @@ async fn soak_200_tasks_real_http() {
             }
         })
     };
-    let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()))
-        .service(sent);
+    let stack = ServiceBuilder::new().layer(allowance.layer()).service(sent);
     // One event id per call, so that the upstream's log says which call each attempt was.
     let calls = Arc::new(AtomicUsize::new(0));
     let completed = Arc::new(AtomicU64::new(0));

@@ -30,7 +30,7 @@ use http::{Request, Response};
 // keep std's Instant out of the code.
 use tokio::time::Instant;
 use tower::{service_fn, Layer, Service};
-use tower_allowance::{admission::AdmissionLayer, AllowanceLayer};
+use tower_allowance::admission::AdmissionLayer;
 
 mod common;
 
@@ -109,7 +109,7 @@ fn contention(c: &mut Criterion) {
     // The full stack (tower `Retry` → `Cooldown` → `Admission`), each thread with its own
     // clone of one service: tower clones the policy and the inner stack per call, so this
     // is where per-call `Arc` clones of the allowance meet under contention.
-    let stack = AllowanceLayer::new(common::unreachable_allowance()).layer(service_fn(
+    let stack = common::unreachable_allowance().layer().layer(service_fn(
         |_req: Request<String>| -> Ready<Result<Response<()>, Infallible>> {
             ready(Ok(Response::new(())))
         },

@@ -40,7 +40,7 @@ use tower::{
     service_fn, Layer, Service,
 };
 use tower_allowance::{
-    admission::AdmissionLayer, cooldown::CooldownLayer, Allowance, AllowanceConfig, AllowanceLayer,
+    admission::AdmissionLayer, cooldown::CooldownLayer, Allowance, AllowanceConfig,
 };
 
 fn allowance() -> Allowance {
@@ -159,10 +159,7 @@ fn main() {
             n,
         ),
         "bare" => run_layer(&mut service_fn(answer), n),
-        "stack" => run_layer(
-            &mut AllowanceLayer::new(allowance()).layer(service_fn(answer)),
-            n,
-        ),
+        "stack" => run_layer(&mut allowance().layer().layer(service_fn(answer)), n),
         "no_retry" => {
             let a = allowance();
             let inner = AdmissionLayer::new(a.clone()).layer(service_fn(answer));

@@ -25,7 +25,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{service_fn, Layer, Service};
-use tower_allowance::{admission::AdmissionLayer, cooldown::CooldownLayer, AllowanceLayer};
+use tower_allowance::{admission::AdmissionLayer, cooldown::CooldownLayer};
 
 mod common;
 
@@ -63,7 +63,9 @@ fn layer_overhead(c: &mut Criterion) {
         b.iter(|| call_once(&mut admission, &mut cx))
     });
 
-    let mut stack = AllowanceLayer::new(common::unreachable_allowance()).layer(service_fn(answer));
+    let mut stack = common::unreachable_allowance()
+        .layer()
+        .layer(service_fn(answer));
     group.bench_function("allowance_stack", |b| {
         let mut cx = Context::from_waker(Waker::noop());
         b.iter(|| call_once(&mut stack, &mut cx))

@@ -42,7 +42,7 @@ use tower_allowance::{
     body::{ReplayBody, Replayable},
     classify::StatusClassifier,
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, Attempt, BoxError, Outcome,
+    Allowance, AllowanceConfig, Attempt, BoxError, Outcome,
 };
 
 /// The library's default replay cap (`RetryConfig::replay_cap`).
@@ -170,7 +170,8 @@ fn through_the_stack(c: &mut Criterion) {
         .expect("runtime");
     let allowance =
         Allowance::new(AllowanceConfig::per_second(1_000_000, 1_000_000).expect("valid"));
-    let layer = AllowanceLayer::new(allowance)
+    let layer = allowance
+        .layer()
         .with_retry(
             RetryConfig::default()
                 .with_backoff(

@@ -34,7 +34,7 @@ use http::{Request, Response};
 use tower::{service_fn, Layer, Service};
 use tower_allowance::{
     keyed::{key, Keyed, KeyedConfig, KeyedLayer},
-    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, Limit,
+    AcquireOptions, Allowance, AllowanceConfig, Limit,
 };
 
 mod common;
@@ -135,7 +135,7 @@ fn keyed_lookup(c: &mut Criterion) {
         })
     });
 
-    let mut stack = AllowanceLayer::new(Allowance::new(one_limit())).layer(ok_service());
+    let mut stack = Allowance::new(one_limit()).layer().layer(ok_service());
     group.bench_function("single/allowance_stack_call", |b| {
         let mut cx = Context::from_waker(Waker::noop());
         b.iter(|| {

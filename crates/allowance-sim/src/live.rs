@@ -50,7 +50,7 @@ use tower_allowance::{
     retry::RetryPolicy,
     signals,
     store::MemoryStore,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Deadline,
+    Allowance, AllowanceConfig, BoxError, Deadline,
 };
 use tower_allowance_redis::{FailurePolicy, RedisStore, RedisStoreOptions};
 
@@ -626,7 +626,8 @@ pub async fn run_http_with(
             Mode::Shared | Mode::Split(_) => Svc::new(
                 ServiceBuilder::new()
                     .layer(
-                        AllowanceLayer::new(allowances.all[worker % allowances.all.len()].clone())
+                        (allowances.all[worker % allowances.all.len()])
+                            .layer()
                             .with_retry(retry.clone()),
                     )
                     .service(inner.clone()),

@@ -21,8 +21,8 @@ use tower_allowance::{
     retry::RetryConfig,
     retry::RetryPolicy,
     signals::Dialect,
-    AdaptiveRate, Allowance, AllowanceConfig, AllowanceLayer, BoxError, ConfigError, Deadline,
-    OutagePolicy, Outcome, RetryBudgetConfig,
+    AdaptiveRate, Allowance, AllowanceConfig, BoxError, ConfigError, Deadline, OutagePolicy,
+    Outcome, RetryBudgetConfig,
 };
 
 use crate::{
@@ -614,7 +614,7 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
                 let allowance = allowances[worker % allowances.len()].clone();
                 Svc::new(
                     ServiceBuilder::new()
-                        .layer(AllowanceLayer::new(allowance).with_retry(retry.clone()))
+                        .layer(allowance.layer().with_retry(retry.clone()))
                         .service(upstream),
                 )
             }

@@ -23,7 +23,7 @@
 //!     });
 //! let store = RedisStore::connect("redis://127.0.0.1:6379/", "billing-api", options).await?;
 //! let allowance = Allowance::with_store(AllowanceConfig::per_second(10, 5)?, store);
-//! let _layer = AllowanceLayer::new(allowance);
+//! let _layer = allowance.layer();
 //! # Ok(())
 //! # }
 //! ```

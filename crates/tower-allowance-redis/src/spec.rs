@@ -43,7 +43,7 @@ use crate::{
 ///     "#,
 /// )?;
 /// let allowance = spec.build("llm").await?; // connected, named, configured
-/// let _layer = AllowanceLayer::new(allowance);
+/// let _layer = allowance.layer();
 /// # Ok(())
 /// # }
 /// ```

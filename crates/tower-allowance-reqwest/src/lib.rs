@@ -83,7 +83,7 @@ impl AllowanceMiddleware {
     /// response the same whichever client received it.
     pub fn new(allowance: Allowance) -> Self {
         Self {
-            layer: AllowanceLayer::new(allowance),
+            layer: allowance.layer(),
         }
     }
 }

@@ -13,7 +13,7 @@ use tower::{service_fn, Layer, ServiceExt};
 use tower_allowance::{
     classify::{Classification, Classified, StatusClassifier},
     retry::RetryConfig,
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
+    Allowance, AllowanceConfig, BoxError, Outcome,
 };
 use tower_allowance_reqwest::{outcome, AllowanceMiddleware};
 
@@ -73,7 +73,8 @@ async fn the_middleware_and_the_layer_on_one_allowance_read_a_403_alike() {
     let allowance = Allowance::new(config);
 
     // The tower layer, over a service answering the 403.
-    let result = AllowanceLayer::new(allowance.clone())
+    let result = allowance
+        .layer()
         .layer(service_fn(|_req: Request<()>| async {
             Ok::<_, BoxError>(forbidden())
         }))

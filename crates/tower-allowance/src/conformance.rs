@@ -44,8 +44,8 @@ use crate::{
     retry::RetryConfig,
     rule::AdmitRequest,
     rule::{Admission, ClosedBy, Op, Reply},
-    AcquireOptions, Allowance, AllowanceConfig, AllowanceLayer, BoxError, Cost, Deadline, Limit,
-    Outcome, ReplenishingBudget, RetryBudgetConfig,
+    AcquireOptions, Allowance, AllowanceConfig, BoxError, Cost, Deadline, Limit, Outcome,
+    ReplenishingBudget, RetryBudgetConfig,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -414,7 +414,7 @@ async fn several_limits_and_costs<S: Store>(store: S) {
     let res = acquire_at(&a, AcquireOptions::new().cost(5_000)).await;
     assert_eq!(res, Err(AbandonReason::TooCostly));
     // Through the layer, the `Cost` extension charges the request.
-    let svc = AllowanceLayer::new(a.clone()).layer_service(ok_service());
+    let svc = a.layer().layer_service(ok_service());
     let mut req = Request::new(String::new());
     req.extensions_mut().insert(Cost(2_000));
     let result = svc.oneshot(req).await;
@@ -467,7 +467,8 @@ async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
     }
     let calls = Arc::new(AtomicUsize::new(0));
     let retry = RetryConfig::default().with_max_attempts(1).expect("valid");
-    let svc = AllowanceLayer::new(a.clone())
+    let svc = a
+        .layer()
         .with_retry(retry)
         .layer_service(throttling(ABSURD, calls.clone()));
     let result = svc.clone().oneshot(Request::new(String::new())).await;
@@ -573,7 +574,7 @@ async fn over_budget_retry_ends_at_once_with_the_429<S: Store>(store: S) {
         store,
     );
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(a.clone()).layer_service(throttling("1", calls.clone()));
+    let svc = a.layer().layer_service(throttling("1", calls.clone()));
     let start = Instant::now();
     let result = svc.oneshot(Request::new(String::new())).await;
     assert_eq!(
@@ -596,7 +597,7 @@ async fn over_budget_retry_ends_at_once_with_the_429<S: Store>(store: S) {
 async fn deadline_abandons_at_once<S: Store>(store: S) {
     let a = allowance(per_second(2, 2), store);
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(a.clone()).layer_service(throttling("30", calls.clone()));
+    let svc = a.layer().layer_service(throttling("30", calls.clone()));
     let mut req = Request::new(String::new());
     req.extensions_mut()
         .insert(Deadline::after(Duration::from_secs(10)));
@@ -647,7 +648,8 @@ async fn quota_verdict_is_shared<S: Store>(store: S) {
     });
     // Throttling without Retry-After, in both: the trigger fires in both.
     for x in [&a, &b] {
-        let svc = AllowanceLayer::new(x.clone())
+        let svc = x
+            .layer()
             .with_retry(no_retry.clone())
             .layer_service(quota_429);
         let _ = svc.oneshot(Request::new(String::new())).await;
@@ -697,7 +699,8 @@ async fn settled_only_when_the_rule_says<S: Store>(store: S) {
     let full = says(&a);
     // A 429 asking for 5 s, through the stack.
     let calls = Arc::new(AtomicUsize::new(0));
-    let svc = AllowanceLayer::new(a.clone())
+    let svc = a
+        .layer()
         .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid"))
         .layer_service(throttling("5", calls));
     let _ = svc.oneshot(Request::new(String::new())).await;

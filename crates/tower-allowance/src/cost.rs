@@ -21,7 +21,7 @@
 //! let client = ServiceBuilder::new()
 //!     // The caller says how many tokens a request may use (prompt + max output).
 //!     .layer(CostLayer::from_header(http::HeaderName::from_static("x-token-estimate")))
-//!     .layer(AllowanceLayer::new(allowance.clone()))
+//!     .layer(allowance.layer())
 //!     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new("ok")) });
 //!
 //! let request = Request::builder().header("x-token-estimate", "1200").body(String::new())?;

@@ -707,7 +707,8 @@ impl GrpcLayer {
         let http = allowance.config().classifier();
         Self {
             trailers: TrailersLayer::new(allowance.clone()),
-            allowance: AllowanceLayer::new(allowance)
+            allowance: allowance
+                .layer()
                 .with_classifier(GrpcClassifier::new().with_http(http)),
         }
     }

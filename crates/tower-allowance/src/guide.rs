@@ -107,7 +107,7 @@
 //! # async fn main() -> Result<(), tower_allowance::BoxError> {
 //! let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?);
 //! let client = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone()))
+//!     .layer(allowance.layer())
 //!     .service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("ok")) });
 //!
 //! client.clone().oneshot(Request::new(String::new())).await?; // the burst of 1

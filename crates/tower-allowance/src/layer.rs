@@ -34,7 +34,7 @@ use crate::{
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), tower_allowance::BoxError> {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(10, 5)?);
-/// let layer = AllowanceLayer::new(allowance);
+/// let layer = allowance.layer();
 ///
 /// // Two services, one allowance.
 /// let users = ServiceBuilder::new().layer(layer.clone()).service_fn(|_: Request<String>| async {
@@ -64,11 +64,21 @@ impl<C> Clone for AllowanceLayer<C> {
 }
 
 impl AllowanceLayer {
-    /// The full stack over `allowance`, classifying and retrying as the allowance's
-    /// configuration says ([`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier),
+    /// The full stack over `allowance`, retrying by `retry` (this layer's own rules, in place
+    /// of the allowance's) and classifying as the allowance's configuration says:
+    /// `allowance.layer().with_retry(retry)`. [`Allowance::layer`] takes the retry rules
+    /// from the allowance too.
+    pub fn new(allowance: Allowance, retry: RetryConfig) -> Self {
+        allowance.layer().with_retry(retry)
+    }
+}
+
+impl Allowance {
+    /// The full stack over this allowance ([`AllowanceLayer`]), classifying and retrying as
+    /// its configuration says ([`AllowanceConfig::with_classifier`](crate::AllowanceConfig::with_classifier),
     /// [`with_retry`](crate::AllowanceConfig::with_retry)), like every other layer on it.
-    pub fn new(allowance: Allowance) -> Self {
-        Self::of(RetryPolicy::new(allowance))
+    pub fn layer(&self) -> AllowanceLayer {
+        AllowanceLayer::of(RetryPolicy::new(self.clone()))
     }
 }
 
@@ -120,7 +130,7 @@ impl<C: Classify> AllowanceLayer<C> {
 /// # fn run() {
 /// let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid"));
 /// let mut stack = ServiceBuilder::new()
-///     .layer(AllowanceLayer::new(allowance))
+///     .layer(allowance.layer())
 ///     .service_fn(|_: Request<Upload>| async { Ok::<_, Infallible>(Response::new(())) });
 /// // error[E0277]: `Upload` is not a request body the allowance can replay for a retry
 /// let _ = stack.call(Request::new(Upload));

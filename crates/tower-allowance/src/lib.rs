@@ -30,7 +30,7 @@
 //!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(4)),
 //! );
 //! let client = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone()))
+//!     .layer(allowance.layer())
 //!     .service_fn(|_req: Request<String>| async { Ok::<_, Infallible>(Response::new("odds")) });
 //!
 //! let result = client.oneshot(Request::new(String::new())).await;

@@ -458,7 +458,7 @@ impl Registry {
             .allowance(name, config)
             .map_err(KeyedError::store)?;
         Ok(Entry {
-            layer: AllowanceLayer::new(allowance.clone()).with_retry(self.config.retry.clone()),
+            layer: allowance.layer().with_retry(self.config.retry.clone()),
             allowance,
             used: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
         })

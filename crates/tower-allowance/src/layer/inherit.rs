@@ -18,7 +18,7 @@ use crate::{
     cooldown::CooldownLayer,
     error::AbandonReason,
     retry::{RetryConfig, RetryPolicy},
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome,
+    Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
 /// GitHub's secondary limit: a 403 with `Retry-After: 5` (a failure to the default
@@ -81,10 +81,7 @@ async fn a_layer_without_a_classifier_uses_the_allowances() {
     let allowance = configured();
     let (calls, up) = upstream();
     let started = Instant::now();
-    let result = AllowanceLayer::new(allowance.clone())
-        .layer(up)
-        .oneshot(Request::new(()))
-        .await;
+    let result = allowance.layer().layer(up).oneshot(Request::new(())).await;
     assert_eq!(
         Outcome::of(&result),
         Outcome::Abandoned(AbandonReason::MaxAttempts)
@@ -111,7 +108,8 @@ async fn an_override_wins_for_its_layer_alone() {
 
     // A classifier override: the 403 is a plain failure here, and cools nothing down.
     let (calls, up) = upstream();
-    let result = AllowanceLayer::new(allowance.clone())
+    let result = allowance
+        .layer()
         .with_classifier(StatusClassifier::default())
         .layer(up.clone())
         .oneshot(Request::new(()))
@@ -133,7 +131,8 @@ async fn an_override_wins_for_its_layer_alone() {
     // A retry override: one attempt, whatever the allowance allows; the answer is
     // throttling (the allowance's classifier), so it is abandoned, not final.
     let (calls, up) = upstream();
-    let result = AllowanceLayer::new(allowance.clone())
+    let result = allowance
+        .layer()
         .with_retry(RetryConfig::default().with_max_attempts(1).expect("valid"))
         .layer(up)
         .oneshot(Request::new(()))
@@ -151,9 +150,6 @@ async fn an_override_wins_for_its_layer_alone() {
     let policy = RetryPolicy::new(allowance.clone())
         .with_config(RetryConfig::default().with_max_attempts(3).expect("valid"));
     assert_eq!(policy.config().max_attempts(), 3);
-    let _ = AllowanceLayer::new(allowance.clone())
-        .layer(up)
-        .oneshot(Request::new(()))
-        .await;
+    let _ = allowance.layer().layer(up).oneshot(Request::new(())).await;
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

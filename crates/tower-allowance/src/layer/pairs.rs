@@ -32,7 +32,7 @@ use crate::{
     error::AbandonReason,
     extensions::Attempt,
     retry::{Prepare, RetryConfig, RetryPolicy},
-    Allowance, AllowanceConfig, AllowanceLayer, BoxError, Outcome, RetryBudgetConfig,
+    Allowance, AllowanceConfig, BoxError, Outcome, RetryBudgetConfig,
 };
 
 type Svc<B> = BoxCloneService<Request<B>, Response<String>, BoxError>;
@@ -403,11 +403,7 @@ async fn the_allowance_layer_is_the_hand_built_composition_with_a_streamed_body(
                 );
                 Svc::new(Prepare::new(Retry::new(policy.clone(), stack), &policy))
             } else {
-                Svc::new(
-                    AllowanceLayer::new(allowance.clone())
-                        .with_retry(retry_config())
-                        .layer(up),
-                )
+                Svc::new(allowance.layer().with_retry(retry_config()).layer(up))
             }
         })
         .await;
@@ -454,7 +450,7 @@ fn the_layer_builds_exactly_the_composition() {
         ),
         &policy,
     );
-    let layered = AllowanceLayer::new(allowance).layer(inner);
+    let layered = allowance.layer().layer(inner);
     same(&by_hand, &layered);
     // The innermost service is reachable through the parts' accessors.
     let _: &Admission<_> = layered.get_ref().get_ref().get_ref();

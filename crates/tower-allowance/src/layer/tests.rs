@@ -18,8 +18,7 @@ use tower::{service_fn, ServiceBuilder, ServiceExt};
 use tower_service::Service;
 
 use crate::{
-    error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, BoxError,
-    Outcome,
+    error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
 // === compile tests: the layer accepts each body type, and hands the same type on ===
@@ -35,7 +34,7 @@ where
 {
     fn assert_service<S: Service<Request<B>>, B>(_: &S) {}
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance()))
+        .layer(allowance().layer())
         .service(service_fn(|_req: Request<B>| async {
             Ok::<_, Infallible>(Response::new(String::new()))
         }));
@@ -150,7 +149,7 @@ where
 {
     let server = server.clone();
     ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()).with_retry(retry))
+        .layer(allowance.layer().with_retry(retry))
         .service(service_fn(move |req| server.clone().serve(req)))
         .oneshot(req)
         .await
@@ -246,7 +245,7 @@ async fn a_retry_after_an_unread_body_streams_what_the_first_attempt_never_read(
     let seen = reading.seen.clone();
     let calls = Arc::new(Mutex::new(0usize));
     let stack = ServiceBuilder::new()
-        .layer(AllowanceLayer::new(allowance.clone()))
+        .layer(allowance.layer())
         .service(service_fn(move |req: Request<BoxBody<Bytes, BoxError>>| {
             let first = {
                 let mut calls = calls.lock().unwrap_or_else(PoisonError::into_inner);

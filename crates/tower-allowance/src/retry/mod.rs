@@ -68,7 +68,7 @@
 //!     AllowanceConfig::per_second(2, 2)?.with_retry_budget(RetryBudgetConfig::fixed(1)),
 //! );
 //! let service = ServiceBuilder::new()
-//!     .layer(AllowanceLayer::new(allowance.clone()))
+//!     .layer(allowance.layer())
 //!     .service_fn(|_req: Request<String>| async {
 //!         let mut res = Response::new(String::new());
 //!         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;

@@ -36,7 +36,7 @@ use crate::{
 ///     StatusClassifier::default().throttled([403, 429])
 /// );
 /// // Every layer on it classifies and retries as the file says.
-/// let _layer = AllowanceLayer::new(allowance);
+/// let _layer = allowance.layer();
 /// # Ok(())
 /// # }
 /// ```

@@ -13,8 +13,8 @@ use tower::{service_fn, Layer, ServiceExt};
 
 use super::{AllowanceSpec, MemorySpec};
 use crate::{
-    classify::StatusClassifier, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer,
-    BoxError, Limit, OutagePolicy, RetryBudgetConfig,
+    classify::StatusClassifier, retry::RetryConfig, Allowance, AllowanceConfig, BoxError, Limit,
+    OutagePolicy, RetryBudgetConfig,
 };
 
 const FIXTURE: &str = include_str!("allowance.toml");
@@ -120,7 +120,7 @@ async fn eight_requests(allowance: Allowance) -> Vec<Duration> {
         }
         async move { Ok::<_, BoxError>(res) }
     });
-    let stack = AllowanceLayer::new(allowance).layer(upstream);
+    let stack = allowance.layer().layer(upstream);
     let calls: Vec<_> = (0..8)
         .map(|_| tokio::spawn(stack.clone().oneshot(Request::new(()))))
         .collect();
