@@ -17,6 +17,9 @@ use tower_allowance::{
     error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, RetryBudgetConfig,
 };
 
+/// The name of the allowance whose logs are read.
+const NAME: &str = "odds-api-logs";
+
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
@@ -34,7 +37,8 @@ impl Write for Captured {
 }
 
 impl Captured {
-    /// The captured lines at `level` (`"INFO"`, `"DEBUG"`...), each without its level.
+    /// The captured lines of the allowance [`NAME`] at `level` (`"INFO"`, `"DEBUG"`...), each
+    /// without its level.
     fn at(&self, level: &str) -> Vec<String> {
         let bytes = self
             .0
@@ -45,6 +49,7 @@ impl Captured {
             .lines()
             .filter_map(|line| line.trim_start().strip_prefix(level))
             .map(|rest| rest.trim().to_owned())
+            .filter(|line| line.contains(NAME))
             .collect()
     }
 }
@@ -82,10 +87,13 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    // The process's default: a thread's own (`set_default`) can miss events when another
+    // test's thread registers the same callsites first (tracing caches their interest). The
+    // other test logs too; only this allowance's lines are read (`Captured::at`).
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
 
     let config = AllowanceConfig::per_second(2, 2).expect("valid").exact();
-    let allowance = Allowance::builder(config).name("odds-api").build();
+    let allowance = Allowance::builder(config).name(NAME).build();
     let stack = ServiceBuilder::new()
         .layer(
             allowance
@@ -102,22 +110,23 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let info = captured.at("INFO");
     assert_eq!(info.len(), 2, "{info:#?}");
     assert!(
-        info[0].contains("allowance cooling down allowance=\"odds-api\" blocked_for=1s"),
+        info[0].contains("allowance cooling down allowance=\"odds-api-logs\" blocked_for=1s"),
         "{info:#?}"
     );
     assert!(
-        info[1].contains("allowance cooldown ended allowance=\"odds-api\""),
+        info[1].contains("allowance cooldown ended allowance=\"odds-api-logs\""),
         "{info:#?}"
     );
     let debug = captured.at("DEBUG");
     assert_eq!(debug.len(), 2, "{debug:#?}");
     assert!(
-        debug[0].contains("retrying allowance=\"odds-api\" attempt=2 delay=1s reason=Throttled"),
+        debug[0]
+            .contains("retrying allowance=\"odds-api-logs\" attempt=2 delay=1s reason=Throttled"),
         "{debug:#?}"
     );
     // The retry's slot, reserved when it was decided, a second away.
     assert!(
-        debug[1].contains("waiting for a slot allowance=\"odds-api\" wait=1s"),
+        debug[1].contains("waiting for a slot allowance=\"odds-api-logs\" wait=1s"),
         "{debug:#?}"
     );
 
@@ -128,7 +137,7 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let debug = captured.at("DEBUG");
     assert_eq!(debug.len(), 3, "{debug:#?}");
     assert!(
-        debug[2].contains("waiting for a slot allowance=\"odds-api\" wait=500ms"),
+        debug[2].contains("waiting for a slot allowance=\"odds-api-logs\" wait=500ms"),
         "{debug:#?}"
     );
     // Nothing else changed state: still the two INFO lines.
