@@ -85,11 +85,15 @@ pub(crate) fn num(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or_else(|| panic!("{key} in {v}"))
 }
 
-/// The script calls (`EVALSHA` and `EVAL`) in a Redis `INFO commandstats` reply.
+/// The store's decisions (`FCALL`, or `EVALSHA` and `EVAL`) in a Redis `INFO commandstats` reply.
 pub(crate) fn script_calls(stats: &str) -> u64 {
     stats
         .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?
