@@ -58,10 +58,10 @@ impl Collector<'_> {
     /// was read: the draft gives `Retry-After` precedence. (The readers run in [`Reader`]
     /// order, `RetryAfter` and `RetryAfterMs` first, so any `Retry-After` is read by now.)
     pub(super) fn reset(&mut self, reader: Reader, value: Value, text: &str) {
-        let wait = self.measure(value, text);
+        let wait = self.measure(value, text, true);
         let reset = &mut self.reading.reset;
         if reset.as_ref().is_none_or(|c| wait.is_longer_than(c)) {
-            *reset = Some(wait);
+            *reset = Some(wait.clone());
         }
         let ietf = matches!(reader, Reader::Ietf | Reader::IetfLegacy);
         let retry_after = matches!(
@@ -69,7 +69,7 @@ impl Collector<'_> {
             Some(Reader::RetryAfter | Reader::RetryAfterMs)
         );
         if !(ietf && retry_after) {
-            self.wait(reader, value, text);
+            self.offer(reader, wait);
         }
     }
 

@@ -103,9 +103,11 @@
 //! - **Absolute times** (epoch seconds, RFC 3339, HTTP-date) are measured against the
 //!   response's `Date` when it parses and lies within [`ReadContext::max_skew`] of the
 //!   local clock ([`DateTrust::Trusted`]). `Date` has whole seconds, so it only places the
-//!   server's time within a second: when the local clock, at the response's arrival, lies in
-//!   `[Date, Date + 1 s)`, it is the reference (a reset at `Date + 30 s` read 0.6 s into
-//!   that second is a wait of 29.4 s, not 30 s); otherwise `Date` is (the longer wait). Otherwise they are measured against the local
+//!   server's time within a second: for a *reset*, when the local clock, at the response's
+//!   arrival, lies in `[Date, Date + 1 s)`, it is the reference (a reset at `Date + 30 s`
+//!   read 0.6 s into that second is a wait of 29.4 s, not 30 s); otherwise `Date` is (the
+//!   longer wait). A `Retry-After` date is the server's `now + n` cut to whole seconds like
+//!   its `Date`, so it is measured against `Date`, keeping the `n` it meant. Otherwise they are measured against the local
 //!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
 //!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
@@ -479,14 +481,19 @@ struct Collector<'a> {
     headers: &'a HeaderMap,
     cx: &'a ReadContext,
     /// The time absolute values are measured against, once one has been needed.
-    reference: Option<SystemTime>,
+    reference: Option<(SystemTime, SystemTime)>,
     reading: &'a mut Reading,
 }
 
 impl Collector<'_> {
     /// Offers a wait `value` (as read from `text`) from `reader`; the longest is kept.
     fn wait(&mut self, reader: Reader, value: Value, text: &str) {
-        let wait = self.measure(value, text);
+        let wait = self.measure(value, text, false);
+        self.offer(reader, wait);
+    }
+
+    /// Offers a measured wait from `reader`; the longest is kept.
+    fn offer(&mut self, reader: Reader, wait: Wait) {
         if self
             .reading
             .wait
@@ -499,10 +506,14 @@ impl Collector<'_> {
     }
 
     /// `value` (as read from `text`) as a wait from the response.
-    fn measure(&mut self, value: Value, text: &str) -> Wait {
+    fn measure(&mut self, value: Value, text: &str, reset: bool) -> Wait {
         let delay = match value {
             Value::Delay(d) => Some(d),
-            Value::At(at) => Some(at.duration_since(self.reference()).unwrap_or_default()),
+            Value::At(at) => {
+                let (refined, date) = self.reference();
+                let from = if reset { refined } else { date };
+                Some(at.duration_since(from).unwrap_or_default())
+            }
             Value::TooLong => None,
         };
         match delay {
@@ -513,8 +524,9 @@ impl Collector<'_> {
         }
     }
 
-    /// The reference for absolute times, decided (and recorded in the reading) once.
-    fn reference(&mut self) -> SystemTime {
+    /// The references for absolute times, decided (and recorded in the reading) once: for
+    /// resets (`Date` refined by the local clock), and for `Retry-After` dates (`Date`).
+    fn reference(&mut self) -> (SystemTime, SystemTime) {
         if let Some(reference) = self.reference {
             return reference;
         }
@@ -524,8 +536,8 @@ impl Collector<'_> {
             text.and_then(|d| httpdate::parse_http_date(d.trim_matches([' ', '\t'])).ok())
         });
         let (trust, reference) = match date {
-            None => (DateTrust::Absent, now),
-            Some(None) => (DateTrust::Unparseable, now),
+            None => (DateTrust::Absent, (now, now)),
+            Some(None) => (DateTrust::Unparseable, (now, now)),
             Some(Some(date)) => {
                 let skew = match date.duration_since(now) {
                     Ok(ahead) => Skew::Ahead(ahead),
@@ -537,9 +549,9 @@ impl Collector<'_> {
                 // longer wait). (An HTTP-date ends in 9999: adding a second cannot overflow.)
                 let within = (date..date + Duration::from_secs(1)).contains(&now);
                 if off <= self.cx.max_skew {
-                    (DateTrust::Trusted, if within { now } else { date })
+                    (DateTrust::Trusted, (if within { now } else { date }, date))
                 } else {
-                    (DateTrust::Untrusted { skew }, now)
+                    (DateTrust::Untrusted { skew }, (now, now))
                 }
             }
         };

@@ -294,11 +294,17 @@ fn the_skew_bound_is_configurable() {
 #[test]
 fn a_whole_second_date_is_refined_by_the_local_clock() {
     // A reset 30 s after `Date`, read 600 ms into `Date`'s second: 29.4 s, not 30 s.
+    let epoch = at(NOW)
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let reset = (epoch + 30).to_string();
     let h = headers(&[
-        ("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT"),
+        ("x-ratelimit-remaining", b"0"),
+        ("x-ratelimit-reset", reset.as_bytes()),
         ("date", b"Sun, 06 Nov 1994 08:49:37 GMT"),
     ]);
-    let wait = |local: SystemTime| Dialect::standard().read(&h, &ReadContext::new(local)).wait;
+    let wait = |local: SystemTime| Dialect::github().read(&h, &ReadContext::new(local)).reset;
     let ms = Duration::from_millis;
     assert_eq!(wait(at(NOW) + ms(600)), Some(Wait::For(ms(29_400))));
     // A local clock outside that second is not the server's: `Date` corrects it, and the
@@ -306,6 +312,17 @@ fn a_whole_second_date_is_refined_by_the_local_clock() {
     assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(30_000))));
     assert_eq!(wait(at(NOW) - ms(2_500)), Some(Wait::For(ms(30_000))));
     assert_eq!(wait(at(NOW) + ms(999)), Some(Wait::For(ms(29_001))));
+    // A `Retry-After` date is the server's `now + n` cut to whole seconds, like its `Date`:
+    // measured against `Date`, so the `n` it meant is kept.
+    let h = headers(&[
+        ("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT"),
+        ("date", b"Sun, 06 Nov 1994 08:49:37 GMT"),
+    ]);
+    let cx = ReadContext::new(at(NOW) + ms(600));
+    assert_eq!(
+        Dialect::standard().read(&h, &cx).wait,
+        Some(Wait::For(ms(30_000)))
+    );
 }
 
 proptest! {
