@@ -97,7 +97,7 @@ async fn allowances_on_every_node_share_one_connection() {
             break;
         }
     }
-    let config = AllowanceConfig::per_second(5, 1).expect("valid");
+    let config = AllowanceConfig::per_second(5, 1).expect("valid").exact();
     for (node, store) in per_node.iter().enumerate() {
         let store = store.clone().expect("an allowance on each node");
         let allowance = Allowance::with_store(config.clone(), store.clone());
