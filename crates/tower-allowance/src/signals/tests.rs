@@ -291,6 +291,7 @@ fn the_skew_bound_is_configurable() {
     assert_eq!(cx.now(), at(NOW));
 }
 
+#[cfg(feature = "dialects")]
 #[test]
 fn a_whole_second_date_is_refined_by_the_local_clock() {
     // A reset 30 s after `Date`, read 600 ms into `Date`'s second: 29.4 s, not 30 s.
