@@ -13,6 +13,7 @@ const FIRST: AdmitRequest = AdmitRequest::first();
 fn params(burst: u32, budget: RetryBudgetConfig) -> Params {
     *AllowanceConfig::new(1, Duration::from_secs(1), burst)
         .expect("valid")
+        .exact()
         .with_retry_budget(budget)
         .params()
 }
