@@ -358,10 +358,11 @@ async fn a_request_queued_before_a_cut_but_sent_after_it_cuts_again() {
     let (a, b) = (a.await.expect("a"), b.await.expect("b"));
     assert_eq!(a.expect("429").status(), 429);
     assert_eq!(b.expect("429").status(), 429);
-    // A's 429 cut 10/s to 8.5/s; B, sent 100 ms after that cut, cut again, fast: x0.7 of
-    // 8.5/s plus the 100 ms of additive increase (1% of 8.5/s per second) = 5.955/s. Had B
-    // counted as sent when it queued, before the cut, the rate would have stayed near 8.5/s.
-    assert_eq!(rate(&allowance).await, 5_955);
+    // A's 429 cut 10/s to 8.5/s, and B's slot with it (re-timed: 117.6 ms after A, one
+    // interval of 8.5/s); B, sent then, cut again, fast: x0.7 of 8.5/s plus the 117.6 ms of
+    // additive increase (1% of 8.5/s per second) = 5.957/s. Had B counted as sent when it
+    // queued, before the cut, the rate would have stayed near 8.5/s.
+    assert_eq!(rate(&allowance).await, 5_957);
 }
 
 /// `now` as epoch seconds.

@@ -503,7 +503,7 @@ mod tests {
         }
         assert!(decode(&Op::Clear, &[1, 2, 3]).is_err());
         assert!(decode(&Op::Read { deposits: 0 }, &[0, 0, 0, -2, 0, 0, 0, 1]).is_err());
-        let ev = decode(&Op::Clear, &[9, 3, 0, 3, 0, 0, 0, 0, 0]).expect("an event");
+        let ev = decode(&Op::Clear, &[9, 3, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).expect("an event");
         assert!(matches!(ev, Reply::Changed(_)));
     }
 

@@ -80,6 +80,8 @@ where
     settled_only_when_the_rule_says(make().await).await;
     headroom_keeps_one_token_back(make().await).await;
     headroom_at_burst_one_lengthens_the_interval(make().await).await;
+    #[cfg(feature = "adaptive")]
+    a_cut_re_times_waiting_callers(make().await).await;
 }
 
 fn allowance<S: Store>(config: AllowanceConfig, store: S) -> Allowance {
@@ -272,6 +274,46 @@ async fn cooldown_moves_waiting_callers<S: Store>(store: S) {
         at.push(w.await.expect("task").expect("admitted").as_millis());
     }
     assert_eq!(at, [0, 0, 1500, 2000, 2500, 3000]);
+}
+
+/// A throttling response cuts an adaptive rate and re-times the callers waiting on slots
+/// reserved at the old rate (see `rule::Stretch`): each keeps its place, and the queue goes
+/// out at the new rate, whichever process holds the slots.
+#[cfg(feature = "adaptive")]
+async fn a_cut_re_times_waiting_callers<S: Store>(store: S) {
+    // 10/s (initial = ceiling: the slow start is capped from the first second), burst 2.
+    let adaptive = crate::AdaptiveRate::new(10.0, 0.5, 10.0).expect("valid");
+    let a = allowance(per_second(10, 2).with_adaptive_rate(adaptive), store);
+    let mut waiting = vec![];
+    for _ in 0..6 {
+        let a = a.clone();
+        waiting.push(tokio::spawn(async move {
+            acquire_at(&a, AcquireOptions::new()).await
+        }));
+    }
+    tokio::time::sleep(150 * MS).await;
+    // A 429 without a delay, to a request sent now: cut to 8.5/s. The slots still ahead
+    // (200, 300, 400 ms) are 0.5, 1.5 and 2.5 intervals of 10/s after the cut, now of 8.5/s.
+    let op = Op::Throttle {
+        delay_us: Some(0),
+        age_us: 0,
+    };
+    let Ok(Reply::Defer(d)) = a.shared.apply_async(op).await else {
+        panic!("a throttle's reply");
+    };
+    assert!(d.event.is_some(), "the re-timing is an event");
+    a.shared.after_defer(Instant::now(), &d, None);
+    let mut at = vec![];
+    for w in waiting {
+        at.push(w.await.expect("task").expect("admitted").as_micros());
+    }
+    // 150 + 50 / 0.85, + 150 / 0.85, + 250 / 0.85 ms, on the timer's millisecond.
+    assert_eq!(
+        at.iter().map(|us| us.div_ceil(1_000)).collect::<Vec<_>>(),
+        [0, 0, 100, 209, 327, 445]
+    );
+    // Cut to 8.5/s at 150 ms, grown by 1% of that a second until the read at 445 ms.
+    assert_eq!(a.store_state().await.expect("state").rate_milli, 8_525);
 }
 
 async fn cooldown_never_shortens<S: Store>(store: S) {

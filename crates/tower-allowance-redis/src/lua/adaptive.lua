@@ -45,20 +45,77 @@ local function effective_limits(at)
   return iv, tol
 end
 
--- A throttling response cuts the adaptive rate once per round (sent until s.rr, the last
--- slot reserved before the last cut, moved with the schedule by cooldowns since).
+-- rule::Stretch::apply (rule/ops.rs): where the slot at `t` moves when the pending schedule is
+-- re-timed: `from + ceil(∫ rate / new)`, the rate piecewise constant (doubling each second
+-- since `start` during the slow start, capped; constant at `base` when `start` is 0).
+local function stretch_apply(st, t)
+  if not st or t <= st[1] then return t end
+  local from, start, base, cap, new = st[1], st[2], st[3], st[4], st[5]
+  local at, q, r = from, 0, 0
+  while at < t do
+    local rate, stop
+    if start == 0 then
+      rate, stop = min(base, cap), t
+    else
+      local d = floor(sat_sub(at, start) / SLOW_START_DOUBLING_US)
+      if d >= 40 then rate = cap else rate = min(base * 2 ^ d, cap) end
+      if rate >= cap then
+        stop = t
+      else
+        stop = max(min(start + (d + 1) * SLOW_START_DOUBLING_US, t), at + 1)
+      end
+    end
+    local len = stop - at
+    local part = (len % new) * rate
+    q = q + floor(len / new) * rate + floor(part / new)
+    r = r + part % new
+    q = q + floor(r / new)
+    r = r % new
+    at = stop
+  end
+  local moved = from + q
+  if r > 0 then moved = moved + 1 end
+  return max(moved, t)
+end
+
+-- A throttling response cuts the adaptive rate once per round of sends (not for a request
+-- sent before the last cut or within ROUND_GRACE_US after it) and re-times the main limit's
+-- pending schedule at the new rate: returns the stretch {from, start, base, cap, new}, or nil.
 local function cut_rate(age)
   local rate = adaptive_rate()
-  if rate then
-    local sent = sat_sub(now, age)
-    if s.ca == 0 or sent > max(s.ca, s.rr + ROUND_GRACE_US) then
-      local keep = CUT_PER_MILLE
-      if s.ca ~= 0 and now - s.ca < FAST_CUT_WINDOW_US then keep = FAST_CUT_PER_MILLE end
-      s.rc = max(floor(rate * keep / 1000), max(P.ad_floor, 1))
-      s.ca = max(now, 1)
-      s.rr = max(s.ru, now)
-    end
+  if not rate then return nil end
+  local sent = sat_sub(now, age)
+  if s.ca ~= 0 and sent <= s.ca + ROUND_GRACE_US then return nil end
+  local keep = CUT_PER_MILLE
+  if s.ca ~= 0 and now - s.ca < FAST_CUT_WINDOW_US then keep = FAST_CUT_PER_MILLE end
+  local fl = max(P.ad_floor, 1)
+  local slow_start = s.ca == 0
+  local base, cap
+  if slow_start then
+    base = s.rc
+    if base == 0 then base = P.ad_init end
+    cap = P.ad_ceil
+    if s.av ~= 0 then cap = min(cap, s.av) end
+    cap = max(cap, fl)
+  else
+    local saved = now
+    now = max(now, s.ru)
+    base = adaptive_rate() or rate
+    now = saved
+    cap = base
   end
+  s.rc = max(floor(rate * keep / 1000), fl)
+  -- The bucket's debt keeps its count of units at the new rate, reserved slots or not.
+  local st
+  local start = 0
+  if slow_start then start = s.sa end
+  if base ~= 0 and cap ~= 0 and (start ~= 0 or min(base, cap) > s.rc) then
+    st = {max(now, s.bu), start, base, cap, s.rc}
+  end
+  s.ca = max(now, 1)
+  s[TAT[1]] = stretch_apply(st, s[TAT[1]])
+  s.ru = stretch_apply(st, s.ru)
+  return st
 end
 
 local function advertise(rate_milli)

@@ -16,7 +16,6 @@ local function rebase()
   s.np = sat_sub(s.np, step)
   load(ADAPTIVE)
   s.ca = sat_sub(s.ca, step)
-  s.rr = sat_sub(s.rr, step)
   s.sa = sat_sub(s.sa, step)
   if P.kind == 2 then s.hd = sat_sub(s.hd, floor(step / max(P.b1, 1))) end
   s.rb = s.rb + step

@@ -45,7 +45,6 @@ local function extend_cooldown(delay)
     s[TAT[l]] = s[TAT[l]] + shift[l]
     if shift[l] > 0 then moved = true end
   end
-  if P.ad_on == 1 and s.rr > now then s.rr = s.rr + shift[1] end
   if moved then
     local last = until_us
     for l = 1, P.n do last = max(last, sat_sub(s[TAT[l]], P.tol[l])) end
@@ -72,9 +71,28 @@ local function clear()
   return event(3, 0, 0)
 end
 
--- A throttling response: cut the adaptive rate (once per round), then the cooldown.
+-- A throttling response: cut the adaptive rate (once per round; re-timing the pending
+-- schedule), then the cooldown; one event carries both (rule::throttle).
 local function throttle(delay, age)
-  cut_rate(age)
-  if delay == 0 then return {0, sat_sub(s.bu, now), 0, 0, 0} end
-  return extend_cooldown(delay)
+  local st = cut_rate(age)
+  local reply
+  if delay == 0 then
+    reply = {0, sat_sub(s.bu, now), 0, 0, 0}
+  else
+    reply = extend_cooldown(delay)
+  end
+  if not st then return reply end
+  if reply[5] == 1 then
+    -- The event from word 6 on; its kind is word 9 (1: moved; 2: closed, nothing to re-time).
+    if reply[9] == 1 then
+      for i = 1, 5 do reply[14 + i] = st[i] end
+    end
+    return reply
+  end
+  -- Nobody holds a slot to re-time: nothing to publish.
+  if s.ru == 0 or s.ru + PENDING_GRACE_US <= now then return reply end
+  s.ep = s.ep + 1
+  local ev = event(1, s.bu)
+  for i = 1, 5 do ev[9 + i] = st[i] end
+  return {reply[1], reply[2], reply[3], reply[4], 1, unpack(ev)}
 end

@@ -20,7 +20,7 @@ for i = 0, BUDGET_SLOTS - 1 do
   BUDGET[#BUDGET + 1] = 'w' .. i
 end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
-local ADAPTIVE = {'rc', 'ca', 'sa', 'av', 'rr'}
+local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
 local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a'}
 -- (Built without globals: a library's load-time code under `FUNCTION LOAD` sees none.)
 local FORMAT = {}
@@ -176,5 +176,5 @@ local function units(l, cost)
 end
 
 local function event(kind, w4, w5, w6, w7, w8)
-  return {s.gn, s.ep, s.rb, kind, w4 or 0, w5 or 0, w6 or 0, w7 or 0, w8 or 0}
+  return {s.gn, s.ep, s.rb, kind, w4 or 0, w5 or 0, w6 or 0, w7 or 0, w8 or 0, 0, 0, 0, 0, 0}
 end

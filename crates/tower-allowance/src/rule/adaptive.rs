@@ -1,6 +1,6 @@
 //! The adaptive rate: slow start, then additive increase and multiplicative decrease, capped by what a server advertises.
 
-use super::{LimitParams, Params, State, MAX_DELAY_US, MAX_LIMITS};
+use super::{LimitParams, Params, State, Stretch, MAX_DELAY_US, MAX_LIMITS};
 
 /// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
 ///
@@ -81,36 +81,68 @@ pub fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParam
     limits
 }
 
-/// A throttling response cuts the adaptive rate once per round: unless the throttled request
-/// was sent in the last cut's round, that is before the cut or on a slot reserved before it
-/// (until `round_until`, the latest slot then reserved, moved with the schedule by the
-/// cooldowns since, give or take [`ROUND_GRACE_US`]). Slots reserved at the old rate go out
-/// at its spacing and may be throttled too; each of their refusals cutting again collapsed
-/// the rate with many workers (one cut per worker's slot). See [`throttle`](super::throttle).
-pub fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64) {
-    if let Some(rate) = adaptive_rate(state, now, params) {
-        let sent = now.saturating_sub(age_us);
-        let round_end = state
-            .cut_at
-            .max(state.round_until.saturating_add(ROUND_GRACE_US));
-        if state.cut_at == 0 || sent > round_end {
-            let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
-            let keep = if fast {
-                FAST_CUT_PER_MILLE
-            } else {
-                CUT_PER_MILLE
-            };
-            let floor = params.adaptive.map_or(1, |a| a.floor_milli.max(1));
-            state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
-            state.cut_at = now.max(1);
-            state.round_until = state.reserved_until.max(now);
-        }
+/// A throttling response cuts the adaptive rate, once per round of sends: unless the
+/// throttled request was sent before the last cut (or within [`ROUND_GRACE_US`] after it, before the
+/// cut's event reached every holder). The main limit's pending schedule is re-timed at the
+/// new rate in the same step (the returned [`Stretch`], which holders apply to their slots),
+/// so the slots reserved before the cut go out at the new spacing: none of them is sent at
+/// the spacing that was throttled, and each of their refusals would otherwise cut again (with
+/// many workers, one cut per worker's slot: the rate collapsed). See [`throttle`](super::throttle).
+pub fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64) -> Stretch {
+    let Some(rate) = adaptive_rate(state, now, params) else {
+        return Stretch::NONE;
+    };
+    let sent = now.saturating_sub(age_us);
+    if state.cut_at != 0 && sent <= state.cut_at.saturating_add(ROUND_GRACE_US) {
+        return Stretch::NONE;
     }
+    let fast = state.cut_at != 0 && now - state.cut_at < FAST_CUT_WINDOW_US;
+    let keep = if fast {
+        FAST_CUT_PER_MILLE
+    } else {
+        CUT_PER_MILLE
+    };
+    let Some(a) = params.adaptive else {
+        return Stretch::NONE;
+    };
+    let floor = a.floor_milli.max(1);
+    // How the pending schedule was reserved: during the slow start at the doubling rate
+    // (capped as `adaptive_rate` caps it), after a cut at most at the rate of its last slot.
+    let slow_start = state.cut_at == 0;
+    let (base, cap) = if slow_start {
+        let base = if state.rate_at_cut == 0 {
+            a.initial_milli
+        } else {
+            state.rate_at_cut
+        };
+        let cap = match state.advertised {
+            0 => a.ceiling_milli,
+            adv => a.ceiling_milli.min(adv),
+        };
+        (base, cap.max(floor))
+    } else {
+        let last = adaptive_rate(state, now.max(state.reserved_until), params).unwrap_or(rate);
+        (last, last)
+    };
+    state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
+    // The bucket's debt keeps its count of units, now of the new rate: the schedule after
+    // `from` (the cooldown's end, or now) is re-timed, reserved slots or not.
+    let from = now.max(state.blocked_until);
+    let stretch = if slow_start {
+        Stretch::slow_start(from, state.started_at, base, cap, state.rate_at_cut)
+    } else {
+        Stretch::constant(from, base, state.rate_at_cut)
+    };
+    state.cut_at = now.max(1);
+    state.tat[0] = stretch.apply(state.tat[0]);
+    state.reserved_until = stretch.apply(state.reserved_until);
+    stretch
 }
 
-/// A request sent this long after the end of a cut's round still belongs to it (1 ms, the
-/// slots' granularity: a timer firing late on the last slot reserved before the cut).
-pub const ROUND_GRACE_US: u64 = 1_000;
+/// A request sent this long after a cut still belongs to the cut's round (100 ms: the cut's
+/// event reaches every holder well within it, and a timer firing late on a slot due at the
+/// cut is within it too).
+pub const ROUND_GRACE_US: u64 = 100_000;
 
 /// A server advertised its rate: the adaptive rate is capped at it from now on and, when
 /// configured to adopt it, restarts from it. Returns the adaptive rate now (0: not adaptive).

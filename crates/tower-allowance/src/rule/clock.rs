@@ -15,7 +15,6 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
     back(&mut state.blocked_until);
     back(&mut state.reserved_until);
     back(&mut state.cut_at);
-    back(&mut state.round_until);
     back(&mut state.started_at);
     if state.closed_until != FOREVER {
         back(&mut state.closed_until);

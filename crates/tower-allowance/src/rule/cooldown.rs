@@ -1,7 +1,7 @@
 //! The cooldown and the closed state: raised, never shortened; closed, cleared.
 
 use super::{
-    cut_rate, us, Admission, ClosedBy, Deferred, Event, EventKind, Params, State, FOREVER,
+    cut_rate, us, Admission, ClosedBy, Deferred, Event, EventKind, Params, State, Stretch, FOREVER,
     MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US,
 };
 
@@ -54,10 +54,6 @@ pub fn extend_cooldown(
     for (l, s) in shift.iter().enumerate().take(params.limit_count) {
         state.tat[l] = state.tat[l].saturating_add(*s);
     }
-    if state.round_until > now {
-        // An adaptive rate's round moves with the slots reserved in it.
-        state.round_until = state.round_until.saturating_add(shift[0]);
-    }
     if shift.iter().any(|s| *s > 0) {
         // The last reservation's new slot: where every limit conforms again.
         let mut last = until;
@@ -76,7 +72,11 @@ pub fn extend_cooldown(
             generation: state.generation,
             epoch: state.epoch,
             rebased: state.rebased,
-            kind: EventKind::Cooldown { until, shift },
+            kind: EventKind::Cooldown {
+                until,
+                shift,
+                stretch: Stretch::NONE,
+            },
         }),
     }
 }
@@ -150,8 +150,10 @@ pub fn clear(state: &mut State, now: u64) -> Event {
     }
 }
 
-/// A throttling response: cuts the adaptive rate ([`cut_rate`], when the rate adapts), then
-/// raises the cooldown as [`extend_cooldown`] does when the response asked for a delay.
+/// A throttling response: cuts the adaptive rate ([`cut_rate`], when the rate adapts, which
+/// re-times the pending schedule), then raises the cooldown as [`extend_cooldown`] does when
+/// the response asked for a delay. One event carries both moves (the re-timing first), so
+/// holders apply them as the store did.
 pub fn throttle(
     state: &mut State,
     now: u64,
@@ -159,8 +161,8 @@ pub fn throttle(
     delay_us: Option<u64>,
     age_us: u64,
 ) -> Deferred {
-    cut_rate(state, now, params, age_us);
-    match delay_us {
+    let stretch = cut_rate(state, now, params, age_us);
+    let mut deferred = match delay_us {
         Some(0) => Deferred {
             extended: false,
             blocked_for: us(state.blocked_until.saturating_sub(now)),
@@ -168,5 +170,32 @@ pub fn throttle(
             event: None,
         },
         delay => extend_cooldown(state, now, params, delay),
+    };
+    if stretch.is_none() {
+        return deferred;
     }
+    match &mut deferred.event {
+        Some(Event {
+            kind: EventKind::Cooldown { stretch: s, .. },
+            ..
+        }) => *s = stretch,
+        // Closed: the holders' reservations cannot be used anyway.
+        Some(_) => {}
+        // Nobody holds a slot to re-time: nothing to publish.
+        None if !pending(state, now) => {}
+        None => {
+            state.epoch += 1;
+            deferred.event = Some(Event {
+                generation: state.generation,
+                epoch: state.epoch,
+                rebased: state.rebased,
+                kind: EventKind::Cooldown {
+                    until: state.blocked_until,
+                    shift: [0; MAX_LIMITS],
+                    stretch,
+                },
+            });
+        }
+    }
+    deferred
 }

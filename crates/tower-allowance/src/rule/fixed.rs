@@ -4,7 +4,7 @@
 //! behind it), so `params.adaptive` is always `None` here and these are what `adaptive.rs`
 //! answers for it. Stores that mirror the rule (the Redis crate) build with the feature.
 
-use super::{LimitParams, Params, State, MAX_LIMITS};
+use super::{LimitParams, Params, State, Stretch, MAX_LIMITS};
 
 /// Never adapts.
 pub fn adaptive_rate(_state: &State, _now: u64, _params: &Params) -> Option<u64> {
@@ -17,7 +17,9 @@ pub fn effective_limits(_state: &State, _now: u64, params: &Params) -> [LimitPar
 }
 
 /// Nothing to cut.
-pub fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) {}
+pub fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) -> Stretch {
+    Stretch::NONE
+}
 
 /// Nothing to cap or adopt: 0, "not adaptive".
 pub fn advertise(_state: &mut State, _now: u64, _params: &Params, _rate_milli: u64) -> u64 {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 #[cfg(feature = "quota")]
 use super::ProbeOutcome;
-use super::{micros_ceil, micros_floor, Params, MAX_DELAY_US, MAX_LIMITS};
+use super::{micros_ceil, micros_floor, Params, MAX_DELAY_US, MAX_LIMITS, SLOW_START_DOUBLING_US};
 
 /// What an admission asks for.
 ///
@@ -254,14 +254,20 @@ impl Reservation {
             }
         }
         match event.kind {
-            EventKind::Cooldown { until, shift } => {
-                // The store moved each limit's schedule; the slot is the earliest instant at
-                // which every limit conforms again, never before the cooldown's end and never
-                // earlier than it was.
+            EventKind::Cooldown {
+                until,
+                shift,
+                stretch,
+            } => {
+                // The store re-timed the main limit's schedule (a cut of the adaptive rate),
+                // then moved each limit's; the slot is the earliest instant at which every
+                // limit conforms again, never before the cooldown's end and never earlier
+                // than it was.
                 let old = self.slot;
                 let n = params.limit_count;
+                self.tat[0] = stretch.apply(self.tat[0]);
                 let least = shift[..n].iter().copied().min().unwrap_or(0);
-                let mut slot = old.saturating_add(least).max(until);
+                let mut slot = stretch.apply(old).saturating_add(least).max(until);
                 if params.adaptive.is_none() {
                     for (l, limit) in params.limits().iter().enumerate() {
                         slot = slot.max(
@@ -299,8 +305,142 @@ pub enum Applied {
     Lost,
 }
 
-/// Words in an encoded [`Event`]: generation, epoch, rebased, kind, and five per kind.
-pub const EVENT_WORDS: usize = 9;
+/// Words in an encoded [`Event`]: generation, epoch, rebased, kind, and ten per kind.
+pub const EVENT_WORDS: usize = 14;
+
+/// A re-timing of the main limit's pending schedule, published when a throttling response
+/// cuts the adaptive rate: every slot after `from` keeps its place in the queue, and the
+/// queue goes out at the new rate. The slots were reserved at the rate as it was when each
+/// fell (`rate(t)`: during the slow start the initial rate doubled every second since
+/// `start`, capped at `cap`; after a cut, at most `base`, constant); so the slot at `t`
+/// had `∫ rate` from `from` to `t` slots before it, and moves to `from + ∫ rate / new`,
+/// rounded up. No slot moves earlier.
+///
+#[cfg_attr(feature = "rule", doc = "```")]
+#[cfg_attr(not(feature = "rule"), doc = "```ignore")]
+/// use tower_allowance::rule::Stretch;
+///
+/// // Reserved at 4/s (4,000 thousandths), now 3/s: from 1 ms on, 4/3 as far.
+/// let s = Stretch::constant(1_000, 4_000, 3_000);
+/// assert_eq!(s.apply(4_000), 5_000);
+/// assert_eq!(s.apply(500), 500); // before `from`: unchanged
+/// // A slow start from 1/s (doubling each second since 1 us), cut to 2/s at 1 s: the
+/// // slot at 3 s had 2 + 4 = 6 before it, now 3 s after the cut.
+/// let s = Stretch::slow_start(1_000_001, 1, 1_000, 1_000_000, 2_000);
+/// assert_eq!(s.apply(3_000_001), 4_000_001);
+/// assert_eq!(Stretch::NONE.apply(4_000), 4_000);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stretch {
+    pub(crate) from: u64,
+    /// The slow start's start (0: the rate was constant at `base`).
+    pub(crate) start: u64,
+    pub(crate) base: u64,
+    pub(crate) cap: u64,
+    /// The new rate (0: no re-timing).
+    pub(crate) new: u64,
+}
+
+impl Stretch {
+    /// No re-timing.
+    pub const NONE: Self = Self {
+        from: 0,
+        start: 0,
+        base: 0,
+        cap: 0,
+        new: 0,
+    };
+
+    /// Slots after `from` were reserved at `rate_milli` at most; the queue now goes out at
+    /// `new_milli` (rates in thousandths per second). Nothing moves unless the rate fell.
+    pub const fn constant(from: u64, rate_milli: u64, new_milli: u64) -> Self {
+        Self::from_parts(from, 0, rate_milli, rate_milli, new_milli)
+    }
+
+    /// Slots after `from` were reserved during a slow start from `base_milli` at `start`
+    /// (doubling every second, capped at `cap_milli`); the queue now goes out at `new_milli`.
+    pub const fn slow_start(
+        from: u64,
+        start: u64,
+        base_milli: u64,
+        cap_milli: u64,
+        new_milli: u64,
+    ) -> Self {
+        Self::from_parts(from, start, base_milli, cap_milli, new_milli)
+    }
+
+    /// From [`Stretch::to_parts`]; [`Stretch::NONE`] when nothing would move.
+    pub const fn from_parts(from: u64, start: u64, base: u64, cap: u64, new: u64) -> Self {
+        let top = if cap < base { cap } else { base };
+        let fell = if start == 0 { top > new } else { true };
+        if new == 0 || base == 0 || cap == 0 || !fell {
+            Self::NONE
+        } else {
+            Self {
+                from,
+                start,
+                base,
+                cap,
+                new,
+            }
+        }
+    }
+
+    /// `(from, start, base, cap, new)`, for stores that carry it over the wire.
+    pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
+        (self.from, self.start, self.base, self.cap, self.new)
+    }
+
+    /// Whether anything moves.
+    pub const fn is_none(&self) -> bool {
+        self.new == 0
+    }
+
+    /// Where the slot at `t` moves (see the type's docs). Exact in integers below 2^53 for
+    /// rates up to 10,000 per second: every product is split below that (the Redis store's
+    /// Lua computes the same).
+    pub fn apply(&self, t: u64) -> u64 {
+        if self.is_none() || t <= self.from {
+            return t;
+        }
+        // Σ len * rate / new over the pieces where the rate is constant, as q + r / new.
+        let (mut at, mut q, mut r) = (self.from, 0u64, 0u64);
+        while at < t {
+            let (rate, end) = self.piece(at, t);
+            let len = end - at;
+            let part = (len % self.new).saturating_mul(rate);
+            q = q
+                .saturating_add((len / self.new).saturating_mul(rate))
+                .saturating_add(part / self.new);
+            r += part % self.new;
+            q = q.saturating_add(r / self.new);
+            r %= self.new;
+            at = end;
+        }
+        let moved = self.from.saturating_add(q).saturating_add(u64::from(r > 0));
+        moved.max(t)
+    }
+
+    /// The rate at `at`, and until when (at most `t`) it holds.
+    fn piece(&self, at: u64, t: u64) -> (u64, u64) {
+        if self.start == 0 {
+            return (self.base.min(self.cap), t);
+        }
+        let doublings = at.saturating_sub(self.start) / SLOW_START_DOUBLING_US;
+        let rate = if doublings >= 40 {
+            self.cap
+        } else {
+            self.base.saturating_mul(1 << doublings).min(self.cap)
+        };
+        if rate >= self.cap {
+            return (rate, t);
+        }
+        let next = self
+            .start
+            .saturating_add((doublings + 1).saturating_mul(SLOW_START_DOUBLING_US));
+        (rate, next.min(t).max(at + 1))
+    }
+}
 
 /// Something every holder of a reservation must hear of, published by the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,10 +474,15 @@ impl Event {
         w[1] = self.epoch;
         w[2] = self.rebased;
         match self.kind {
-            EventKind::Cooldown { until, shift } => {
+            EventKind::Cooldown {
+                until,
+                shift,
+                stretch,
+            } => {
                 w[3] = 1;
                 w[4] = until;
-                w[5..].copy_from_slice(&shift);
+                w[5..5 + MAX_LIMITS].copy_from_slice(&shift);
+                (w[9], w[10], w[11], w[12], w[13]) = stretch.to_parts();
             }
             EventKind::Closed { until, by } => {
                 w[3] = 2;
@@ -358,8 +503,12 @@ impl Event {
         let kind = match w[3] {
             1 => {
                 let mut shift = [0; MAX_LIMITS];
-                shift.copy_from_slice(&w[5..]);
-                EventKind::Cooldown { until: w[4], shift }
+                shift.copy_from_slice(&w[5..5 + MAX_LIMITS]);
+                EventKind::Cooldown {
+                    until: w[4],
+                    shift,
+                    stretch: Stretch::from_parts(w[9], w[10], w[11], w[12], w[13]),
+                }
             }
             2 => EventKind::Closed {
                 until: w[4],
@@ -381,12 +530,16 @@ impl Event {
 /// What an [`Event`] says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    /// The cooldown was extended to `until`; each limit's pending schedule moved by its shift.
+    /// The pending schedule moved: the main limit's re-timed by `stretch` (a cut of the
+    /// adaptive rate), then each limit's moved by its shift (the cooldown was extended to
+    /// `until`).
     Cooldown {
-        /// The new cooldown deadline, on the store's clock.
+        /// The cooldown deadline, on the store's clock (unchanged when only `stretch` moves).
         until: u64,
         /// Per limit, microseconds the pending schedule moved (zeros when none was pending).
         shift: [u64; MAX_LIMITS],
+        /// The main limit's re-timing, applied before the shift ([`Stretch::NONE`]: none).
+        stretch: Stretch,
     },
     /// The allowance closed until `until` ([`FOREVER`](super::FOREVER): until cleared).
     Closed {

@@ -50,10 +50,6 @@ pub struct State {
     pub(crate) rate_at_cut: u64,
     /// Adaptive rate: when it was last cut (0: never; the rate is still doubling).
     pub(crate) cut_at: u64,
-    /// Adaptive rate: the end of the last cut's round, the latest slot reserved before it
-    /// (moved with the schedule by cooldowns): throttling of a request sent until then does
-    /// not cut again.
-    pub(crate) round_until: u64,
     /// Adaptive rate: when its slow start began (the first admission).
     pub(crate) started_at: u64,
     /// Adaptive rate: the rate a server advertised (0: none).

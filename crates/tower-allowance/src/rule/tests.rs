@@ -517,6 +517,7 @@ fn events_round_trip_as_words() {
             kind: EventKind::Cooldown {
                 until: 99,
                 shift: [5, 6, 7, 8],
+                stretch: Stretch::slow_start(40, 1, 2_000, 200_000, 1_700),
             },
         },
         Event {
@@ -748,11 +749,13 @@ fn adaptive_rate_starts_slow_then_cuts_and_grows_additively() {
     throttle_at(&mut s, 5_000_010, &p, 10);
     assert_eq!(rate(&s, 5_000_010), (27_200 + 272) * 700 / 1000);
     assert!(rate(&s, 5_000_010) < 20_000);
-    // Never below the floor (each a round of its own: sent after the one before).
-    for i in 0..40 {
-        throttle_at(&mut s, 5_000_020 + i * 2_000, &p, 0);
+    // Never below the floor (each a round of its own: sent over 100 ms after the one before).
+    let mut at = 5_000_010;
+    for _ in 0..40 {
+        at += 100_001;
+        throttle_at(&mut s, at, &p, 0);
     }
-    assert_eq!(rate(&s, 5_100_000), 500);
+    assert_eq!(rate(&s, at), 500);
 }
 
 #[test]
@@ -785,44 +788,177 @@ fn a_slow_start_spaces_a_schedule_reserved_ahead_by_its_rate_then() {
 
 #[test]
 #[cfg(feature = "adaptive")]
-fn an_adaptive_rate_is_cut_once_per_round_of_reserved_slots() {
+fn a_cut_re_times_the_slots_reserved_at_the_old_rate_and_cuts_once_per_round() {
     let p = adaptive_params(200.0, 0.5, 200.0, false);
     let mut s = State::default();
     let rate = |s: &State, now| adaptive_rate(s, now, &p).expect("adaptive");
-    // Twenty workers at once at 200/s: four now, sixteen reserved 5 ms apart (to 80 ms).
-    let slots: Vec<u64> = (0..20)
-        .map(|_| admitted_at(1, admit_at(&mut s, 1, &p, FIRST)).expect("admitted"))
-        .collect();
+    // Twenty workers at once at 200/s: four now, sixteen reserved 5 ms apart (to 81 ms).
+    let mut held: Vec<Reservation> = Vec::new();
+    let mut slots: Vec<u64> = Vec::new();
+    for _ in 0..20 {
+        let a = admit_at(&mut s, 1, &p, FIRST);
+        slots.push(admitted_at(1, a).expect("admitted"));
+        if let Admission::Reserved { reservation, .. } = a {
+            held.push(reservation);
+        }
+    }
     assert_eq!(slots[4..6], [6_000, 11_000]);
     assert_eq!(slots[19], 81_000);
-    let throttle = |s: &mut State, now: u64| {
-        let _ = apply(
+    // The fifth, sent at 5 ms, is throttled (Retry-After 1 s): cut to 170/s; the sixteen
+    // pending slots are re-timed at 170/s (each keeps its place in the queue), then moved
+    // past the cooldown.
+    let throttle = |s: &mut State, now: u64, age_us: u64| {
+        let Reply::Defer(d) = apply(
             s,
             now,
             &p,
             &Op::Throttle {
                 delay_us: Some(1_000_000),
-                age_us: 0,
+                age_us,
             },
-        );
+        ) else {
+            panic!("a defer's reply");
+        };
+        d
     };
-    // The fifth, sent at 5 ms, is throttled: cut to 170/s, and the round is every slot
-    // reserved until then; the cooldown (1 s) moves them, and the round with them.
-    throttle(&mut s, 5_001);
+    let d = throttle(&mut s, 5_001, 0);
     assert_eq!(rate(&s, 5_001), 170_000);
-    assert_eq!(s.round_until, 1_081_000);
-    // The slots of that round, sent after the cooldown at the old spacing and throttled
-    // again, do not cut again (each used to: a cut per waiting worker).
-    throttle(&mut s, 1_030_001);
-    throttle(&mut s, 2_040_001);
+    let event = d.event.expect("an event");
+    let EventKind::Cooldown { stretch, shift, .. } = event.kind() else {
+        panic!("a cooldown event");
+    };
+    assert_eq!(stretch.to_parts(), (5_001, 1, 200_000, 200_000, 170_000));
+    assert_eq!(shift[0], 1_000_000);
+    let moved: Vec<u64> = held
+        .iter_mut()
+        .map(|r| {
+            assert!(matches!(r.apply(&event, &p), Applied::Moved(_)));
+            r.slot()
+        })
+        .collect();
+    // 5,001 + ceil(999 * 200 / 170) = 6,177; then 1 s later.
+    assert_eq!(moved[0], 1_006_177);
+    for w in moved.windows(2) {
+        assert!(w[1] - w[0] >= 5_882, "spaced at 170/s at least: {w:?}");
+        assert!(w[1] - w[0] <= 5_884, "and no more: {w:?}");
+    }
+    // The schedule's end moved with them: the next caller queues about one interval later
+    // (at the rate then, grown by 1% a second since the cut, and on the millisecond grid).
+    let next = admitted_at(5_001, admit_at(&mut s, 5_001, &p, FIRST)).expect("admitted");
+    assert!(
+        (5_500..=6_900).contains(&(next - moved[15])),
+        "{next} after {}",
+        moved[15]
+    );
+    // A 429 to a request sent before the cut (in flight then) is of the same round: no cut.
+    throttle(&mut s, 30_001, 26_000);
     assert_eq!((s.rate_at_cut, s.cut_at), (170_000, 5_001));
-    assert_eq!(s.round_until, 3_081_000, "moved by both cooldowns");
-    // A request reserved after the cut, sent after the round, is throttled: a new cut.
-    let next = admitted_at(2_050_001, admit_at(&mut s, 2_050_001, &p, FIRST)).expect("admitted");
-    assert_eq!(next, 3_083_000);
-    throttle(&mut s, next);
-    let before = 170_000 + 170_000 * (next - 5_001) / 100_000_000;
-    assert_eq!((s.rate_at_cut, s.cut_at), (before * 850 / 1_000, next));
+    // A re-timed slot throttled when sent (after the cooldown) is new evidence: cut again,
+    // fast (within 2.5 s of the last): 70% of the rate then.
+    let sent = moved[1];
+    throttle(&mut s, sent + 2_000, 2_000);
+    let then = 170_000 + 170_000 * (sent + 2_000 - 5_001) / 100_000_000;
+    assert_eq!(s.rate_at_cut, then * 700 / 1_000);
+}
+
+#[test]
+#[cfg(feature = "adaptive")]
+fn a_cut_during_the_slow_start_keeps_each_slots_place_in_the_queue() {
+    // Sixteen workers at once from 2/s (slots spaced by the doubling rate, to 4,063 ms), the
+    // fifteenth throttled when sent at 4,000 ms with no delay asked: cut to 85% of 16/s.
+    let p = adaptive_params(2.0, 0.5, 200.0, false);
+    let mut s = State::default();
+    let mut held: Vec<Reservation> = Vec::new();
+    for _ in 0..16 {
+        if let Admission::Reserved { reservation, .. } = admit_at(&mut s, 0, &p, FIRST) {
+            held.push(reservation);
+        }
+    }
+    let Reply::Defer(d) = apply(
+        &mut s,
+        4_000_000,
+        &p,
+        &Op::Throttle {
+            delay_us: Some(0),
+            age_us: 0,
+        },
+    ) else {
+        panic!("a defer's reply");
+    };
+    assert_eq!(s.rate_at_cut, 13_600);
+    // No cooldown, and still an event: the re-timing.
+    assert!(!d.extended);
+    let event = d.event.expect("the re-timing's event");
+    let last = held.last_mut().expect("held");
+    assert_eq!(last.slot(), 4_063_000);
+    // Its 63 ms past the cut fall after the doubling at 4 s: counted as reserved at 32/s,
+    // 2.016 slots (the count errs late across a doubling, by at most one slot each: a slot
+    // is spaced by the rate at the one before it), now 148.2 ms at 13.6/s.
+    assert_eq!(last.apply(&event, &p), Applied::Moved(85_235));
+    assert_eq!(last.slot(), 4_148_235);
+    // The one at the cut stays; each keeps its place.
+    let slots: Vec<u64> = held
+        .iter_mut()
+        .map(|r| {
+            r.apply(&event, &p);
+            r.slot()
+        })
+        .collect();
+    assert!(slots.windows(2).all(|w| w[0] <= w[1]), "{slots:?}");
+    // Nothing else pending, so a cut with nothing pending publishes nothing.
+    let mut idle = State::default();
+    admit_at(&mut idle, 0, &p, FIRST);
+    let Reply::Defer(d) = apply(
+        &mut idle,
+        9_000_000,
+        &p,
+        &Op::Throttle {
+            delay_us: Some(0),
+            age_us: 0,
+        },
+    ) else {
+        panic!("a defer's reply");
+    };
+    assert_eq!(d.event, None);
+}
+
+#[test]
+fn a_stretch_is_exact_piecewise_and_never_earlier() {
+    // Constant: 4/s re-timed to 3/s.
+    let s = Stretch::constant(1_000, 4_000, 3_000);
+    assert_eq!(s.apply(1_000), 1_000);
+    assert_eq!(s.apply(1_003), 1_004);
+    assert_eq!(s.apply(4_000), 5_000);
+    // A rate that did not fall moves nothing.
+    assert!(Stretch::constant(0, 3_000, 3_000).is_none());
+    assert!(Stretch::constant(0, 2_000, 3_000).is_none());
+    // The slow start from 1/s at 1 us (1, 2, 4, 8/s each second), capped at 5/s, cut to
+    // 2/s at 1 s: from 1 s to 4 s, 2 + 4 + 5 = 11 slots; at 2/s that is 5.5 s.
+    let s = Stretch::slow_start(1_000_001, 1, 1_000, 5_000, 2_000);
+    assert_eq!(s.apply(4_000_001), 6_500_001);
+    assert_eq!(s.apply(2_000_001), 2_000_001);
+    // A slow start whose start is 0 (rebased away) is the constant rate it then reports.
+    let (a, b) = (
+        Stretch::slow_start(0, 0, 4_000, 5_000, 2_000),
+        Stretch::constant(0, 4_000, 2_000),
+    );
+    assert_eq!(a.apply(3_000_000), 6_000_000);
+    assert_eq!(b.apply(3_000_000), 6_000_000);
+    // Huge instants saturate instead of overflowing, never earlier.
+    let s = Stretch::constant(0, 10_000_000, 1);
+    assert_eq!(s.apply(u64::MAX - 1), u64::MAX);
+    let words = Event {
+        generation: 1,
+        epoch: 2,
+        rebased: 0,
+        kind: EventKind::Cooldown {
+            until: 5,
+            shift: [0; MAX_LIMITS],
+            stretch: Stretch::constant(7, 9, 8),
+        },
+    }
+    .to_words();
+    assert_eq!(words[9..], [7, 0, 9, 9, 8]);
 }
 
 #[test]
