@@ -385,8 +385,16 @@ async fn axum_proxy_answers_503_with_the_shared_cooldown_as_retry_after() {
         }));
     }
     let mut answers = Vec::new();
+    let mut said = Vec::new();
     for task in inbound {
-        answers.push(task.await.expect("joins"));
+        let (parts, body) = task.await.expect("joins").into_parts();
+        let text = axum::body::to_bytes(body, 1 << 16).await.expect("a body");
+        said.push(format!(
+            "{} {:?}",
+            parts.status,
+            String::from_utf8_lossy(&text)
+        ));
+        answers.push(axum::response::Response::from_parts(parts, Body::empty()));
     }
     let log = upstream.log();
     upstream.shutdown().await;
@@ -415,7 +423,13 @@ async fn axum_proxy_answers_503_with_the_shared_cooldown_as_retry_after() {
     // Taken from the cooldown the upstream's Retry-After: 7 raised, as it runs down: 6 or 7
     // while the 503s come within a second of the 429 (eight requests on loopback, some
     // milliseconds: a margin of a hundred times), above 5 s at the end.
-    assert!(refused.iter().all(|s| (6..=7).contains(s)), "{refused:?}");
+    let log_line =
+        |r: &allowance_testkit::upstream::SeenRequest| format!("{} at {} ms", r.status, r.at_ms);
+    assert!(
+        refused.iter().all(|s| (6..=7).contains(s)),
+        "{refused:?}; answers {said:?}; upstream saw {:?}",
+        log.iter().map(log_line).collect::<Vec<_>>()
+    );
     let cooling = allowance.snapshot().cooling_for.expect("cooling down");
     assert!(cooling > Duration::from_secs(5), "{cooling:?}");
 }

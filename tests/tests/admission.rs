@@ -337,15 +337,50 @@ async fn readiness_probing_spends_no_tokens() {
     assert_eq!(allowance.snapshot().admitted, 0);
     // The one token is still there: this call goes straight through.
     let start = Instant::now();
-    let fut = service.call(Request::new(()));
+    let fut = tokio::spawn(service.call(Request::new(())));
     let (_req, send) = handle
         .next_request()
         .await
         .expect("request reached the inner service");
     send.send_response(Response::new(()));
-    fut.await.expect("response");
+    fut.await.expect("task").expect("response");
     assert_eq!(ms_since(start), 0);
     assert_eq!(allowance.snapshot().admitted, 1);
+}
+
+/// A call's future asks for admission when first polled: one dropped unpolled (a caller
+/// that gave up before awaiting, a `select!` that picked another branch) takes no token and
+/// reserves no slot, and the inner service never sees its request.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_unpolled_takes_no_token() {
+    let allowance = allowance(1, 2);
+    let (service, mut handle) = mock::pair::<Request<()>, Response<()>>();
+    let mut service = ServiceBuilder::new()
+        .layer(AdmissionLayer::new(allowance.clone()))
+        .service(service);
+    handle.allow(10);
+    for _ in 0..5 {
+        service.ready().await.expect("ready");
+        drop(service.call(Request::new(())));
+    }
+    assert_eq!(allowance.snapshot().admitted, 0);
+    // The whole burst is still there: two calls go at once, the third a second later.
+    let start = Instant::now();
+    let calls: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(service.call(Request::new(()))))
+        .collect();
+    for _ in 0..3 {
+        let (_r, send) = handle.next_request().await.expect("request");
+        assert!(ms_since(start) <= 1000);
+        send.send_response(Response::new(()));
+    }
+    let mut at = vec![];
+    for c in calls {
+        c.await.expect("task").expect("response");
+        at.push(ms_since(start));
+    }
+    assert_eq!(at.iter().max(), Some(&1000));
+    assert_eq!(allowance.snapshot().admitted, 3);
 }
 
 #[tokio::test(start_paused = true)]

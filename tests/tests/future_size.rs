@@ -15,7 +15,7 @@ use http_body_util::Empty;
 use tower::{service_fn, Layer, Service};
 use tower_allowance::{Allowance, AllowanceConfig};
 
-const LIMIT: usize = 512;
+const LIMIT: usize = 640;
 
 fn answer<B>(_req: Request<B>) -> Ready<Result<Response<()>, Infallible>> {
     ready(Ok(Response::new(())))

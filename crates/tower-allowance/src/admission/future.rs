@@ -1,6 +1,7 @@
 use std::{
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{ready, Context, Poll},
 };
 
@@ -13,6 +14,7 @@ use crate::{
     acquire::OwnedAdmit,
     error::{AbandonReason, Abandoned},
     extensions::SentAt,
+    shared::Shared,
     BoxError,
 };
 
@@ -33,6 +35,10 @@ pin_project! {
     where
         S: Service<Req>,
     {
+        // Not polled yet: nothing asked of the allowance or the inner service.
+        Start {
+            start: Option<Start<S, Req>>,
+        },
         Waiting {
             // Boxed, with the request and the service it waits to call: only a waiting
             // request pays for the timers, the store future and the request's room, and
@@ -47,6 +53,14 @@ pin_project! {
             error: Option<BoxError>,
         },
     }
+}
+
+/// What a future not yet polled keeps: the allowance, the inner service (a clone, readied
+/// only once admitted) and the request.
+pub(crate) struct Start<S, Req> {
+    shared: Arc<Shared>,
+    service: S,
+    request: Req,
 }
 
 pin_project! {
@@ -65,6 +79,18 @@ pin_project! {
 }
 
 impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+    pub(crate) fn start(shared: Arc<Shared>, service: S, request: Req) -> Self {
+        Self {
+            state: State::Start {
+                start: Some(Start {
+                    shared,
+                    service,
+                    request,
+                }),
+            },
+        }
+    }
+
     pub(crate) fn called(future: S::Future) -> Self {
         Self {
             state: State::Called { future },
@@ -106,9 +132,9 @@ impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
     }
 }
 
-impl<S, Req> Future for ResponseFuture<S, Req>
+impl<S, B> Future for ResponseFuture<S, Request<B>>
 where
-    S: Service<Req>,
+    S: Service<Request<B>>,
     S::Error: Into<BoxError>,
 {
     type Output = Result<S::Response, BoxError>;
@@ -117,6 +143,17 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Start { start } => {
+                    let Start {
+                        shared,
+                        service,
+                        request,
+                    } = start
+                        .take()
+                        .expect("admission future polled after completion");
+                    let next = super::service::begin_call(&shared, service, request, cx);
+                    this.state.set(next.state);
+                }
                 StateProj::Waiting { waiting } => {
                     let mut waiting = waiting.as_mut().project();
                     if let Some(acquire) = waiting.acquire.as_mut().as_pin_mut() {

@@ -1,11 +1,13 @@
 //! Shared admission: every attempt, first try or retry, waits for the allowance.
 //!
 //! An attempt waits first until the shared cooldown has passed, then for a token, in
-//! arrival order. The token is taken in `call`, never in `poll_ready`, so a balancer probing
-//! readiness spends nothing. A caller that must wait has its slot reserved when it asks; if
-//! it gives up while it waits (its future dropped), the slot goes back only when it is still
-//! the latest one reserved, otherwise that one slot is lost to everyone (a bounded cost:
-//! one slot per cancelled waiter).
+//! arrival order of the first polls. The token is taken when the response future is first
+//! polled, never in `poll_ready` or `call`: a balancer probing readiness spends nothing, and
+//! a future dropped unpolled (a caller that gave up before awaiting it, a `select!` that
+//! picked another branch) takes no token. A caller that must wait has its slot reserved
+//! when it asks; if it gives up while it waits (its future dropped), the slot goes to the
+//! next waiter in the process, or back to the store when it is the latest one reserved
+//! (docs/scale-out.md, "Cancelled waiters", says what remains lost and why).
 //!
 //! Requests may carry a [`Deadline`](crate::Deadline): if admission cannot happen by then,
 //! the call fails at once with [`Abandoned`](crate::error::Abandoned) (reason `Deadline`).
@@ -14,12 +16,12 @@
 //! # Readiness
 //!
 //! [`Admission`] is always ready: the admission is not a scarce resource (a full queue is a
-//! verdict of `call`), and it never reserves the inner service's readiness (a
-//! `ConcurrencyLimit` permit, a `Buffer` slot, a connection) through a wait. A request admitted
-//! at once is sent in `call` if the inner service is ready then, its readiness held no longer
-//! than the call; otherwise a clone of the inner service (`S: Clone`; a clone is not ready)
-//! waits in the response future, and is polled ready and called only once the request is
-//! admitted. So a request in a cooldown never holds what another allowance's (or key's)
+//! verdict of the future's first poll), and it never reserves the inner service's readiness
+//! (a `ConcurrencyLimit` permit, a `Buffer` slot, a connection) through a wait: `call` only
+//! moves the request and a clone of the inner service (`S: Clone`; a clone is not ready)
+//! into the response future, and that clone is polled ready and called only once the
+//! request is admitted (a request admitted at its first poll is sent then if the clone is
+//! ready). So a request in a cooldown never holds what another allowance's (or key's)
 //! requests need, and one whose inner service is still not ready at its `Deadline` fails
 //! then with the deadline verdict.
 //!

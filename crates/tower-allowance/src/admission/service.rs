@@ -1,4 +1,4 @@
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use http::Request;
 use tokio::time::Instant;
@@ -83,41 +83,51 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let options = options_for(&req);
-        let shared = &self.allowance.shared;
-        let mut progress = Progress::default();
-        let now = Instant::now();
-        let step = match req.extensions().get::<RetryTicket>().map(RetryTicket::take) {
-            // A retry the retry policy already admitted (or gave up on) while it waited.
-            Some(Ticket::Admitted) => Begin::Ready(Ok(())),
-            Some(Ticket::Failed(e)) => Begin::Ready(Err(e)),
-            _ => acquire::begin(shared, &options, &mut progress, now),
-        };
-        match step {
-            // Admitted now: sent now if the inner service is ready now (with a waker that
-            // does nothing: its readiness is reserved for no longer than this call).
-            Begin::Ready(Ok(())) => match self
-                .inner
-                .poll_ready(&mut Context::from_waker(Waker::noop()))
-            {
-                Poll::Ready(Ok(())) => {
-                    mark_sent(&req, now);
-                    ResponseFuture::called(self.inner.call(req))
-                }
-                Poll::Ready(Err(e)) => ResponseFuture::failed(e.into()),
-                Poll::Pending => {
-                    // The future waits for that readiness, with the service that asked for it.
-                    let clone = self.inner.clone();
-                    let asked = std::mem::replace(&mut self.inner, clone);
-                    ResponseFuture::waiting(None, options.deadline, asked, req)
-                }
-            },
-            Begin::Ready(Err(e)) => ResponseFuture::failed(e.into_box()),
-            step => {
-                let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
-                let service = self.inner.clone();
-                ResponseFuture::waiting(Some(admit), options.deadline, service, req)
+        // Nothing is decided here: the first poll asks for admission, so a future dropped
+        // unpolled takes no token (and reserves no slot).
+        let service = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, service);
+        ResponseFuture::start(self.allowance.shared.clone(), inner, req)
+    }
+}
+
+/// The first poll of an admission future: asks for admission for `req` (or takes the retry
+/// policy's ticket) and, admitted now, readies `inner` and calls it; otherwise the step the
+/// future then waits on.
+pub(crate) fn begin_call<S, B>(
+    shared: &std::sync::Arc<crate::shared::Shared>,
+    mut inner: S,
+    req: Request<B>,
+    cx: &mut Context<'_>,
+) -> ResponseFuture<S, Request<B>>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+{
+    let options = options_for(&req);
+    let mut progress = Progress::default();
+    let now = Instant::now();
+    let step = match req.extensions().get::<RetryTicket>().map(RetryTicket::take) {
+        // A retry the retry policy already admitted (or gave up on) while it waited.
+        Some(Ticket::Admitted) => Begin::Ready(Ok(())),
+        Some(Ticket::Failed(e)) => Begin::Ready(Err(e)),
+        _ => acquire::begin(shared, &options, &mut progress, now),
+    };
+    match step {
+        // Admitted now: sent now if the inner service is ready now.
+        Begin::Ready(Ok(())) => match inner.poll_ready(cx) {
+            Poll::Ready(Ok(())) => {
+                mark_sent(&req, now);
+                ResponseFuture::called(inner.call(req))
             }
+            Poll::Ready(Err(e)) => ResponseFuture::failed(e.into()),
+            // The future waits for that readiness (the waker is registered), by the deadline.
+            Poll::Pending => ResponseFuture::waiting(None, options.deadline, inner, req),
+        },
+        Begin::Ready(Err(e)) => ResponseFuture::failed(e.into_box()),
+        step => {
+            let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
+            ResponseFuture::waiting(Some(admit), options.deadline, inner, req)
         }
     }
 }

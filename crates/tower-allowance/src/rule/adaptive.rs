@@ -1,6 +1,6 @@
 //! The adaptive rate: slow start, then additive increase and multiplicative decrease, capped by what a server advertises.
 
-use super::{LimitParams, Params, State, Stretch, MAX_DELAY_US, MAX_LIMITS};
+use super::{LimitParams, Params, State, MAX_DELAY_US, MAX_LIMITS};
 
 /// The adaptive rate at `now`, in thousandths of a request per second, if the rate adapts.
 ///
@@ -47,9 +47,6 @@ pub fn adaptive_rate(state: &State, now: u64, params: &Params) -> Option<u64> {
     }
     Some(rate.min(ceiling).max(a.floor_milli))
 }
-
-/// A slow start doubles the adaptive rate this often (one second).
-pub const SLOW_START_DOUBLING_US: u64 = 1_000_000;
 
 /// After a cut the adaptive rate grows by its value at the cut every this long (100 s: 1% per
 /// second).
@@ -159,4 +156,141 @@ pub fn advertise(state: &mut State, now: u64, params: &Params, rate_milli: u64) 
         state.cut_at = now.max(1);
     }
     adaptive_rate(state, now, params).unwrap_or(0)
+}
+
+/// A slow start doubles the adaptive rate this often (one second).
+pub const SLOW_START_DOUBLING_US: u64 = 1_000_000;
+
+/// A re-timing of the main limit's pending schedule, published when a throttling response
+/// cuts the adaptive rate: every slot after `from` keeps its place in the queue, and the
+/// queue goes out at the new rate. The slots were reserved at the rate as it was when each
+/// fell (`rate(t)`: during the slow start the initial rate doubled every second since
+/// `start`, capped at `cap`; after a cut, at most `base`, constant); so the slot at `t`
+/// had `∫ rate` from `from` to `t` slots before it, and moves to `from + ∫ rate / new`,
+/// rounded up. No slot moves earlier.
+///
+#[cfg_attr(feature = "rule", doc = "```")]
+#[cfg_attr(not(feature = "rule"), doc = "```ignore")]
+/// use tower_allowance::rule::Stretch;
+///
+/// // Reserved at 4/s (4,000 thousandths), now 3/s: from 1 ms on, 4/3 as far.
+/// let s = Stretch::constant(1_000, 4_000, 3_000);
+/// assert_eq!(s.apply(4_000), 5_000);
+/// assert_eq!(s.apply(500), 500); // before `from`: unchanged
+/// // A slow start from 1/s (doubling each second since 1 us), cut to 2/s at 1 s: the
+/// // slot at 3 s had 2 + 4 = 6 before it, now 3 s after the cut.
+/// let s = Stretch::slow_start(1_000_001, 1, 1_000, 1_000_000, 2_000);
+/// assert_eq!(s.apply(3_000_001), 4_000_001);
+/// assert_eq!(Stretch::NONE.apply(4_000), 4_000);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stretch {
+    pub(crate) from: u64,
+    /// The slow start's start (0: the rate was constant at `base`).
+    pub(crate) start: u64,
+    pub(crate) base: u64,
+    pub(crate) cap: u64,
+    /// The new rate (0: no re-timing).
+    pub(crate) new: u64,
+}
+
+impl Stretch {
+    /// No re-timing.
+    pub const NONE: Self = Self {
+        from: 0,
+        start: 0,
+        base: 0,
+        cap: 0,
+        new: 0,
+    };
+
+    /// Slots after `from` were reserved at `rate_milli` at most; the queue now goes out at
+    /// `new_milli` (rates in thousandths per second). Nothing moves unless the rate fell.
+    pub const fn constant(from: u64, rate_milli: u64, new_milli: u64) -> Self {
+        Self::from_parts(from, 0, rate_milli, rate_milli, new_milli)
+    }
+
+    /// Slots after `from` were reserved during a slow start from `base_milli` at `start`
+    /// (doubling every second, capped at `cap_milli`); the queue now goes out at `new_milli`.
+    pub const fn slow_start(
+        from: u64,
+        start: u64,
+        base_milli: u64,
+        cap_milli: u64,
+        new_milli: u64,
+    ) -> Self {
+        Self::from_parts(from, start, base_milli, cap_milli, new_milli)
+    }
+
+    /// From [`Stretch::to_parts`]; [`Stretch::NONE`] when nothing would move.
+    pub const fn from_parts(from: u64, start: u64, base: u64, cap: u64, new: u64) -> Self {
+        let top = if cap < base { cap } else { base };
+        let fell = if start == 0 { top > new } else { true };
+        if new == 0 || base == 0 || cap == 0 || !fell {
+            Self::NONE
+        } else {
+            Self {
+                from,
+                start,
+                base,
+                cap,
+                new,
+            }
+        }
+    }
+
+    /// `(from, start, base, cap, new)`, for stores that carry it over the wire.
+    pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
+        (self.from, self.start, self.base, self.cap, self.new)
+    }
+
+    /// Whether anything moves.
+    pub const fn is_none(&self) -> bool {
+        self.new == 0
+    }
+
+    /// Where the slot at `t` moves (see the type's docs). Exact in integers below 2^53 for
+    /// rates up to 10,000 per second: every product is split below that (the Redis store's
+    /// Lua computes the same).
+    pub fn apply(&self, t: u64) -> u64 {
+        if self.is_none() || t <= self.from {
+            return t;
+        }
+        // Σ len * rate / new over the pieces where the rate is constant, as q + r / new.
+        let (mut at, mut q, mut r) = (self.from, 0u64, 0u64);
+        while at < t {
+            let (rate, end) = self.piece(at, t);
+            let len = end - at;
+            let part = (len % self.new).saturating_mul(rate);
+            q = q
+                .saturating_add((len / self.new).saturating_mul(rate))
+                .saturating_add(part / self.new);
+            r += part % self.new;
+            q = q.saturating_add(r / self.new);
+            r %= self.new;
+            at = end;
+        }
+        let moved = self.from.saturating_add(q).saturating_add(u64::from(r > 0));
+        moved.max(t)
+    }
+
+    /// The rate at `at`, and until when (at most `t`) it holds.
+    fn piece(&self, at: u64, t: u64) -> (u64, u64) {
+        if self.start == 0 {
+            return (self.base.min(self.cap), t);
+        }
+        let doublings = at.saturating_sub(self.start) / SLOW_START_DOUBLING_US;
+        let rate = if doublings >= 40 {
+            self.cap
+        } else {
+            self.base.saturating_mul(1 << doublings).min(self.cap)
+        };
+        if rate >= self.cap {
+            return (rate, t);
+        }
+        let next = self
+            .start
+            .saturating_add((doublings + 1).saturating_mul(SLOW_START_DOUBLING_US));
+        (rate, next.min(t).max(at + 1))
+    }
 }

@@ -4,7 +4,7 @@
 //! behind it), so `params.adaptive` is always `None` here and these are what `adaptive.rs`
 //! answers for it. Stores that mirror the rule (the Redis crate) build with the feature.
 
-use super::{LimitParams, Params, State, Stretch, MAX_LIMITS};
+use super::{LimitParams, Params, State, MAX_LIMITS};
 
 /// Never adapts.
 pub fn adaptive_rate(_state: &State, _now: u64, _params: &Params) -> Option<u64> {
@@ -24,4 +24,34 @@ pub fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) -
 /// Nothing to cap or adopt: 0, "not adaptive".
 pub fn advertise(_state: &mut State, _now: u64, _params: &Params, _rate_milli: u64) -> u64 {
     0
+}
+
+/// No re-timing: without an adaptive rate nothing is cut (its twin in `adaptive.rs`
+/// re-times the pending schedule at a cut). Kept so that events encode alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stretch;
+
+impl Stretch {
+    /// No re-timing.
+    pub const NONE: Self = Self;
+
+    /// Always [`Stretch::NONE`].
+    pub const fn from_parts(_from: u64, _start: u64, _base: u64, _cap: u64, _new: u64) -> Self {
+        Self
+    }
+
+    /// Zeros.
+    pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
+        (0, 0, 0, 0, 0)
+    }
+
+    /// Always.
+    pub const fn is_none(&self) -> bool {
+        true
+    }
+
+    /// `t`.
+    pub fn apply(&self, t: u64) -> u64 {
+        t
+    }
 }

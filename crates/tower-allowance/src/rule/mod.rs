@@ -17,11 +17,12 @@
 //! | --- | --- | --- |
 //! | `params.rs`, `state.rs` | `state.lua` | the parameters and the state; when a state is settled |
 //! | `ops.rs` | (the reply encoding in `scripts.rs`) | the operations, replies, events, reservations |
+//! | `wire.rs` | (`scripts.rs`, `events.rs`) | reservations and events as integers, for stores that carry them between processes (feature `rule`) |
 //! | `gcra.rs` | `gcra.lua` | the token buckets: GCRA with reservations |
 //! | `cooldown.rs` | `cooldown.lua` | the cooldown and the closed state |
 //! | `budget.rs` | `budget.lua` | the retry budget |
 //! | `probe.rs` | `probe.lua` | the quota probe's lease |
-//! | `adaptive.rs` | `adaptive.lua` | the adaptive rate |
+//! | `adaptive.rs` | `adaptive.lua` | the adaptive rate, and the re-timing of a schedule at a cut (`Stretch`) |
 //! | `clock.rs` | `clock.lua` | clock steps rebased away; a lost state recreated |
 //! | `mod.rs` | `apply.lua` | `apply` (dispatch) and `read` |
 //!
@@ -107,9 +108,13 @@ mod probe;
 #[cfg(feature = "serde")]
 mod ser;
 mod state;
+#[cfg(any(feature = "rule", test))]
+mod wire;
 
 #[cfg(feature = "quota")]
 pub use self::probe::*;
+#[cfg(any(feature = "rule", test))]
+pub use self::wire::*;
 pub use self::{
     adaptive::*, budget::*, clock::*, cooldown::*, gcra::*, ops::*, params::*, state::*,
 };

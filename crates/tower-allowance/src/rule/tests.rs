@@ -517,7 +517,7 @@ fn events_round_trip_as_words() {
             kind: EventKind::Cooldown {
                 until: 99,
                 shift: [5, 6, 7, 8],
-                stretch: Stretch::slow_start(40, 1, 2_000, 200_000, 1_700),
+                stretch: Stretch::from_parts(40, 1, 2_000, 200_000, 1_700),
             },
         },
         Event {
@@ -923,6 +923,7 @@ fn a_cut_during_the_slow_start_keeps_each_slots_place_in_the_queue() {
 }
 
 #[test]
+#[cfg(feature = "adaptive")]
 fn a_stretch_is_exact_piecewise_and_never_earlier() {
     // Constant: 4/s re-timed to 3/s.
     let s = Stretch::constant(1_000, 4_000, 3_000);
