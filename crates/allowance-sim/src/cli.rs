@@ -213,7 +213,8 @@ pub struct Workload {
     #[arg(long, default_value_t = 2)]
     pub rate: u32,
     /// Keep the allowance exactly at --burst and --rate: no headroom for delivery jitter
-    /// (by default one token of a burst above 1 is kept back; at burst 1 the interval is 50%
+    /// (by default the last request of a burst above 1 waits 10 ms, or one interval if that is
+    /// shorter, and the schedule after it is that much later; at burst 1 the interval is 50%
     /// longer).
     #[arg(long)]
     pub exact: bool,

@@ -381,12 +381,7 @@ pub async fn run_processes_with(
             .map(|err| tokio::spawn(read_stderr(err, spawn.progress.clone(), Some(index))));
         children.push((started, child, stderr));
     }
-    let mut attempts = Vec::new();
-    let mut ends = Vec::new();
-    let mut first_error = None;
-    let (mut admissions, mut store_calls) = (None::<u64>, None::<u64>);
-    let mut controller_rates: Vec<Vec<f64>> = Vec::new();
-    let mut releases = None::<Releases>;
+    let mut parts = Vec::with_capacity(children.len());
     for (started, child, stderr) in children {
         let output = tokio::time::timeout(child_timeout(s), child.wait_with_output())
             .await
@@ -405,6 +400,36 @@ pub async fn run_processes_with(
         }
         let part: ChildReport = serde_json::from_slice(&output.stdout)
             .map_err(|e| format!("a worker process printed no report: {e}"))?;
+        parts.push((started, part));
+    }
+    let ended = start.elapsed();
+    // The run's clock starts when the first process's workers are ready (its clock's zero,
+    // after its client and its allowances are made), as an in-process run's does: starting
+    // the processes (each one's exec, its HTTP client, its connection to Redis) is not part
+    // of the run. Without the children's starts (older children), from this process's start.
+    let origin_us = match (
+        start_unix_us,
+        parts
+            .iter()
+            .map(|(_, part)| part.started_unix_us)
+            .collect::<Option<Vec<u64>>>(),
+    ) {
+        (Some(parent), Some(children)) => children.into_iter().min().map(|c| c.max(parent)),
+        _ => None,
+    };
+    let makespan = match (origin_us, start_unix_us) {
+        (Some(origin), Some(parent)) => {
+            ended.saturating_sub(Duration::from_micros(origin - parent))
+        }
+        _ => ended,
+    };
+    let mut attempts = Vec::new();
+    let mut ends = Vec::new();
+    let mut first_error = None;
+    let (mut admissions, mut store_calls) = (None::<u64>, None::<u64>);
+    let mut controller_rates: Vec<Vec<f64>> = Vec::new();
+    let mut releases = None::<Releases>;
+    for (started, part) in parts {
         first_error = first_error.or(part.first_error);
         let add = |total: Option<u64>, part: Option<u64>| match (total, part) {
             (None, None) => None,
@@ -416,10 +441,10 @@ pub async fn run_processes_with(
         if let Some(part) = part.releases {
             releases = Some(releases.unwrap_or_default() + part);
         }
-        // Onto this process's clock: by the child's own start on the shared wall clock, else
+        // Onto the run's clock: by the child's own start on the shared wall clock, else
         // (an older child) by when it was spawned.
-        let shift = match (part.started_unix_us, start_unix_us) {
-            (Some(child), Some(parent)) => (child.saturating_sub(parent) + 500) / 1000,
+        let shift = match (part.started_unix_us, origin_us) {
+            (Some(child), Some(origin)) => (child.saturating_sub(origin) + 500) / 1000,
             _ => u64::try_from(started.as_millis()).unwrap_or(0),
         };
         attempts.extend(part.attempts.into_iter().map(|mut m| {
@@ -440,7 +465,6 @@ pub async fn run_processes_with(
             }
         }));
     }
-    let makespan = start.elapsed();
     attempts.sort_by_key(|m| m.at_ms);
     let timeline = Timeline::new(s.mode, s.workers, attempts, ends);
     let mut report = RunReport::new(s, "real", "client", timeline, makespan);

@@ -53,14 +53,14 @@ fn virtual_run_matches_the_seed_figures() {
     assert_eq!(v["makespan_ms"], 3000);
     assert_eq!(v["min_makespan_ms"], 3000);
     assert_eq!(v["last_attempt_ms"], 3000);
-    // By default one token of the burst of 2 is kept back: the shared run is one interval
-    // (500 ms) longer than the minimum for the configured limit, still without a 429, and
+    // By default the burst's last request waits 10 ms (headroom): the shared run is 10 ms
+    // longer than the minimum for the configured limit, still without a 429, and
     // two allowances on the key exceed it less (one 429, not five).
     let v = run_json(&["run", "--mode", "shared", "--virtual"]);
     assert_eq!(figures(&v), (8, 0, 8, 0), "{v}");
     assert_eq!(
         (v["makespan_ms"].as_u64(), v["min_makespan_ms"].as_u64()),
-        (Some(3500), Some(3000))
+        (Some(3010), Some(3000))
     );
     let v = run_json(&["run", "--mode", "split:2", "--virtual"]);
     assert_eq!(figures(&v), (9, 1, 8, 0), "{v}");

@@ -85,7 +85,14 @@ pub(crate) const DEFAULT_MAX_WAITERS: usize = 1024;
 pub(crate) const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
 pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
 
-/// The most headroom a limit keeps, in time (see [Headroom](Limit#headroom)).
+/// The headroom of a limit with a burst above 1, in time: its bucket tolerates this much
+/// less (one interval less where the interval is shorter); see [Headroom](Limit#headroom).
+/// Delivery jitter is a time (a descheduled client, timers firing together, a new
+/// connection), not a share of the interval: measured against a strict bucket on a loaded
+/// 2-core machine, 10 ms is the least that passed every round (see `BENCHMARKS.md`, §12).
+const BURST_HEADROOM_US: u64 = 10_000;
+
+/// The most a burst of 1 lengthens its interval by (see [Headroom](Limit#headroom)).
 const HEADROOM_CAP_US: u64 = 1_000_000;
 
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
@@ -96,15 +103,18 @@ const HEADROOM_CAP_US: u64 = 1_000_000;
 /// that an allowance set exactly at a provider's documented limit draws no 429 from a strict
 /// token bucket: requests sent exactly one interval apart reach the server closer together
 /// or further apart (delivery jitter), and a bucket with no tolerance refuses the ones that
-/// arrive early. With a burst above 1 the bucket tolerates one interval less, which then
-/// absorbs an arrival up to one interval early: one token of the burst is kept back (the
-/// price: one request of the first burst; the steady rate is the configured one). For an
-/// interval over a second (a per-minute or per-day quota) the headroom is one second, not a
-/// whole interval: the burst's last request waits one second, and no token is lost. With a
-/// burst of 1 there is no token to keep back, and the interval is 50% longer instead, by at
-/// most a second (the price: a third of the throughput at rates of 1/s and more; measured on
-/// a loaded 2-core machine, 10%, 20% and 33% still drew 429s in most runs, see
-/// `BENCHMARKS.md`). Limits
+/// arrive early. Jitter is a time, not a share of the interval (a client descheduled, timers
+/// firing together, a new connection's handshake), so with a burst above 1 the bucket
+/// tolerates 10 ms less (one interval less where the interval is shorter), which absorbs an
+/// arrival up to 10 ms early. The price, precisely: whenever the burst is whole (at the start,
+/// after a quiet spell), its last request waits 10 ms, and the schedule after it is 10 ms
+/// later than without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one
+/// every 50 ms; a run of 200 requests ends 10 ms later); no request of the burst is lost and
+/// the steady rate is the configured one. Only where the interval is 10 ms or less (rates of
+/// 100/s and more) is one token of the burst kept back. With a burst of 1 there is no burst
+/// to delay, and the interval is 50% longer instead, by at most a second (the price: a third
+/// of the throughput at rates of 1/s and more; measured on a loaded 2-core machine, 10%, 20%
+/// and 33% still drew 429s in most runs, see `BENCHMARKS.md`). Limits
 /// counting a cost keep their whole burst (a request may cost the burst), and so does an
 /// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
 /// (or [`AllowanceConfig::exact`] for the main limit) turns the headroom off.
@@ -112,7 +122,7 @@ const HEADROOM_CAP_US: u64 = 1_000_000;
 /// ```
 /// use tower_allowance::Limit;
 ///
-/// // 10,000 requests a day, all of them at once if need be.
+/// // 10,000 requests a day, all of them at once if need be (the last 10 ms later: headroom).
 /// let daily = Limit::per_day(10_000, 10_000)?;
 /// // 90,000 tokens a minute, charged by each request's cost.
 /// let tokens = Limit::per_minute(90_000, 90_000)?.counting_cost();
@@ -179,8 +189,8 @@ impl Limit {
     /// use tower_allowance::{AllowanceConfig, Limit};
     ///
     /// let config = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?)?;
-    /// // 3 at once, the 4th one second later (an interval of 3 s keeps a second back).
-    /// assert_eq!(config.params().limits()[1].tolerance_us(), 11_000_000);
+    /// // 3 at once, the 4th 10 ms later (the headroom of a burst above 1).
+    /// assert_eq!(config.params().limits()[1].tolerance_us(), 11_990_000);
     /// let exact = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?.exact())?;
     /// assert_eq!(exact.params().limits()[1].tolerance_us(), 12_000_000); // 4 at once
     /// # Ok::<(), tower_allowance::ConfigError>(())
@@ -193,13 +203,13 @@ impl Limit {
     }
 
     /// What the rule decides with: the configured parameters, less the headroom (a burst
-    /// above 1 tolerates one interval less, at most a second; at burst 1, the interval is
-    /// half an interval longer, rounded up, at most a second).
+    /// above 1 tolerates 10 ms less, or one interval where that is shorter; at burst 1, the
+    /// interval is half an interval longer, rounded up, at most a second).
     fn rule_params(&self) -> LimitParams {
         let (mut p, b) = (self.params, u64::from(self.burst.get()));
         if !self.exact && p.unit == Unit::Requests {
             if b > 1 {
-                p.tolerance_us -= p.interval_us.min(HEADROOM_CAP_US);
+                p.tolerance_us -= p.interval_us.min(BURST_HEADROOM_US);
             } else {
                 let longer = p.interval_us + p.interval_us.div_ceil(2).min(HEADROOM_CAP_US);
                 p.interval_us = longer.min(rule::MAX_DELAY_US.max(p.interval_us));
@@ -395,7 +405,7 @@ impl AllowanceConfig {
     /// use tower_allowance::AllowanceConfig;
     ///
     /// let config = AllowanceConfig::per_second(20, 4)?;
-    /// assert_eq!(config.params().limits()[0].tolerance_us(), 150_000);
+    /// assert_eq!(config.params().limits()[0].tolerance_us(), 190_000); // the 4th 10 ms later
     /// assert_eq!(config.exact().params().limits()[0].tolerance_us(), 200_000);
     /// # Ok::<(), tower_allowance::ConfigError>(())
     /// ```
@@ -559,7 +569,7 @@ impl AllowanceConfig {
         self.limits[0].period()
     }
 
-    /// The main limit's burst as configured (one is kept back as headroom: see
+    /// The main limit's burst as configured (its last request waits 10 ms as headroom: see
     /// [Headroom](Limit#headroom)).
     pub fn burst(&self) -> u32 {
         self.limits[0].burst()
@@ -737,16 +747,22 @@ mod tests {
     }
 
     #[test]
-    fn headroom_keeps_one_token_or_half_an_interval() {
+    fn headroom_delays_the_burst_s_last_or_lengthens_the_interval() {
         let limits = |c: &AllowanceConfig| {
             let l = c.params().limits()[0];
             (l.interval_us(), l.tolerance_us())
         };
-        // Burst 4 at 20/s: 3 back to back, 50 ms apart; exact: all 4.
+        // Burst 4 at 20/s: 3 back to back, the 4th 10 ms later, then 50 ms apart; exact:
+        // all 4 at once.
         let c = AllowanceConfig::per_second(20, 4).expect("valid");
         assert_eq!((c.burst(), c.interval()), (4, Duration::from_millis(50)));
-        assert_eq!(limits(&c), (50_000, 150_000));
+        assert_eq!(limits(&c), (50_000, 190_000));
         assert_eq!(limits(&c.clone().exact()), (50_000, 200_000));
+        // An interval of 10 ms or less: one token kept back (200/s: 5 ms less).
+        let c = AllowanceConfig::per_second(100, 5).expect("valid");
+        assert_eq!(limits(&c), (10_000, 40_000));
+        let c = AllowanceConfig::per_second(200, 5).expect("valid");
+        assert_eq!(limits(&c), (5_000, 20_000));
         // Burst 1: the interval 50% longer (rounded up); exact: as configured.
         let c = AllowanceConfig::per_second(3, 1).expect("valid");
         assert_eq!(limits(&c), (500_001, 500_001));
@@ -763,14 +779,14 @@ mod tests {
             .iter()
             .map(|l| l.tolerance_us())
             .collect();
-        // (An interval over a second keeps a second back, not a whole interval.)
-        assert_eq!(tolerances, [150_000, 60_000_000, 29_000_000, 30_000_000]);
-        // A daily quota loses no request to the headroom: the 20th waits a second.
+        // (An interval over 10 ms keeps 10 ms back, not a whole interval.)
+        assert_eq!(tolerances, [190_000, 60_000_000, 29_990_000, 30_000_000]);
+        // A daily quota loses no request to the headroom: the 20th waits 10 ms.
         let c = AllowanceConfig::per_second(10, 10)
             .and_then(|c| c.with_limit(Limit::per_day(20, 20)?))
             .expect("valid");
         let day = c.params().limits()[1];
-        assert_eq!(day.tolerance_us(), 20 * day.interval_us() - 1_000_000);
+        assert_eq!(day.tolerance_us(), 20 * day.interval_us() - 10_000);
         // Burst 1 with an interval of a minute: one second longer, not 30 s.
         let c = AllowanceConfig::new(1, Duration::from_secs(60), 1).expect("valid");
         assert_eq!(limits(&c), (61_000_000, 61_000_000));

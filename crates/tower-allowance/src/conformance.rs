@@ -78,7 +78,8 @@ where
     deadline_abandons_at_once(make().await).await;
     quota_verdict_is_shared(make().await).await;
     settled_only_when_the_rule_says(make().await).await;
-    headroom_keeps_one_token_back(make().await).await;
+    headroom_delays_the_burst_s_last(make().await).await;
+    headroom_keeps_a_token_of_a_short_interval(make().await).await;
     headroom_at_burst_one_lengthens_the_interval(make().await).await;
     #[cfg(feature = "adaptive")]
     a_cut_re_times_waiting_callers(make().await).await;
@@ -130,26 +131,23 @@ async fn burst_then_reserved_slots<S: Store>(store: S) {
     }
 }
 
-/// By default (headroom), burst 4 at 20/s admits 3 at once, then one every 50 ms: the first
-/// burst is one short, the steady rate is the configured one.
-async fn headroom_keeps_one_token_back<S: Store>(store: S) {
+/// By default (headroom), burst 4 at 20/s admits 3 at once, the 4th 10 ms later, then one
+/// every 50 ms: the whole burst, its last request 10 ms late, the steady rate the configured
+/// one.
+async fn headroom_delays_the_burst_s_last<S: Store>(store: S) {
     let config = AllowanceConfig::per_second(20, 4).expect("valid");
     let a = allowance(config, store);
     for i in 0..3 {
         let adm = admit(&a, AdmitRequest::first()).await;
         assert_eq!(adm, Admission::Admitted, "first burst #{i} of 3");
     }
-    for i in 1..=20u64 {
+    for i in 0..20u32 {
         let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
-            panic!("the kept burst of 3 is spent: reserved");
+            panic!("3 of the burst are spent: reserved");
         };
-        assert_eq!(
-            wait,
-            50 * MS * u32::try_from(i).expect("small"),
-            "slot #{i}"
-        );
+        assert_eq!(wait, 10 * MS + 50 * MS * i, "slot #{i}");
     }
-    // Once the bucket is full again, 3 at once again: a steady 20/s after the first burst.
+    // Once the bucket is full again, 3 at once again, the 4th 10 ms later.
     tokio::time::advance(Duration::from_secs(3)).await;
     for i in 0..3 {
         let adm = admit(&a, AdmitRequest::first()).await;
@@ -158,7 +156,21 @@ async fn headroom_keeps_one_token_back<S: Store>(store: S) {
     let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
         panic!("reserved");
     };
-    assert_eq!(wait, 50 * MS);
+    assert_eq!(wait, 10 * MS);
+}
+
+/// Where the interval is 10 ms or less, the headroom keeps one token back: 100/s, burst 5,
+/// admits 4 at once, then one every 10 ms.
+async fn headroom_keeps_a_token_of_a_short_interval<S: Store>(store: S) {
+    let a = allowance(AllowanceConfig::per_second(100, 5).expect("valid"), store);
+    for i in 0..4 {
+        let adm = admit(&a, AdmitRequest::first()).await;
+        assert_eq!(adm, Admission::Admitted, "burst #{i} of 4");
+    }
+    let Admission::Reserved { wait, .. } = admit(&a, AdmitRequest::first()).await else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, 10 * MS);
 }
 
 /// By default (headroom), burst 1 at 20/s admits one every 75 ms (50% longer than 50 ms).

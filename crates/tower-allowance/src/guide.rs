@@ -205,11 +205,13 @@
 //! `burst` is how many attempts may go back to back after a quiet spell, and how far the
 //! allowance may run ahead of its rate. Set the rate and the burst the provider documents:
 //! the allowance paces *sends*, and the network (or a busy client) can bunch deliveries
-//! together, so by default a limit counting requests keeps one token of its burst back
-//! (burst 4 admits 3 at once, then the rate), which absorbs an arrival up to one interval
-//! early at a strict token bucket; at burst 1 it lengthens the interval by half instead (a
-//! third of the throughput). Against a strict bucket at burst 4 and 20/s, 32 workers: a 429
-//! in 6 of 10 runs exact, in 0 of 10 with the token kept back. [`Limit::exact`](crate::Limit::exact)
+//! together, so by default a limit counting requests with a burst above 1 lets the burst's
+//! last request wait 10 ms (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then the rate),
+//! which absorbs an arrival up to 10 ms early at a strict token bucket (where the interval is
+//! 10 ms or less, one token of the burst is kept back); at burst 1 it lengthens the interval
+//! by half instead (a third of the throughput). Against a strict bucket at burst 4 and 20/s,
+//! 32 workers, on a loaded 2-core machine: a 429 in 3 of 10 runs exact, in 0 or 1 of 10
+//! with 10 ms of headroom (`BENCHMARKS.md` §12). [`Limit::exact`](crate::Limit::exact)
 //! and [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) turn it off, for a provider
 //! that tolerates some jitter or a limit already set below the provider's. A burst of 1
 //! spaces every attempt evenly.

@@ -160,8 +160,8 @@
 //!
 //! let start = tokio::time::Instant::now();
 //! let request = |tenant: &str| Request::builder().header("x-tenant", tenant).body(String::new());
-//! // "noisy" sends 10 at once: its own queue takes 4.5 s to drain (one at once, the rest
-//! // 500 ms apart: the burst's second token is kept back as headroom, see `Limit`).
+//! // "noisy" sends 10 at once: its own queue takes 4.01 s to drain (one at once, the
+//! // burst's second 10 ms later as headroom, see `Limit`, the rest 500 ms apart).
 //! let mut noisy = Vec::new();
 //! for _ in 0..10 {
 //!     noisy.push(tokio::spawn(upstream.clone().oneshot(request("noisy")?)));
@@ -171,7 +171,7 @@
 //! upstream.clone().oneshot(request("quiet")?).await?;
 //! assert_eq!(start.elapsed(), std::time::Duration::ZERO);
 //! for n in noisy { n.await??; }
-//! assert_eq!(start.elapsed(), std::time::Duration::from_millis(4_500));
+//! assert_eq!(start.elapsed(), std::time::Duration::from_millis(4_010));
 //! # Ok(())
 //! # }
 //! ```
