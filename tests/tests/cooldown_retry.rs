@@ -128,13 +128,13 @@ async fn an_unrepresentable_delay_closes_the_allowance_instead_of_shortening() {
         Outcome::of::<()>(&Err(e)),
         Outcome::Abandoned(AbandonReason::CooldownTooLong)
     );
-    // Reopens by itself at exactly max_cooldown: the burst (1 of 2: one token is kept back as
+    // Reopens by itself at exactly max_cooldown: the burst (2, the second 10 ms later: the
     // headroom), then one per interval.
     tokio::time::advance(max - Duration::from_millis(1)).await;
     assert!(allowance.acquire().await.is_err(), "still closed");
     tokio::time::advance(Duration::from_millis(1)).await;
     let start = Instant::now();
-    for expected in [0, 500, 1_000, 1_500] {
+    for expected in [0, 10, 510, 1_010] {
         allowance.acquire().await.expect("open again");
         assert_eq!(start.elapsed(), Duration::from_millis(expected));
     }
@@ -432,11 +432,11 @@ async fn retries_wait_for_retry_after_and_reenter_admission() {
     let svc = stack(&allowance, RetryConfig::default(), upstream.clone());
     let start = Instant::now();
     let result = svc.oneshot(Request::new(String::new())).await;
-    // 0 s, 2 s, 4.5 s: each retry after the server's delay, none sooner. The second one
-    // interval after the 4 s: the cooldown raised at 2 s moved the pending schedule rigidly
-    // (the first retry's slot with it), and the burst kept is 1 of 2 (headroom); exact, it
+    // 0 s, 2 s, 4.01 s: each retry after the server's delay, none sooner. The second 10 ms
+    // after the 4 s: the cooldown raised at 2 s moved the pending schedule rigidly (the
+    // first retry's slot with it), and the burst's last waits 10 ms (headroom); exact, it
     // would go at 4 s.
-    assert_eq!(start.elapsed(), Duration::from_millis(4_500));
+    assert_eq!(start.elapsed(), Duration::from_millis(4_010));
     assert_eq!(
         Outcome::of(&result),
         Outcome::Abandoned(AbandonReason::MaxAttempts)
