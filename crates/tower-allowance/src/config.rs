@@ -18,11 +18,12 @@
 //! # Ok::<(), tower_allowance::ConfigError>(())
 //! ```
 
-use std::{fmt, num::NonZeroU32, time::Duration};
+use std::{num::NonZeroU32, time::Duration};
 
 use self::retry::RetryConfig;
 use crate::{
     classify::StatusClassifier,
+    error::ConfigError,
     rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
     signals::{Dialect, ReadContext},
 };
@@ -37,47 +38,6 @@ pub(crate) mod de;
 mod debug;
 #[cfg(feature = "dialects")]
 mod dialects;
-
-/// A configuration value was out of range.
-///
-/// The reason is a static description of the rule that was broken.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ConfigError {
-    reason: &'static str,
-    field: Option<&'static str>,
-}
-
-impl ConfigError {
-    pub(crate) const fn new(reason: &'static str) -> Self {
-        Self {
-            reason,
-            field: None,
-        }
-    }
-
-    /// The rule that was broken.
-    pub fn reason(&self) -> &'static str {
-        self.reason
-    }
-
-    /// The field it concerns, when known (deserialized configurations name it).
-    pub fn field(&self) -> Option<&'static str> {
-        self.field
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("invalid allowance configuration: ")?;
-        if let Some(field) = self.field {
-            write!(f, "`{field}`: ")?;
-        }
-        f.write_str(self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 // The defaults, documented where they are set (`with_max_waiters`, `with_max_cooldown`,
 // `OutagePolicy::default`).

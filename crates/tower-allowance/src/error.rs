@@ -22,6 +22,47 @@ use tokio::time::Instant;
 
 use crate::{rule::ClosedBy, store::StoreError, BoxError};
 
+/// A configuration value was out of range.
+///
+/// The reason is a static description of the rule that was broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConfigError {
+    reason: &'static str,
+    pub(crate) field: Option<&'static str>,
+}
+
+impl ConfigError {
+    pub(crate) const fn new(reason: &'static str) -> Self {
+        Self {
+            reason,
+            field: None,
+        }
+    }
+
+    /// The rule that was broken.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+
+    /// The field it concerns, when known (deserialized configurations name it).
+    pub fn field(&self) -> Option<&'static str> {
+        self.field
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid allowance configuration: ")?;
+        if let Some(field) = self.field {
+            write!(f, "`{field}`: ")?;
+        }
+        f.write_str(self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
 /// Why a request was given up on rather than completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]

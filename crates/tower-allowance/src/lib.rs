@@ -117,16 +117,15 @@ pub mod store;
 
 #[cfg(feature = "dialects")]
 pub use crate::allowance::RateLimitObservation;
+#[cfg(feature = "serde")]
+pub use crate::allowance::{AllowanceSpec, MemorySpec, OpenStore};
 #[cfg(feature = "adaptive")]
 pub use crate::config::adaptive::AdaptiveRate;
-#[cfg(feature = "serde")]
-pub use crate::config::de::spec::{AllowanceSpec, MemorySpec, OpenStore};
 pub use crate::{
     acquire::Acquire,
     allowance::{AbandonedCounts, Allowance, AllowanceBuilder, ClosedState, Snapshot},
-    config::{
-        AllowanceConfig, ConfigError, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig,
-    },
+    config::{AllowanceConfig, Limit, OutagePolicy, ReplenishingBudget, RetryBudgetConfig},
+    error::ConfigError,
     extensions::{AcquireOptions, Attempt, Cost, Deadline},
     layer::AllowanceLayer,
     outcome::Outcome,

@@ -24,9 +24,13 @@ mod inspect;
 #[cfg(feature = "quota")]
 mod quota;
 mod snapshot;
+#[cfg(feature = "serde")]
+mod spec;
 
 #[cfg(feature = "dialects")]
 pub use self::snapshot::RateLimitObservation;
+#[cfg(feature = "serde")]
+pub use self::spec::{AllowanceSpec, MemorySpec, OpenStore};
 pub use self::{
     builder::AllowanceBuilder,
     snapshot::{AbandonedCounts, ClosedState, Snapshot},

@@ -3,7 +3,7 @@ use std::{fmt, sync::atomic::Ordering, time::Duration};
 use tokio::time::Instant;
 
 #[cfg(feature = "dialects")]
-pub use self::observation::RateLimitObservation;
+pub use crate::signals::RateLimitObservation;
 use crate::{error::AbandonReason, shared::Shared};
 
 /// A point-in-time copy of an allowance's counters in this process, and of the shared state.
@@ -87,7 +87,7 @@ impl Snapshot {
                     reason: c.reason(),
                 }),
             #[cfg(feature = "dialects")]
-            rate_limit: RateLimitObservation::last(s),
+            rate_limit: s.last_observation(),
             retries_remaining: None,
             adaptive_rate: None,
         }
@@ -174,7 +174,5 @@ impl AbandonedCounts {
     }
 }
 
-#[cfg(feature = "dialects")]
-mod observation;
 #[cfg(feature = "serde")]
 mod ser;

@@ -15,19 +15,17 @@
 //! retry = { max_attempts = 4, backoff_base = "250ms" }
 //! ```
 //!
-//! An [`AllowanceSpec`](spec::AllowanceSpec) reads the same table, plus `store`; a plain `AllowanceConfig`
+//! An [`AllowanceSpec`](crate::AllowanceSpec) reads the same table, plus `store`; a plain `AllowanceConfig`
 //! refuses `store`, naming the type that takes it.
 use super::*;
 use crate::signals::Dialect;
-
-pub(crate) mod spec;
 
 fn no_store<S>() -> Option<S> {
     None
 }
 
 /// The `store` of a plain `AllowanceConfig`: refused, whatever it says.
-pub(super) enum NoStore {}
+pub(crate) enum NoStore {}
 
 impl<'de> serde::Deserialize<'de> for NoStore {
     fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
@@ -58,7 +56,7 @@ fn default_max_waiters() -> usize {
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawAllowanceConfig<S = NoStore> {
+pub(crate) struct RawAllowanceConfig<S = NoStore> {
     rate: u32,
     #[serde(default = "one_second", with = "humantime_serde")]
     period: Duration,
@@ -173,17 +171,11 @@ impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
     }
 }
 
-impl<S: Default> TryFrom<RawAllowanceConfig<S>> for spec::AllowanceSpec<S> {
-    type Error = ConfigError;
-
-    fn try_from(raw: RawAllowanceConfig<S>) -> Result<Self, ConfigError> {
-        let (config, store) = split(raw)?;
-        Ok(spec::AllowanceSpec::new(config, store.unwrap_or_default()))
-    }
-}
-
-/// The configuration a table describes, and its `store`.
-fn split<S>(raw: RawAllowanceConfig<S>) -> Result<(AllowanceConfig, Option<S>), ConfigError> {
+/// The configuration a table describes, and its `store` (an `AllowanceSpec`'s, which
+/// `allowance/spec.rs` builds from it).
+pub(crate) fn split<S>(
+    raw: RawAllowanceConfig<S>,
+) -> Result<(AllowanceConfig, Option<S>), ConfigError> {
     let mut config = AllowanceConfig::new(raw.rate, raw.period, raw.burst)
         .map_err(|e| e.at(limit_field(raw.rate, raw.period, raw.burst)))?
         .with_max_waiters(raw.max_waiters)

@@ -185,7 +185,7 @@ where
         let classified = read.classified;
         #[cfg(feature = "dialects")]
         if let Some(seen) = read.observation {
-            seen.record(&allowance.shared.stats);
+            allowance.shared.stats.observe(seen);
         }
         if read.untrusted_date {
             allowance.shared.warn_untrusted_date();

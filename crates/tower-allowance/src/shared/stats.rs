@@ -19,7 +19,7 @@ pub(crate) struct Stats {
     pub(crate) deferred: AtomicU64,
     pub(crate) abandoned: [AtomicU64; AbandonReason::COUNT],
     #[cfg(feature = "dialects")]
-    pub(crate) rate_limit: Mutex<Option<crate::RateLimitObservation>>,
+    pub(crate) rate_limit: Mutex<Option<crate::signals::RateLimitObservation>>,
     pub(crate) metrics: Metrics,
 }
 
@@ -98,7 +98,12 @@ fn thread_slot() -> usize {
 static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// `FREE_SLOTS`, through a poisoned lock too (a list of numbers stays valid).
 fn free_slots() -> MutexGuard<'static, Vec<usize>> {
-    FREE_SLOTS.lock().unwrap_or_else(PoisonError::into_inner)
+    lock(&FREE_SLOTS)
+}
+
+/// Locks `m`: the critical sections are bookkeeping that cannot panic.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The next owned slot number never handed out.
@@ -131,6 +136,18 @@ impl Drop for SlotClaim {
 }
 
 impl Stats {
+    /// The provider's own view last seen, for a [`Snapshot`](crate::Snapshot).
+    #[cfg(feature = "dialects")]
+    pub(crate) fn last_observation(&self) -> Option<crate::signals::RateLimitObservation> {
+        lock(&self.rate_limit).clone()
+    }
+
+    /// Keeps `seen` as the provider's view last seen.
+    #[cfg(feature = "dialects")]
+    pub(crate) fn observe(&self, seen: crate::signals::RateLimitObservation) {
+        *lock(&self.rate_limit) = Some(seen);
+    }
+
     pub(crate) fn new(name: Arc<str>) -> Self {
         Self {
             metrics: Metrics::new(name.clone()),

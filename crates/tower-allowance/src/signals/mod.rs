@@ -147,6 +147,8 @@ use crate::{error::UnrepresentableDelay, rule::MAX_DELAY};
 // The providers' dialects: their readers, their names, and every reader.
 #[cfg(feature = "dialects")]
 mod named;
+#[cfg(feature = "dialects")]
+mod observation;
 mod retry_after;
 // Accessors only the public surface (feature `dialects`) and the tests use.
 #[cfg(any(test, feature = "dialects"))]
@@ -160,6 +162,8 @@ use values::Value;
 
 #[cfg(feature = "dialects")]
 pub use named::{EPOCH_MILLIS_THRESHOLD, EPOCH_THRESHOLD};
+#[cfg(feature = "dialects")]
+pub use observation::RateLimitObservation;
 
 /// Which readers an allowance uses: a small `Copy` set of [`Reader`]s.
 ///

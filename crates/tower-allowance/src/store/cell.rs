@@ -272,4 +272,4 @@ mod tests;
 
 /// Model-checked interleavings: `RUSTFLAGS="--cfg loom" cargo test -p tower-allowance --release --lib loom`.
 #[cfg(all(test, loom))]
-mod loom_tests;
+mod tests_loom;

@@ -3,10 +3,11 @@
 
 use std::{convert::Infallible, future::Future, sync::Arc};
 
-use super::{super::AllowanceConfig, RawAllowanceConfig};
 use crate::{
+    config::de::{split, RawAllowanceConfig},
+    error::ConfigError,
     store::{MemoryStore, Store},
-    Allowance,
+    Allowance, AllowanceConfig,
 };
 
 /// An allowance's whole description, read from a file (feature `serde`): everything an
@@ -48,6 +49,15 @@ use crate::{
 pub struct AllowanceSpec<S = MemorySpec> {
     config: AllowanceConfig,
     store: S,
+}
+
+impl<S: Default> TryFrom<RawAllowanceConfig<S>> for AllowanceSpec<S> {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawAllowanceConfig<S>) -> Result<Self, ConfigError> {
+        let (config, store) = split(raw)?;
+        Ok(Self::new(config, store.unwrap_or_default()))
+    }
 }
 
 impl<S> AllowanceSpec<S> {

@@ -1,11 +1,11 @@
 //! The provider's own view of the allowance, as its headers state it (feature `dialects`).
 
-use crate::{shared::Stats, signals::Reading};
+use super::Reading;
 
 /// The provider's own view, from the last response's `X-RateLimit-Limit`,
 /// `X-RateLimit-Remaining` and `X-RateLimit-Bucket` (or whatever the allowance's
 /// `signals::Dialect` (feature `dialects`) reads as a limit, a remaining count and a bucket),
-/// in a [`Snapshot`](super::Snapshot).
+/// in a [`Snapshot`](crate::Snapshot).
 ///
 /// `remaining` is approximate and shared by everyone using the key: it is an observation,
 /// never a reservation.
@@ -31,22 +31,5 @@ impl RateLimitObservation {
                 bucket: reading.bucket.take(),
             },
         )
-    }
-
-    /// The last one seen, for a [`Snapshot`](super::Snapshot).
-    pub(crate) fn last(stats: &Stats) -> Option<Self> {
-        stats
-            .rate_limit
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Kept as the last one seen, for [`Snapshot`](super::Snapshot).
-    pub(crate) fn record(self, stats: &Stats) {
-        *stats
-            .rate_limit
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(self);
     }
 }
