@@ -81,9 +81,9 @@ pub(crate) fn begin(
         }));
     }
     let started = *progress.started.get_or_insert(now);
-    let overloaded =
-        shared.holders.waiting() >= shared.config.max_waiters() + usize::from(progress.in_outage);
-    if let Some(Some((id, at))) = (!overloaded).then(|| shared.holders.take_spare(now, options)) {
+    let overloaded = shared.holders().waiting()
+        >= shared.config().max_waiters() + usize::from(progress.in_outage);
+    if let Some(Some((id, at))) = (!overloaded).then(|| shared.holders().take_spare(now, options)) {
         return Begin::Hold(id, at);
     }
     let deposits = shared.take_deposits();
@@ -94,7 +94,7 @@ pub(crate) fn begin(
     };
     req = req
         .deposits(deposits)
-        .known_generation(shared.holders.generation());
+        .known_generation(shared.holders().generation());
     if let Some(cost) = options.cost {
         req = req.cost(cost);
     }
@@ -141,33 +141,33 @@ fn decide(
     end_outage(shared, progress);
     match admission {
         Admission::Admitted => {
-            shared.stats.admitted(None, options.retry);
+            shared.admitted(now, None, options.retry);
             Begin::Ready(Ok(()))
         }
         Admission::Reserved { wait, reservation } => {
-            tracing::debug!(allowance = &*shared.name, ?wait, "waiting for a slot");
+            tracing::debug!(allowance = shared.name(), ?wait, "waiting for a slot");
             let at = now.checked_add(wait).unwrap_or(now);
             // Its checks (a state already replaced, a closure, a deadline) come on the first
             // poll, which also replaces the waker; until then nothing can wake us late.
             let id =
-                (shared.holders).register(reservation, at, options.deadline, Some(Waker::noop()));
+                (shared.holders()).register(reservation, at, options.deadline, Some(Waker::noop()));
             Begin::Hold(id, at)
         }
         Admission::Refused { wait, .. } if asked.overloaded => {
-            shared.stats.abandon(AbandonReason::Overloaded);
+            shared.abandon(AbandonReason::Overloaded);
             Begin::Ready(Err(AcquireError::Overloaded(Overloaded { wait })))
         }
         Admission::Refused { .. } => {
             Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))
         }
         Admission::BudgetExhausted => {
-            tracing::debug!(allowance = &*shared.name, "retry budget exhausted");
+            tracing::debug!(allowance = shared.name(), "retry budget exhausted");
             let reason = AbandonReason::BudgetExhausted;
             Begin::Ready(Err(abandon(shared, progress, reason)))
         }
         Admission::Closed { until, by } => {
             let e = Exhausted::new(until.and_then(|d| now.checked_add(d)), by);
-            shared.holders.learn_closed(e);
+            shared.holders().learn_closed(e);
             Begin::Ready(Err(exhausted(shared, progress, e)))
         }
         Admission::TooCostly => {
@@ -184,7 +184,7 @@ fn outage(
     now: Instant,
     error: StoreError,
 ) -> Begin {
-    let OutagePolicy::Wait { max } = shared.config.outage_policy() else {
+    let OutagePolicy::Wait { max } = shared.config().outage_policy() else {
         return fail_store(shared, progress, error);
     };
     if !error.is_unavailable() {
@@ -204,8 +204,8 @@ fn outage(
     }
     if !progress.in_outage {
         progress.in_outage = true;
-        shared.holders.enter();
-        tracing::debug!(allowance = &*shared.name, error = %error, "store unavailable; waiting for it");
+        shared.holders().enter();
+        tracing::debug!(allowance = shared.name(), error = %error, "store unavailable; waiting for it");
     }
     Begin::Outage(next)
 }
@@ -213,25 +213,25 @@ fn outage(
 fn end_outage(shared: &Shared, progress: &mut Progress) {
     if progress.in_outage {
         progress.in_outage = false;
-        shared.holders.leave();
+        shared.holders().leave();
     }
 }
 
 fn fail_store(shared: &Shared, progress: &mut Progress, error: StoreError) -> Begin {
     end_outage(shared, progress);
-    tracing::debug!(allowance = &*shared.name, error = %error, "allowance store failed");
+    tracing::debug!(allowance = shared.name(), error = %error, "allowance store failed");
     Begin::Ready(Err(AcquireError::Store(StoreUnavailable::new(error))))
 }
 
 fn abandon(shared: &Shared, progress: &mut Progress, reason: AbandonReason) -> AcquireError {
     end_outage(shared, progress);
-    shared.stats.abandon(reason);
+    shared.abandon(reason);
     AcquireError::abandoned(reason)
 }
 
 fn exhausted(shared: &Shared, progress: &mut Progress, e: Exhausted) -> AcquireError {
     end_outage(shared, progress);
-    shared.stats.abandon(e.reason());
+    shared.abandon(e.reason());
     AcquireError::Exhausted(e)
 }
 
@@ -261,7 +261,7 @@ pin_project! {
             let this = this.project();
             if let StateProj::Holding { id, .. } = this.state.project() {
                 // Left before its slot: give the slot back (a bounded loss when it cannot be).
-                if let Some((res, at)) = this.shared.holders.remove(*id) {
+                if let Some((res, at)) = this.shared.holders().remove(*id) {
                     this.shared.release(res, at);
                 }
             }
@@ -352,24 +352,24 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                 }
                 StateProj::Holding { id, mut sleep } => {
                     let id = *id;
-                    match shared.holders.check(id, cx.waker()) {
+                    match shared.holders().check(id, cx.waker()) {
                         Check::Wait(at) => {
                             if sleep.deadline() != at {
                                 sleep.as_mut().reset(at);
                             }
                             ready!(sleep.poll(cx));
-                            shared.holders.remove(id);
+                            shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();
-                            shared.stats.admitted(Some(waited), this.options.retry);
+                            shared.admitted(Instant::now(), Some(waited), this.options.retry);
                             Begin::Ready(Ok(()))
                         }
                         Check::Closed(e) => {
-                            shared.holders.remove(id);
+                            shared.holders().remove(id);
                             Begin::Ready(Err(exhausted(shared, this.progress, e)))
                         }
                         Check::Doomed => {
-                            if let Some((res, at)) = shared.holders.remove(id) {
+                            if let Some((res, at)) = shared.holders().remove(id) {
                                 shared.release(res, at);
                             }
                             let reason = AbandonReason::Deadline;
@@ -379,7 +379,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             // The store lost the state this slot was reserved in (and every
                             // other slot): ask the new one, which schedules the holders in
                             // the order they ask (a request's own `not_before` still holds).
-                            shared.holders.remove(id);
+                            shared.holders().remove(id);
                             let now = Instant::now();
                             begin(shared, this.options, this.progress, now)
                         }

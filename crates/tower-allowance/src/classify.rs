@@ -228,6 +228,9 @@ impl Classify for StatusClassifier {
 
 #[cfg(feature = "serde")]
 mod de;
+mod read;
+
+pub(crate) use self::read::{plainly_successful, read, ReadWith};
 
 #[cfg(test)]
 mod tests {

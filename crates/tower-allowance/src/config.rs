@@ -22,7 +22,7 @@ use std::{num::NonZeroU32, time::Duration};
 
 use self::retry::RetryConfig;
 use crate::{
-    classify::StatusClassifier,
+    classify::{ReadWith, StatusClassifier},
     error::ConfigError,
     rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
     signals::{Dialect, ReadContext},
@@ -488,8 +488,13 @@ impl AllowanceConfig {
     }
 
     /// What the cooldown reads responses with, in every build.
-    pub(crate) fn readers(&self) -> Dialect {
-        self.dialect
+    /// How the layers read a response on this allowance: its dialect and bounds.
+    pub(crate) fn reading(&self) -> ReadWith {
+        ReadWith {
+            readers: self.dialect,
+            max_date_skew: self.max_date_skew,
+            max_cooldown: self.max_cooldown,
+        }
     }
 
     /// The largest trusted `Date` skew.

@@ -1,25 +1,11 @@
 //! Request and response extensions the layers read and write.
 
-use std::{
-    sync::{Arc, OnceLock},
-    time::Duration,
-};
+use std::time::Duration;
 
+use http::Extensions;
 use tokio::time::Instant;
 
-/// When an attempt was actually sent (admitted and handed to the inner service), for an
-/// adaptive rate's "one cut per round": the cooldown layer, above the admission layer,
-/// cannot see the end of the queue wait. Set once by the admission layer; only requests to
-/// an adaptive allowance carry it.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct SentAt(pub(crate) Arc<OnceLock<Instant>>);
-
-impl SentAt {
-    /// Records the send instant (the first one wins).
-    pub(crate) fn mark(&self, now: Instant) {
-        let _ = self.0.set(now);
-    }
-}
+use crate::error::AbandonReason;
 
 /// A per-request deadline, read from the request's extensions.
 ///
@@ -59,23 +45,68 @@ fn far_future(now: Instant) -> Instant {
     now + Duration::from_secs(86_400 * 365 * 30)
 }
 
-/// Which attempt of a request this is (1 for the first), set by the
-/// [`RetryPolicy`](crate::retry::RetryPolicy) on each retry.
+/// The record of one attempt: the only thing the layers tell each other, and where.
 ///
-/// The admission layer spends one unit of the shared retry budget for every attempt
-/// numbered 2 or higher, atomically with taking its token.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Attempt(pub(crate) u32);
+/// It travels in the request's extensions from the layers above admission to those below,
+/// and back up in the response's: the admission layer puts the record of the attempt that
+/// produced a response (with when it was sent) in that response's extensions. A layer used
+/// alone finds no record and behaves as its docs say; nothing is allocated for a request
+/// that needs none (a first attempt, on the fast path).
+///
+/// | field | written by | read by |
+/// | --- | --- | --- |
+/// | [`number`](Self::number) | [`RetryPolicy`](crate::retry::RetryPolicy), on each retry (2, 3, ...) | the admission layer (a retry spends a unit of the shared retry budget with its token), the cooldown layer (the attempt's span) |
+/// | not before | `RetryPolicy`, when an admission layer under it waits out the server's delay for a retry (the slot's floor) | the admission layer (it reserves the retry's slot no earlier) |
+/// | last | [`Prepare`](crate::retry::Prepare), for a request no retry will follow, and why | the cooldown layer (a throttling answer to it is marked abandoned, with that reason, not passed off as final) |
+/// | sent | the admission layer, in the response's record, when it carries one or the rate is adaptive | the cooldown layer (an adaptive rate cuts once per round of sends) |
+///
+/// The request's body for a retry travels apart (a [`Replay`](crate::body::Replay), typed by
+/// the body), and so does how a response was read (a
+/// [`Classified`](crate::classify::Classified) in the response's extensions).
+///
+/// ```
+/// use tower_allowance::Attempt;
+///
+/// // A response the stack produced on a retry carries the attempt's record.
+/// let response = http::Response::new(());
+/// let attempt = response.extensions().get::<Attempt>().copied().unwrap_or_default();
+/// assert_eq!(attempt.number(), 1); // none: the first attempt
+/// assert!(!attempt.is_retry());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    pub(crate) number: u32,
+    pub(crate) not_before: Option<Instant>,
+    pub(crate) last: Option<AbandonReason>,
+    pub(crate) sent: Option<Instant>,
+}
+
+impl Default for Attempt {
+    /// A first attempt.
+    fn default() -> Self {
+        Self {
+            number: 1,
+            not_before: None,
+            last: None,
+            sent: None,
+        }
+    }
+}
 
 impl Attempt {
     /// The attempt number, starting at 1.
     pub fn number(&self) -> u32 {
-        self.0
+        self.number
     }
 
     /// Whether this attempt is a retry.
     pub fn is_retry(&self) -> bool {
-        self.0 > 1
+        self.number > 1
+    }
+
+    /// The record a request carries, if any.
+    pub(crate) fn of(extensions: &Extensions) -> Option<Self> {
+        extensions.get::<Self>().copied()
     }
 }
 

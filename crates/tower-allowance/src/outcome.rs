@@ -55,7 +55,7 @@ impl Outcome {
                 let success = match res.extensions().get::<Classified>() {
                     Some(c) => c.class == Classification::Success,
                     // The stack marks every response that is not plainly a success.
-                    None => crate::cooldown::plainly_successful(res.status()),
+                    None => crate::classify::plainly_successful(res.status()),
                 };
                 if success {
                     Self::Completed

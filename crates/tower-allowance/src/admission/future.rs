@@ -3,192 +3,266 @@ use std::{
     pin::Pin,
     sync::Arc,
     task::{ready, Context, Poll},
+    time::Duration,
 };
 
-use http::Request;
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{sleep_until, Instant, Sleep};
-use tower_service::Service;
+use tower::Service;
 
 use crate::{
-    acquire::OwnedAdmit,
+    acquire::{self, Begin, OwnedAdmit, Progress},
     error::{AbandonReason, Abandoned},
-    extensions::SentAt,
+    extensions::{AcquireOptions, Attempt, Cost},
     shared::Shared,
-    BoxError,
+    BoxError, Deadline,
 };
 
 pin_project! {
     /// Response future of [`Admission`](super::Admission).
-    pub struct ResponseFuture<S, Req>
+    pub struct ResponseFuture<S, B>
     where
-        S: Service<Req>,
+        S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S, Req>,
+        state: State<S, B>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, Req>
+    enum State<S, B>
     where
-        S: Service<Req>,
+        S: Service<Request<B>>,
     {
         // Not polled yet: nothing asked of the allowance or the inner service.
         Start {
-            start: Option<Start<S, Req>>,
+            start: Option<Start<S, B>>,
         },
         Waiting {
             // Boxed, with the request and the service it waits to call: only a waiting
             // request pays for the timers, the store future and the request's room, and
             // the future stays the size of the inner one on the fast path.
-            waiting: Pin<Box<Waiting<S, Req>>>,
+            waiting: Pin<Box<Waiting<S, B>>>,
         },
         Called {
             #[pin]
             future: S::Future,
+            // The attempt's record, for the response (when it has one to carry).
+            record: Option<Attempt>,
         },
-        Failed {
-            error: Option<BoxError>,
-        },
+        Done,
     }
 }
 
 /// What a future not yet polled keeps: the allowance, the inner service (a clone, readied
 /// only once admitted) and the request.
-pub(crate) struct Start<S, Req> {
+struct Start<S, B> {
     shared: Arc<Shared>,
     service: S,
-    request: Req,
+    request: Request<B>,
 }
 
 pin_project! {
     /// What a waiting request keeps, in one allocation: its admission (`None` once admitted),
     /// then a clone of the inner service, readied only once admitted, by the deadline.
-    pub(crate) struct Waiting<S, Req> {
+    struct Waiting<S, B> {
         #[pin]
         acquire: Option<OwnedAdmit>,
         #[pin]
         deadline: Option<Sleep>,
         service: S,
-        request: Option<Req>,
-        // For an adaptive allowance: tells the cooldown layer when the request was sent.
-        sent: Option<SentAt>,
+        request: Option<Request<B>>,
+        shared: Arc<Shared>,
     }
 }
 
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
-    pub(crate) fn start(shared: Arc<Shared>, service: S, request: Req) -> Self {
-        Self {
-            state: State::Start {
-                start: Some(Start {
-                    shared,
-                    service,
-                    request,
-                }),
-            },
-        }
-    }
-
-    pub(crate) fn called(future: S::Future) -> Self {
-        Self {
-            state: State::Called { future },
-        }
-    }
-
-    pub(crate) fn failed(error: BoxError) -> Self {
-        Self {
-            state: State::Failed { error: Some(error) },
-        }
+/// The admission a request asks for, from its extensions: a retry (its record says so)
+/// spends a unit of the retry budget and is admitted no earlier than its record's floor,
+/// strictly before its deadline.
+fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
+    let ext = req.extensions();
+    let record = Attempt::of(ext);
+    let retry = record.is_some_and(|a| a.is_retry());
+    let deadline = ext.get::<Deadline>().map(|Deadline(d)| match retry {
+        // A retry's slot must come strictly before the deadline.
+        true => d.checked_sub(Duration::from_micros(1)).unwrap_or(*d),
+        false => *d,
+    });
+    AcquireOptions {
+        deadline,
+        retry,
+        cost: ext.get::<Cost>().map(|Cost(c)| *c),
+        not_before: record
+            .and_then(|a| a.not_before)
+            .map(|at| at.saturating_duration_since(now)),
     }
 }
 
-impl<S: Service<Request<B>>, B> ResponseFuture<S, Request<B>> {
-    pub(crate) fn waiting(
-        acquire: Option<OwnedAdmit>,
-        deadline: Option<Instant>,
-        service: S,
-        request: Request<B>,
-    ) -> Self {
-        let sent = request.extensions().get::<SentAt>().cloned();
+/// The record the response will carry: the request's, or (for an adaptive rate, which
+/// cuts once per round of sends) a new one, with when the attempt was sent.
+fn record_for<B>(shared: &Shared, req: &Request<B>, sent: Instant) -> Option<Attempt> {
+    let record = Attempt::of(req.extensions());
+    let adaptive = shared.config().params().adaptive().is_some();
+    (record.is_some() || adaptive).then(|| Attempt {
+        sent: Some(sent),
+        ..record.unwrap_or_default()
+    })
+}
+
+impl<S: Service<Request<B>>, B> ResponseFuture<S, B> {
+    pub(crate) fn new(shared: Arc<Shared>, service: S, request: Request<B>) -> Self {
+        let start = Start {
+            shared,
+            service,
+            request,
+        };
         Self {
-            state: State::Waiting {
-                waiting: Box::pin(Waiting {
-                    acquire,
-                    deadline: deadline.map(sleep_until),
-                    service,
-                    request: Some(request),
-                    sent,
-                }),
-            },
+            state: State::Start { start: Some(start) },
         }
     }
 }
 
-impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<S, B> Future for ResponseFuture<S, Request<B>>
+impl<S, B> Start<S, B>
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
 {
-    type Output = Result<S::Response, BoxError>;
+    /// The first poll: asks for admission and, admitted now, readies the inner service and
+    /// calls it; otherwise the state the future then waits in.
+    fn begin(self, cx: &mut Context<'_>) -> Result<State<S, B>, BoxError> {
+        let Self {
+            shared,
+            mut service,
+            request,
+        } = self;
+        let now = Instant::now();
+        let options = options_for(&request, now);
+        let mut progress = Progress::default();
+        let step = acquire::begin(&shared, &options, &mut progress, now);
+        let admit = match step {
+            // Admitted now: sent now if the inner service is ready now.
+            Begin::Ready(Ok(())) => match service.poll_ready(cx) {
+                Poll::Ready(ready) => {
+                    ready.map_err(Into::into)?;
+                    let record = record_for(&shared, &request, now);
+                    let future = service.call(request);
+                    return Ok(State::Called { future, record });
+                }
+                // The future waits for that readiness (the waker is registered), by the
+                // deadline.
+                Poll::Pending => None,
+            },
+            Begin::Ready(Err(e)) => return Err(e.into_box()),
+            step => Some(OwnedAdmit::resume(shared.clone(), options, progress, step)),
+        };
+        let waiting = Waiting {
+            acquire: admit,
+            deadline: options.deadline.map(sleep_until),
+            service,
+            request: Some(request),
+            shared,
+        };
+        Ok(State::Waiting {
+            waiting: Box::pin(waiting),
+        })
+    }
+}
+
+impl<S, B> Waiting<S, B>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+{
+    /// Waits for the admission, then for the inner service's readiness by the deadline;
+    /// calls it.
+    fn poll_call(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(S::Future, Option<Attempt>), BoxError>> {
+        let mut this = self.project();
+        if let Some(acquire) = this.acquire.as_mut().as_pin_mut() {
+            let admitted = ready!(acquire.poll(cx));
+            this.acquire.set(None);
+            admitted.map_err(|e| e.into_box())?;
+        }
+        // Admitted: only now is the inner service readied, by the deadline.
+        match this.service.poll_ready(cx) {
+            Poll::Ready(ready) => ready.map_err(Into::into)?,
+            Poll::Pending => {
+                let Some(deadline) = this.deadline.as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                ready!(deadline.poll(cx));
+                let e = Abandoned::new(AbandonReason::Deadline);
+                return Poll::Ready(Err(e.into()));
+            }
+        }
+        let Some(request) = this.request.take() else {
+            return Poll::Pending;
+        };
+        let record = record_for(this.shared, &request, Instant::now());
+        Poll::Ready(Ok((this.service.call(request), record)))
+    }
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Start { .. } => "not polled",
+            State::Waiting { .. } => "waiting for admission",
+            State::Called { .. } => "sent",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S, B, RB> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+{
+    type Output = Result<Response<RB>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Start { start } => {
-                    let Start {
-                        shared,
-                        service,
-                        request,
-                    } = start
-                        .take()
-                        .expect("admission future polled after completion");
-                    let next = super::service::begin_call(&shared, service, request, cx);
-                    this.state.set(next.state);
-                }
-                StateProj::Waiting { waiting } => {
-                    let mut waiting = waiting.as_mut().project();
-                    if let Some(acquire) = waiting.acquire.as_mut().as_pin_mut() {
-                        let admitted = ready!(acquire.poll(cx));
-                        waiting.acquire.set(None);
-                        admitted.map_err(|e| e.into_box())?;
+            let next = match this.state.as_mut().project() {
+                StateProj::Start { start } => match start.take().map(|s| s.begin(cx)) {
+                    Some(Ok(next)) => next,
+                    Some(Err(e)) => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(e));
                     }
-                    // Admitted: only now is the inner service readied, by the deadline.
-                    if let Poll::Ready(ready) = waiting.service.poll_ready(cx) {
-                        ready.map_err(Into::into)?;
-                    } else if let Some(deadline) = waiting.deadline.as_pin_mut() {
-                        ready!(deadline.poll(cx));
-                        let e = Abandoned::new(AbandonReason::Deadline);
-                        return Poll::Ready(Err(e.into()));
-                    } else {
-                        return Poll::Pending;
+                    None => panic!("admission future polled after completion"),
+                },
+                StateProj::Waiting { waiting } => match ready!(waiting.as_mut().poll_call(cx)) {
+                    Ok((future, record)) => State::Called { future, record },
+                    Err(e) => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(e));
                     }
-                    let request = waiting
-                        .request
-                        .take()
-                        .expect("admission future polled after completion");
-                    if let Some(sent) = waiting.sent.take() {
-                        sent.mark(Instant::now());
+                },
+                StateProj::Called { future, record } => {
+                    let result = ready!(future.poll(cx));
+                    let record = *record;
+                    this.state.set(State::Done);
+                    let mut response = result.map_err(Into::into)?;
+                    if let Some(record) = record {
+                        response.extensions_mut().insert(record);
                     }
-                    let future = waiting.service.call(request);
-                    this.state.set(State::Called { future });
+                    return Poll::Ready(Ok(response));
                 }
-                StateProj::Called { future } => return future.poll(cx).map_err(Into::into),
-                StateProj::Failed { error } => {
-                    let e = error
-                        .take()
-                        .expect("admission future polled after completion");
-                    return Poll::Ready(Err(e));
-                }
-            }
+                StateProj::Done => panic!("admission future polled after completion"),
+            };
+            this.state.set(next);
         }
     }
 }

@@ -1,16 +1,10 @@
 use std::task::{Context, Poll};
 
-use http::Request;
-use tokio::time::Instant;
+use http::{Request, Response};
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::{
-    acquire::{self, Begin, OwnedAdmit, Progress},
-    extensions::{AcquireOptions, Attempt, Cost, SentAt},
-    retry::ticket::{RetryTicket, Ticket},
-    Allowance, BoxError, Deadline,
-};
+use crate::{Allowance, BoxError};
 
 /// Waits for the shared allowance before each call reaches the inner service.
 ///
@@ -47,87 +41,28 @@ impl<S> Admission<S> {
     }
 }
 
-/// Tells the cooldown layer above when the attempt was sent (an adaptive allowance's
-/// requests carry a [`SentAt`]).
-#[inline]
-pub(crate) fn mark_sent<B>(req: &Request<B>, now: Instant) {
-    if let Some(sent) = req.extensions().get::<SentAt>() {
-        sent.mark(now);
-    }
-}
-
-/// The admission a request asks for, from its extensions.
-pub(crate) fn options_for<B>(req: &Request<B>) -> AcquireOptions {
-    let ext = req.extensions();
-    AcquireOptions {
-        deadline: ext.get::<Deadline>().map(|d| d.0),
-        retry: ext.get::<Attempt>().is_some_and(Attempt::is_retry),
-        cost: ext.get::<Cost>().map(|c| c.0),
-        not_before: None,
-    }
-}
-
-impl<S, B> Service<Request<B>> for Admission<S>
+impl<S, B, RB> Service<Request<B>> for Admission<S>
 where
-    S: Service<Request<B>> + Clone,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
 {
-    type Response = S::Response;
+    type Response = Response<RB>;
     type Error = BoxError;
-    type Future = ResponseFuture<S, Request<B>>;
+    type Future = ResponseFuture<S, B>;
 
-    /// Always ready: admission is no scarce resource (a full queue is a verdict of `call`),
-    /// and the inner service is readied only once a request is admitted (module docs).
+    /// Always ready: admission is no scarce resource (a full queue is a verdict of the
+    /// future's first poll), and the inner service is readied only once a request is
+    /// admitted (module docs).
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // Nothing is decided here: the first poll asks for admission, so a future dropped
-        // unpolled takes no token (and reserves no slot).
+        // Nothing is decided here: the future's first poll asks for admission, so a future
+        // dropped unpolled takes no token (and reserves no slot). The inner service that was
+        // polled ready stays here; the future gets a clone, readied only once admitted.
         let service = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, service);
-        ResponseFuture::start(self.allowance.shared.clone(), inner, req)
-    }
-}
-
-/// The first poll of an admission future: asks for admission for `req` (or takes the retry
-/// policy's ticket) and, admitted now, readies `inner` and calls it; otherwise the step the
-/// future then waits on.
-pub(crate) fn begin_call<S, B>(
-    shared: &std::sync::Arc<crate::shared::Shared>,
-    mut inner: S,
-    req: Request<B>,
-    cx: &mut Context<'_>,
-) -> ResponseFuture<S, Request<B>>
-where
-    S: Service<Request<B>>,
-    S::Error: Into<BoxError>,
-{
-    let options = options_for(&req);
-    let mut progress = Progress::default();
-    let now = Instant::now();
-    let step = match req.extensions().get::<RetryTicket>().map(RetryTicket::take) {
-        // A retry the retry policy already admitted (or gave up on) while it waited.
-        Some(Ticket::Admitted) => Begin::Ready(Ok(())),
-        Some(Ticket::Failed(e)) => Begin::Ready(Err(e)),
-        _ => acquire::begin(shared, &options, &mut progress, now),
-    };
-    match step {
-        // Admitted now: sent now if the inner service is ready now.
-        Begin::Ready(Ok(())) => match inner.poll_ready(cx) {
-            Poll::Ready(Ok(())) => {
-                mark_sent(&req, now);
-                ResponseFuture::called(inner.call(req))
-            }
-            Poll::Ready(Err(e)) => ResponseFuture::failed(e.into()),
-            // The future waits for that readiness (the waker is registered), by the deadline.
-            Poll::Pending => ResponseFuture::waiting(None, options.deadline, inner, req),
-        },
-        Begin::Ready(Err(e)) => ResponseFuture::failed(e.into_box()),
-        step => {
-            let admit = OwnedAdmit::resume(shared.clone(), options, progress, step);
-            ResponseFuture::waiting(Some(admit), options.deadline, inner, req)
-        }
+        ResponseFuture::new(self.allowance.shared.clone(), inner, req)
     }
 }

@@ -1,8 +1,8 @@
-use std::sync::{atomic::AtomicU64, Arc};
+use std::sync::Arc;
 
 use crate::{
-    shared::{Holders, Shared, Sink, Stats},
-    store::{EventSink, MemoryStore, Store, Watcher},
+    shared::Shared,
+    store::{MemoryStore, Store},
     Allowance, AllowanceConfig,
 };
 
@@ -56,27 +56,10 @@ impl AllowanceBuilder {
         let store = self.store.unwrap_or_else(|| Box::new(MemoryStore::new()));
         let name = self.name.or_else(|| store.name().map(Arc::from));
         let name = name.unwrap_or_else(|| Arc::from("default"));
-        let params = *self.config.params();
-        let shared = Arc::new_cyclic(|weak| Shared {
-            stats: Stats::new(name.clone()),
-            me: weak.clone(),
-            name,
-            config: self.config,
-            store,
-            holders: Arc::new(Holders::new(params)),
-            pending_deposits: AtomicU64::new(0),
-            jitter_seq: AtomicU64::new(0),
-            advertised: AtomicU64::new(0),
-            warned_date: std::sync::atomic::AtomicBool::new(false),
-            #[cfg(feature = "quota")]
-            quota: self.quota,
-        });
-        // The store delivers other processes' events to the allowance (held weakly: the
-        // store never keeps the allowance alive). Only once the allowance exists: a store
-        // drops a watcher whose allowance is not alive, and an event (or the subscription's
-        // first catch-up) can arrive from another thread at any moment after `watch`.
-        let sink: Arc<dyn EventSink> = Arc::new(Sink(Arc::downgrade(&shared)));
-        shared.store.watch(Watcher::new(sink));
+        #[cfg(feature = "quota")]
+        let shared = Shared::new(name, self.config, store, self.quota);
+        #[cfg(not(feature = "quota"))]
+        let shared = Shared::new(name, self.config, store);
         Allowance { shared }
     }
 }

@@ -15,8 +15,8 @@ impl Allowance {
     #[cfg(any(feature = "keyed", feature = "conformance"))]
     pub(crate) fn is_settled(&self, now: Instant) -> bool {
         self.shared
-            .store
-            .is_settled(now, self.shared.config.params())
+            .store()
+            .is_settled(now, self.shared.config().params())
     }
 
     /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;

@@ -1,10 +1,6 @@
 //! The shared handle: one allowance, however many clones.
 
-use std::{
-    future::Future,
-    sync::{atomic::Ordering, Arc},
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
@@ -101,12 +97,12 @@ impl Allowance {
     /// ([`Store::name`](crate::store::Store::name): a Redis store's allowance name), else
     /// `"default"`.
     pub fn name(&self) -> &str {
-        &self.shared.name
+        self.shared.name()
     }
 
     /// The configuration this allowance was built from.
     pub fn config(&self) -> &AllowanceConfig {
-        &self.shared.config
+        &self.shared.config()
     }
 
     /// Waits for admission of one first attempt: at once, or at the slot the store reserves.
@@ -206,7 +202,7 @@ impl Allowance {
         let Reply::Changed(event) = self.shared.apply_async(Op::Clear).await? else {
             return Err(StoreError::protocol(WrongReply));
         };
-        self.shared.holders.event(event);
+        self.shared.holders().event(event);
         Ok(())
     }
 
@@ -252,10 +248,10 @@ impl Allowance {
         match self.shared.apply_async(Op::Read { deposits }).await {
             Ok(Reply::State(state)) => {
                 if let Some(until) = Instant::now().checked_add(state.blocked_for) {
-                    self.shared.holders.learn_cooldown(until);
+                    self.shared.holders().learn_cooldown(until);
                 }
-                let waiting = self.shared.holders.waiting();
-                self.shared.stats.metrics.state(&state, waiting);
+                let waiting = self.shared.holders().waiting();
+                self.shared.stats().metrics.state(&state, waiting);
                 Ok(state)
             }
             Ok(_) => Err(StoreError::protocol(WrongReply)),
@@ -274,25 +270,6 @@ impl Allowance {
     /// A throttling response arrived; `with_delay` when it carried a usable delay.
     #[cfg(not(feature = "quota"))]
     pub(crate) fn on_throttled(&self, _with_delay: bool) {}
-
-    /// A response the classifier called a success: replenishes a replenishing budget (with
-    /// the next store call) and ends a streak of throttling without delays.
-    pub(crate) fn on_success(&self) {
-        #[cfg(feature = "quota")]
-        if let Some(q) = &self.shared.quota {
-            q.clear_streak();
-        }
-        if matches!(
-            self.shared.config.retry_budget(),
-            crate::RetryBudgetConfig::Replenishing(_)
-        ) {
-            self.shared.pending_deposits.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    pub(crate) fn next_jitter_seed(&self) -> u64 {
-        self.shared.jitter_seq.fetch_add(1, Ordering::Relaxed)
-    }
 }
 
 #[cfg(test)]

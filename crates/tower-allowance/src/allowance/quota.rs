@@ -9,12 +9,12 @@ impl Allowance {
     /// How many quota probes this process has run.
     #[cfg_attr(docsrs, doc(cfg(feature = "quota")))]
     pub fn quota_probes(&self) -> u64 {
-        self.shared.quota.as_ref().map_or(0, |q| q.probes())
+        self.shared.quota().as_ref().map_or(0, |q| q.probes())
     }
 
     /// A throttling response arrived; `with_delay` when it carried a usable delay.
     pub(crate) fn on_throttled(&self, with_delay: bool) {
-        let Some(q) = &self.shared.quota else {
+        let Some(q) = &self.shared.quota() else {
             return;
         };
         if with_delay {

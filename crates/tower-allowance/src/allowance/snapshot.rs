@@ -62,22 +62,22 @@ pub struct ClosedState {
 
 impl Snapshot {
     pub(crate) fn of(shared: &Shared) -> Self {
-        let s = &shared.stats;
+        let s = &shared.stats();
         let mut abandoned = AbandonedCounts::default();
         for (slot, counter) in abandoned.0.iter_mut().zip(&s.abandoned) {
             *slot = counter.load(Ordering::Relaxed);
         }
         let (admitted, waited, retries_spent) = s.admissions.totals();
         let now = Instant::now();
-        let known = shared.holders.known();
+        let known = shared.holders().known();
         Snapshot {
-            name: shared.name.to_string(),
+            name: shared.name().to_string(),
             admitted,
             waited,
             deferred: s.deferred.load(Ordering::Relaxed),
             retries_spent,
             abandoned,
-            waiting: shared.holders.waiting(),
+            waiting: shared.holders().waiting(),
             cooling_for: known.blocked_until.filter(|b| *b > now).map(|b| b - now),
             closed: known
                 .closed

@@ -2,7 +2,6 @@
 
 use tokio::time::Instant;
 
-use super::future::deferred;
 use crate::{rule::Op, shared::Applying, Allowance};
 
 /// Raises the shared cooldown outside a response future (a gRPC status in trailers, seen
@@ -12,14 +11,17 @@ use crate::{rule::Op, shared::Applying, Allowance};
 pub(crate) fn raise_detached(allowance: &Allowance, delay_us: Option<u64>, asked: Option<String>) {
     let now = Instant::now();
     match allowance.shared.apply(now, Op::Defer { delay_us }) {
-        Applying::Done(result) => deferred(allowance, now, result, asked.as_deref()),
+        Applying::Done(result) => allowance.shared.recorded(now, result, asked.as_deref()),
         Applying::Pending(fut) => match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 let allowance = allowance.clone();
-                handle.spawn(async move { deferred(&allowance, now, fut.await, asked.as_deref()) });
+                handle.spawn(async move {
+                    let result = fut.await;
+                    allowance.shared.recorded(now, result, asked.as_deref());
+                });
             }
             Err(_) => tracing::warn!(
-                allowance = &*allowance.shared.name,
+                allowance = allowance.name(),
                 "no tokio runtime to record a cooldown seen in trailers"
             ),
         },

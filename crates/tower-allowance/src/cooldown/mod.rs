@@ -58,7 +58,3 @@ pub(crate) mod service;
 #[cfg(feature = "grpc")]
 pub(crate) use self::detached::raise_detached;
 pub use self::{future::ResponseFuture, layer::CooldownLayer, service::Cooldown};
-pub(crate) use self::{
-    future::{plainly_successful, read_response},
-    service::FinalAttempt,
-};

@@ -1,4 +1,3 @@
-use crate::extensions::SentAt;
 use std::{
     sync::Arc,
     task::{Context, Poll},
@@ -47,11 +46,6 @@ impl<C> CooldownShared<C> {
     }
 }
 
-/// Marks a request no retry will follow: a throttling or transient response to it is reported
-/// as abandoned (with this reason), never passed off as final.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FinalAttempt(pub(crate) crate::error::AbandonReason);
-
 // === impl Cooldown ===
 
 impl<S, C> Cooldown<S, C> {
@@ -94,24 +88,18 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let final_attempt = req.extensions().get::<FinalAttempt>().map(|f| f.0);
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let attempt = Attempt::of(req.extensions()).unwrap_or_default();
         // One span per attempt, with the allowance's name and the attempt number.
         let span = tracing::debug_span!(
             "allowance_attempt",
             allowance = %self.shared.allowance.name(),
-            attempt = req.extensions().get::<Attempt>().map_or(1, Attempt::number),
+            attempt = attempt.number,
         );
-        // An adaptive rate needs to know when the attempt left the admission queue.
-        let sent = self.shared.allowance.config().params().adaptive().map(|_| {
-            let sent = SentAt::default();
-            req.extensions_mut().insert(sent.clone());
-            sent
-        });
         let future = {
             let _entered = span.enter();
             self.inner.call(req)
         };
-        ResponseFuture::new(future, self.shared.clone(), final_attempt, span, sent)
+        ResponseFuture::new(future, self.shared.clone(), attempt.last, span)
     }
 }

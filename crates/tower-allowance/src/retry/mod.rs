@@ -84,9 +84,8 @@
 //! # }
 //! ```
 
-pub(crate) mod policy;
+mod policy;
 mod prepare;
-pub(crate) mod ticket;
 
 // The per-request rules are plain data, kept with the rest of the configuration (which an
 // allowance carries): `crate::config`, a lower module.

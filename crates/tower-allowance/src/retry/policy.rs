@@ -1,49 +1,47 @@
 use std::{
+    any::Any,
     fmt,
     future::Future,
     pin::Pin,
-    sync::Arc,
-    task::{ready, Context, Poll},
+    sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
     time::Duration,
 };
 
 use http::{Extensions, Request, Response};
-use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower::retry::Policy;
 
-use super::{
-    ticket::{RetryTicket, Stash, Ticket},
-    RetryConfig,
-};
+use super::RetryConfig;
 use crate::{
-    acquire::{self, Begin, OwnedAdmit, Progress},
     body::{Replay, Replayable},
-    classify::{Classification, Classified, Classify, ServerDelay, StatusClassifier},
-    cooldown::{read_response, FinalAttempt},
+    classify::{self, Classification, Classified, Classify, ServerDelay, StatusClassifier},
     error::{find, AbandonReason, Abandoned, StoreUnavailable},
-    extensions::{AcquireOptions, Attempt, Cost},
-    shared::Shared,
-    Allowance, BoxError, Deadline, Outcome,
+    extensions::Attempt,
+    signals, Allowance, BoxError, Deadline, Outcome,
 };
 
-/// A [`tower::retry::Policy`] whose extra attempts draw on the allowance's shared budget.
+/// A [`tower::retry::Policy`] that decides whether and when to retry; the admission layer
+/// under it admits each retry, spending the allowance's shared budget.
 ///
 /// See the [module docs](super) for the rules. Use it through
 /// [`AllowanceLayer`](crate::AllowanceLayer), or with `tower::retry::RetryLayer` above an
-/// [`AdmissionLayer`](crate::admission::AdmissionLayer), or with the `RetryLayer` alone (the
-/// module docs' "Budget and stack order" says what the budget holds then).
+/// [`AdmissionLayer`](crate::admission::AdmissionLayer) (say so with
+/// [`over_admission`](Self::over_admission)), or with the `RetryLayer` alone (the module docs'
+/// "Budget and stack order" says what holds then).
 ///
 /// # Clone
 ///
 /// Tower clones the policy for every request, to count that request's attempts. The
-/// allowance (and so the budget), the config and the classifier are shared through one
-/// `Arc`, never copied: a clone is one reference-count increment.
+/// allowance, the config and the classifier are shared through one `Arc`, never copied: a
+/// clone is one reference-count increment, and starts with nothing of another request's.
 pub struct RetryPolicy<C = StatusClassifier> {
     shared: Arc<PolicyShared<C>>,
     /// Attempts made by this request so far.
     attempts: u32,
     rng: Option<fastrand::Rng>,
+    /// The response that prompted the retry in flight, for when admission refuses the retry.
+    stash: Stash,
 }
 
 impl<C> Clone for RetryPolicy<C> {
@@ -52,6 +50,7 @@ impl<C> Clone for RetryPolicy<C> {
             shared: self.shared.clone(),
             attempts: self.attempts,
             rng: self.rng.clone(),
+            stash: Stash::default(),
         }
     }
 }
@@ -62,6 +61,7 @@ impl<C: fmt::Debug> fmt::Debug for RetryPolicy<C> {
             .field("allowance", &self.shared.allowance.name())
             .field("config", &self.shared.config)
             .field("classifier", &self.shared.classifier)
+            .field("over_admission", &self.shared.over_admission)
             .field("attempts", &self.attempts)
             .finish()
     }
@@ -74,12 +74,34 @@ pub(crate) struct PolicyShared<C> {
     /// Shared with the [`Prepare`](super::Prepare) services made for this policy.
     pub(crate) config: Arc<RetryConfig>,
     pub(crate) classifier: C,
+    /// An admission layer on the same allowance sits under the `Retry`: it waits out the
+    /// server's delay for a retry (the retry's slot reserved at once), so the policy does not.
+    pub(crate) over_admission: bool,
+}
+
+/// The response that prompted the retry in flight (an `http::Response<RB>`, typed at use:
+/// the policy serves any body type). Held by the policy, which tower keeps for the request
+/// across its attempts: if admission refuses the retry, the request ends with this response,
+/// marked abandoned. Behind a mutex only to be `Sync`; only `&mut self` reaches it.
+#[derive(Default)]
+struct Stash(Mutex<Option<Box<dyn Any + Send>>>);
+
+impl Stash {
+    fn put<R: Send + 'static>(&mut self, response: Option<R>) {
+        let slot = self.0.get_mut().unwrap_or_else(PoisonError::into_inner);
+        *slot = response.map(|r| Box::new(r) as Box<dyn Any + Send>);
+    }
+
+    fn take<R: 'static>(&mut self) -> Option<R> {
+        let slot = self.0.get_mut().unwrap_or_else(PoisonError::into_inner);
+        slot.take()?.downcast().ok().map(|r| *r)
+    }
 }
 
 /// What the policy decided for one response.
 enum Plan {
     /// Retry: sleep this long first (a backoff, or a delay only this request must honour),
-    /// then ask for a slot no earlier than `not_before` (a throttling delay, which the shared
+    /// then be admitted no earlier than `not_before` (a throttling delay, which the shared
     /// cooldown normally covers already).
     Retry {
         sleep: Duration,
@@ -93,49 +115,69 @@ enum Plan {
 // === impl RetryPolicy ===
 
 impl RetryPolicy {
-    /// A policy spending `allowance`'s retry budget, with the allowance's retry rules and
-    /// classifier ([`AllowanceConfig::with_retry`](crate::AllowanceConfig::with_retry),
+    /// A policy for `allowance`, with its retry rules and classifier
+    /// ([`AllowanceConfig::with_retry`](crate::AllowanceConfig::with_retry),
     /// [`with_classifier`](crate::AllowanceConfig::with_classifier)).
     pub fn new(allowance: Allowance) -> Self {
         let config = allowance.config();
         let retry = Arc::new(config.retry().clone());
-        Self::of(retry, config.classifier(), allowance)
+        Self::of(retry, config.classifier(), allowance, false)
     }
 }
 
 impl<C: Classify> RetryPolicy<C> {
-    fn of(config: Arc<RetryConfig>, classifier: C, allowance: Allowance) -> Self {
-        Self::from_shared(Arc::new(PolicyShared {
-            allowance,
-            config,
-            classifier,
-        }))
+    fn of(config: Arc<RetryConfig>, classifier: C, allowance: Allowance, over: bool) -> Self {
+        Self {
+            shared: Arc::new(PolicyShared {
+                allowance,
+                config,
+                classifier,
+                over_admission: over,
+            }),
+            attempts: 0,
+            rng: None,
+            stash: Stash::default(),
+        }
     }
 
     /// This policy with `classifier` instead of the allowance's (an override, for this
     /// policy alone).
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> RetryPolicy<C2> {
         let s = &self.shared;
-        RetryPolicy::of(s.config.clone(), classifier, s.allowance.clone())
+        let allowance = s.allowance.clone();
+        RetryPolicy::of(s.config.clone(), classifier, allowance, s.over_admission)
     }
 
     /// This policy with `config` instead of the allowance's retry rules (an override, for
     /// this policy alone; the budget stays the allowance's).
     pub fn with_config(self, config: RetryConfig) -> Self {
         let s = &self.shared;
-        Self::of(Arc::new(config), s.classifier.clone(), s.allowance.clone())
+        let classifier = s.classifier.clone();
+        Self::of(
+            Arc::new(config),
+            classifier,
+            s.allowance.clone(),
+            s.over_admission,
+        )
+    }
+
+    /// Says that an [`AdmissionLayer`](crate::admission::AdmissionLayer) on the same allowance
+    /// sits under the `Retry` (as in [`AllowanceLayer`](crate::AllowanceLayer), which says so
+    /// itself): a retry then waits out the server's delay in the admission queue, its slot
+    /// reserved as soon as the retry is decided (ahead of the callers who arrive during the
+    /// cooldown), instead of the policy sleeping the delay before the retry asks.
+    ///
+    /// Without it the policy sleeps the delay itself: right over any service, and a retry
+    /// then queues behind whoever asked meanwhile. With it and no admission layer below, a
+    /// retry would not wait for the server's delay: do not.
+    pub fn over_admission(self) -> Self {
+        let s = &self.shared;
+        let (config, classifier) = (s.config.clone(), s.classifier.clone());
+        Self::of(config, classifier, s.allowance.clone(), true)
     }
 }
 
 impl<C> RetryPolicy<C> {
-    pub(crate) fn from_shared(shared: Arc<PolicyShared<C>>) -> Self {
-        Self {
-            shared,
-            attempts: 0,
-            rng: None,
-        }
-    }
-
     pub(crate) fn shared(&self) -> &PolicyShared<C> {
         &self.shared
     }
@@ -145,7 +187,7 @@ impl<C> RetryPolicy<C> {
         &self.shared.config
     }
 
-    pub(crate) fn config(&self) -> &RetryConfig {
+    fn config(&self) -> &RetryConfig {
         &self.shared.config
     }
 
@@ -154,7 +196,7 @@ impl<C> RetryPolicy<C> {
         let seed = self.shared.config.jitter_seed;
         let rng = self.rng.get_or_insert_with(|| {
             // One stream per request: concurrent retries must not share a jitter sequence.
-            let stream = allowance.next_jitter_seed();
+            let stream = allowance.shared.next_jitter_seed();
             let base = seed.unwrap_or_else(|| fastrand::u64(..));
             fastrand::Rng::with_seed(base ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         });
@@ -185,7 +227,7 @@ impl<C> RetryPolicy<C> {
             // its answer is final. (Too long: abandoned above.)
             (_, Some(ServerDelay::DoNotRetry | ServerDelay::TooLong)) => return Plan::Final,
             // The server's delay, never shortened: the shared cooldown holds everyone until
-            // then, and the retry's slot is reserved no earlier.
+            // then, and the retry is admitted no earlier.
             (Classification::Throttled, Some(ServerDelay::After(d))) if !d.is_zero() => {
                 (Duration::ZERO, Some(d))
             }
@@ -222,10 +264,10 @@ impl<C: Classify> RetryPolicy<C> {
     /// Decides what follows an attempt whose result is `result`: `Some(wait)` to retry once
     /// `wait` resolves, with `extensions` (those of the next attempt) marked for it.
     ///
-    /// `replay` is asked for the body of the next attempt only when a retry is planned, and
-    /// before anything is spent: when it has none (the body outgrew its replay cap), the
-    /// response is the answer, marked abandoned ([`AbandonReason::NotReplayable`]).
-    pub(crate) fn after_attempt<RB: Send + 'static>(
+    /// `replay` is asked for the body of the next attempt only when a retry is planned: when
+    /// it has none (the body outgrew its replay cap), the response is the answer, marked
+    /// abandoned ([`AbandonReason::NotReplayable`]).
+    fn after_attempt<RB: Send + 'static>(
         &mut self,
         extensions: &mut Extensions,
         result: &mut Result<Response<RB>, BoxError>,
@@ -237,11 +279,13 @@ impl<C: Classify> RetryPolicy<C> {
                 if res.extensions().get::<Abandoned>().is_some() {
                     return None;
                 }
+                // Read by the cooldown layer below; without one, read here.
                 let classified = res.extensions().get::<Classified>().copied();
-                // Without the cooldown layer below: classify here.
                 let classified = classified.unwrap_or_else(|| {
-                    let config = self.shared.allowance.config();
-                    read_response(&self.shared.classifier, config, res.status(), res.headers())
+                    let reading = self.shared.allowance.config().reading();
+                    let (status, headers) = (res.status(), res.headers());
+                    let classifier = &self.shared.classifier;
+                    classify::read(classifier, reading, signals::wall_clock, status, headers)
                         .classified
                 });
                 match classified.class {
@@ -252,19 +296,14 @@ impl<C: Classify> RetryPolicy<C> {
                 }
             }
             Err(e) => {
-                // A retry the store refused while the policy waited: end with the response
-                // that prompted it, marked abandoned.
-                if let Some(reason) = extensions
-                    .get::<RetryTicket>()
-                    .and_then(RetryTicket::refused)
+                // A retry the admission layer refused (the budget spent, its deadline, a
+                // closure): the request ends with the response that prompted it, marked
+                // abandoned with the refusal's reason.
+                if let (Outcome::Abandoned(reason), Some(mut response)) =
+                    (Outcome::of_error(&**e), self.stash.take::<Response<RB>>())
                 {
-                    if let Some(mut response) = extensions
-                        .get::<Stash<Response<RB>>>()
-                        .and_then(Stash::take)
-                    {
-                        response.extensions_mut().insert(Abandoned::new(reason));
-                        *result = Ok(response);
-                    }
+                    response.extensions_mut().insert(Abandoned::new(reason));
+                    *result = Ok(response);
                     return None;
                 }
                 if is_own_error(e) || !self.config().retry_transport_errors {
@@ -280,73 +319,34 @@ impl<C: Classify> RetryPolicy<C> {
         match plan {
             Plan::Final => None,
             Plan::Abandon(reason) => {
-                self.shared.allowance.shared.stats.abandon(reason);
+                self.shared.allowance.shared.abandon(reason);
                 if let Ok(res) = result {
                     res.extensions_mut().insert(Abandoned::new(reason));
                 }
                 None
             }
             Plan::Retry { sleep, not_before } => {
-                let deadline = extensions.get::<Deadline>().map(|Deadline(d)| {
-                    // The slot must come strictly before the deadline.
-                    d.checked_sub(Duration::from_micros(1)).unwrap_or(*d)
-                });
-                let options = AcquireOptions {
-                    deadline,
-                    retry: true,
-                    cost: extensions.get::<Cost>().map(|Cost(c)| *c),
-                    not_before,
+                // Kept for when the retry is refused (tower drops the result when a retry is
+                // scheduled; nobody observes its stand-in). Nothing stale is kept for an error.
+                let kept = std::mem::replace(result, Err("response kept for a retry".into()));
+                self.stash.put(kept.ok());
+                let over = self.shared.over_admission;
+                let record = Attempt {
+                    number: self.attempts.saturating_add(1),
+                    // The admission layer below waits out the server's delay...
+                    not_before: not_before
+                        .filter(|_| over)
+                        .and_then(|d| Instant::now().checked_add(d)),
+                    last: None,
+                    sent: None,
                 };
-                let shared = &self.shared.allowance.shared;
-                // Nothing to sleep before asking: ask now, as the wait's first poll would, at
-                // the same instant. A store that decides at once (the in-memory one does)
-                // then refuses before anything is committed to sending the retry, with or
-                // without an admission layer below (see the module docs, "Budget and stack
-                // order").
-                let asked = sleep.is_zero().then(|| {
-                    let mut progress = Progress::default();
-                    let step = acquire::begin(shared, &options, &mut progress, Instant::now());
-                    (progress, step)
-                });
-                let (progress, step) = match asked {
-                    Some((_, Begin::Ready(Err(e)))) => {
-                        // Refused (the budget used up, a deadline, a closed allowance): the
-                        // request ends with the response that prompted the retry, marked
-                        // abandoned, as a refusal handed to an admission layer ends
-                        // (`RetryTicket::refused`). The admission counted the abandonment.
-                        match (e.abandon_reason(), &mut *result) {
-                            (Some(reason), Ok(res)) => {
-                                res.extensions_mut().insert(Abandoned::new(reason));
-                            }
-                            (_, result) => *result = Err(e.into_box()),
-                        }
-                        return None;
-                    }
-                    Some((progress, step)) => (progress, Some(step)),
-                    None => (Progress::default(), None),
+                extensions.insert(record);
+                // ... or the policy does.
+                let sleep = match not_before {
+                    Some(d) if !over => sleep.saturating_add(d),
+                    _ => sleep,
                 };
-                // The slot's stand-in once its response moved to the stash (tower drops the
-                // slot when a retry is scheduled; nobody observes it).
-                match std::mem::replace(result, Err("response kept for a retry".into())) {
-                    Ok(response) => {
-                        extensions.insert(Stash::new(response));
-                    }
-                    Err(e) => {
-                        *result = Err(e);
-                        // Nothing to end with but the error: no stale response from an
-                        // earlier retry either.
-                        extensions.remove::<Stash<Response<RB>>>();
-                    }
-                }
-                let ticket = RetryTicket::default();
-                let next = self.attempts.saturating_add(1);
-                extensions.insert(Attempt(next));
-                extensions.insert(ticket.clone());
-                let shared = shared.clone();
-                Some(match step {
-                    Some(step) => RetryWait::asked(shared, options, progress, step, ticket),
-                    None => RetryWait::new(shared, sleep, options, ticket),
-                })
+                Some(RetryWait::after(sleep))
             }
         }
     }
@@ -362,39 +362,12 @@ impl<C: Classify> RetryPolicy<C> {
     /// be over the cap) is marked so that a throttling answer to it is reported as
     /// abandoned, with the reason.
     pub fn prepare<B: Replayable + 'static>(&self, request: Request<B>) -> Request<B> {
-        prepare(self.config(), request)
+        super::prepare::prepare(self.config(), request)
     }
-}
-
-/// [`RetryPolicy::prepare`], from the policy's configuration alone.
-pub(crate) fn prepare<B: Replayable + 'static>(
-    config: &RetryConfig,
-    request: Request<B>,
-) -> Request<B> {
-    let (mut parts, body) = request.into_parts();
-    let (body, last) = if !config.replayable_parts(&parts) {
-        (body, Some(AbandonReason::NotReplayable))
-    } else if config.max_attempts.get() <= 1 {
-        (body, Some(AbandonReason::MaxAttempts))
-    } else if body.try_clone(config.replay_cap).is_some() {
-        (body, None)
-    } else {
-        match body.prepare(config.replay_cap) {
-            (body, Some(replay)) => {
-                parts.extensions.insert(replay);
-                (body, None)
-            }
-            (body, None) => (body, Some(AbandonReason::NotReplayable)),
-        }
-    };
-    if let Some(reason) = last {
-        parts.extensions.insert(FinalAttempt(reason));
-    }
-    Request::from_parts(parts, body)
 }
 
 /// A copy of `req`'s head around `body`.
-pub(crate) fn with_body<B, B2>(req: &Request<B>, body: B2) -> Request<B2> {
+fn with_body<B, B2>(req: &Request<B>, body: B2) -> Request<B2> {
     let mut copy = Request::new(body);
     *copy.method_mut() = req.method().clone();
     *copy.uri_mut() = req.uri().clone();
@@ -452,72 +425,25 @@ where
     }
 }
 
-/// The retry's wait: a backoff sleep if any, then its admission (spending the shared retry
-/// budget), made for a slot no earlier than the server's delay.
-///
-/// Resolves when the slot comes, or at once when the store refuses, leaving the verdict in
-/// the request's ticket for the admission layer. Without a backoff, the policy made the
-/// admission's first step when it decided to retry (a refusal known then ended the request
-/// there), and the wait carries on from it. Boxed: only a retry pays for it.
+/// What a retry waits for before it is sent: a backoff, or a delay the policy honours itself
+/// (a server's delay, when no admission layer below waits it out). Then the retry goes
+/// through the stack under the `Retry`, which admits it. Boxed when it sleeps: only a retry
+/// that waits pays for the timer.
 pub struct RetryWait {
-    inner: Pin<Box<RetryWaitInner>>,
+    sleep: Option<Pin<Box<Sleep>>>,
 }
 
-pin_project! {
-    struct RetryWaitInner {
-        #[pin]
-        sleep: Option<Sleep>,
-        // `None`: admitted already, when the policy decided.
-        #[pin]
-        admit: Option<OwnedAdmit>,
-        ticket: RetryTicket,
+impl RetryWait {
+    fn after(wait: Duration) -> Self {
+        let sleep = (!wait.is_zero()).then(|| Box::pin(tokio::time::sleep(wait)));
+        Self { sleep }
     }
 }
 
 impl fmt::Debug for RetryWait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RetryWait").finish_non_exhaustive()
-    }
-}
-
-impl RetryWait {
-    fn new(
-        shared: Arc<Shared>,
-        sleep: Duration,
-        options: AcquireOptions,
-        ticket: RetryTicket,
-    ) -> Self {
-        let sleep = (!sleep.is_zero()).then(|| tokio::time::sleep(sleep));
-        Self::of(sleep, Some(OwnedAdmit::new(shared, options)), ticket)
-    }
-
-    /// The rest of an admission whose first step the policy made when it decided (`step`
-    /// is not a refusal: those end the request there).
-    fn asked(
-        shared: Arc<Shared>,
-        options: AcquireOptions,
-        progress: Progress,
-        step: Begin,
-        ticket: RetryTicket,
-    ) -> Self {
-        let admit = match step {
-            Begin::Ready(result) => {
-                ticket.set(Ticket::of(result));
-                None
-            }
-            step => Some(OwnedAdmit::resume(shared, options, progress, step)),
-        };
-        Self::of(None, admit, ticket)
-    }
-
-    fn of(sleep: Option<Sleep>, admit: Option<OwnedAdmit>, ticket: RetryTicket) -> Self {
-        Self {
-            inner: Box::pin(RetryWaitInner {
-                sleep,
-                admit,
-                ticket,
-            }),
-        }
+        let until = self.sleep.as_ref().map(|s| s.deadline());
+        f.debug_struct("RetryWait").field("until", &until).finish()
     }
 }
 
@@ -525,16 +451,9 @@ impl Future for RetryWait {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut this = self.inner.as_mut().project();
-        if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
-            ready!(sleep.poll(cx));
-            this.sleep.set(None);
+        match &mut self.sleep {
+            Some(sleep) => sleep.as_mut().poll(cx),
+            None => Poll::Ready(()),
         }
-        if let Some(admit) = this.admit.as_mut().as_pin_mut() {
-            let result = ready!(admit.poll(cx));
-            this.admit.set(None);
-            this.ticket.set(Ticket::of(result));
-        }
-        Poll::Ready(())
     }
 }

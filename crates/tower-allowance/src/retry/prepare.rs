@@ -8,8 +8,8 @@ use std::{
 use http::Request;
 use tower_service::Service;
 
-use super::{policy, RetryConfig, RetryPolicy};
-use crate::body::Replayable;
+use super::{RetryConfig, RetryPolicy};
+use crate::{body::Replayable, error::AbandonReason, extensions::Attempt};
 
 /// Prepares each request for a `tower::retry::Retry` that uses a [`RetryPolicy`], then
 /// calls it: [`RetryPolicy::prepare`] as a service.
@@ -123,6 +123,38 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        self.inner.call(policy::prepare(&self.config, req))
+        self.inner.call(prepare(&self.config, req))
     }
+}
+
+/// [`RetryPolicy::prepare`], from the policy's configuration alone.
+pub(crate) fn prepare<B: Replayable + 'static>(
+    config: &RetryConfig,
+    request: Request<B>,
+) -> Request<B> {
+    let (mut parts, body) = request.into_parts();
+    let (body, last) = if !config.replayable_parts(&parts) {
+        (body, Some(AbandonReason::NotReplayable))
+    } else if config.max_attempts.get() <= 1 {
+        (body, Some(AbandonReason::MaxAttempts))
+    } else if body.try_clone(config.replay_cap).is_some() {
+        (body, None)
+    } else {
+        match body.prepare(config.replay_cap) {
+            (body, Some(replay)) => {
+                parts.extensions.insert(replay);
+                (body, None)
+            }
+            (body, None) => (body, Some(AbandonReason::NotReplayable)),
+        }
+    };
+    if let Some(reason) = last {
+        // The attempt's record: the cooldown layer marks a throttling answer to it abandoned.
+        let record = Attempt::of(&parts.extensions).unwrap_or_default();
+        parts.extensions.insert(Attempt {
+            last: Some(reason),
+            ..record
+        });
+    }
+    Request::from_parts(parts, body)
 }

@@ -103,6 +103,8 @@ pub(crate) struct Holders {
     /// Whether a spare may be registered: set with one, cleared by [`Holders::take_spare`]
     /// when none is left, so that a first attempt takes no lock while there is none.
     spares: AtomicBool,
+    /// Whether a cooldown is known whose end has not been seen yet ([`Holders::cooldown_ended`]).
+    cooling: AtomicBool,
 }
 
 impl Holders {
@@ -113,6 +115,7 @@ impl Holders {
             waiting: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             spares: AtomicBool::new(false),
+            cooling: AtomicBool::new(false),
         }
     }
 
@@ -151,6 +154,21 @@ impl Holders {
     pub(crate) fn learn_cooldown(&self, until: Instant) {
         let mut r = self.lock();
         r.known.blocked_until = Some(r.known.blocked_until.map_or(until, |b| b.max(until)));
+        self.cooling.store(true, Ordering::Release);
+    }
+
+    /// Whether a cooldown learned here has ended by `now`: `true` once, at the first
+    /// admission after its end (which logs it). One relaxed load while none is known.
+    #[inline]
+    pub(crate) fn cooldown_ended(&self, now: Instant) -> bool {
+        if !self.cooling.load(Ordering::Relaxed) {
+            return false;
+        }
+        let r = self.lock();
+        if r.known.blocked_until.is_some_and(|until| until > now) {
+            return false;
+        }
+        self.cooling.swap(false, Ordering::AcqRel)
     }
 
     /// Records a closure learned from a reply.

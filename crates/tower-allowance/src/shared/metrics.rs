@@ -30,7 +30,7 @@ mod enabled;
 mod disabled {
     use std::{sync::Arc, time::Duration};
 
-    use crate::{error::AbandonReason, rule::StoreState, store::StoreErrorKind};
+    use crate::{error::AbandonReason, rule::StoreState};
 
     /// Without the `metrics` feature: nothing recorded, nothing stored.
     pub(crate) struct Metrics;
@@ -56,14 +56,6 @@ mod disabled {
         pub(crate) fn throttled(&self, _status: u16) {}
 
         #[inline]
-        pub(crate) fn store_call(&self, _took: Duration, _error: Option<StoreErrorKind>) {}
-
-        #[inline]
         pub(crate) fn state(&self, _state: &StoreState, _waiting: usize) {}
-
-        #[inline]
-        pub(crate) fn enabled() -> bool {
-            false
-        }
     }
 }

@@ -2,12 +2,13 @@
 //! behind one `Arc`: the configuration, the store, this process's holders and counters.
 //!
 //! The handle (`allowance/`) and the admission future (`acquire.rs`) both depend on this
-//! module and not on each other.
+//! module and not on each other. Its fields are private: everything goes through the methods
+//! below, so what is shared, and how it changes, is said in one place.
 
 use std::{
     fmt,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
 };
@@ -16,8 +17,8 @@ use tokio::time::Instant;
 
 use crate::{
     error::{AbandonReason, Exhausted},
-    rule::{Deferred, Event, Op, Reply, Reservation},
-    store::{EventSink, Store, StoreError, StoreFuture},
+    rule::{ClosedBy, Deferred, Event, Op, Reply, Reservation},
+    store::{EventSink, Store, StoreError, StoreFuture, Watcher, WrongReply},
     AllowanceConfig,
 };
 
@@ -26,29 +27,29 @@ pub(crate) mod metrics;
 #[cfg(feature = "quota")]
 pub(crate) mod probe;
 pub(crate) mod stats;
+#[cfg(feature = "metrics")]
+mod timed;
 
 pub(crate) use self::{holders::Holders, stats::Stats};
 
 /// The state behind an allowance's `Arc`.
 pub(crate) struct Shared {
-    pub(crate) name: Arc<str>,
-    pub(crate) config: AllowanceConfig,
-    pub(crate) store: Box<dyn Store>,
-    pub(crate) holders: Arc<Holders>,
-    pub(crate) stats: Stats,
+    name: Arc<str>,
+    config: AllowanceConfig,
+    store: Box<dyn Store>,
+    holders: Arc<Holders>,
+    stats: Stats,
     /// Successes not yet recorded in the store: they travel with the next admission.
-    pub(crate) pending_deposits: AtomicU64,
+    pending_deposits: AtomicU64,
     /// Seeds per-request jitter streams so that concurrent retries do not share one.
-    pub(crate) jitter_seq: AtomicU64,
+    jitter_seq: AtomicU64,
     /// The rate a server last advertised, as last told to the store (thousandths per second).
-    pub(crate) advertised: AtomicU64,
+    advertised: AtomicU64,
     /// Whether an untrusted `Date` has been warned about (once; later ones at debug).
-    pub(crate) warned_date: std::sync::atomic::AtomicBool,
+    warned_date: AtomicBool,
     /// The quota probe, when configured.
     #[cfg(feature = "quota")]
-    pub(crate) quota: Option<crate::quota::QuotaGuard>,
-    /// Itself, weakly (for work that outlives a borrow, such as timing a store call).
-    pub(crate) me: std::sync::Weak<Shared>,
+    quota: Option<crate::quota::QuotaGuard>,
 }
 
 impl fmt::Debug for Shared {
@@ -63,7 +64,7 @@ impl fmt::Debug for Shared {
 }
 
 /// Where a store's watcher delivers other processes' events. Held weakly by the store.
-pub(crate) struct Sink(pub(crate) std::sync::Weak<Shared>);
+struct Sink(std::sync::Weak<Shared>);
 
 impl EventSink for Sink {
     fn event(&self, event: Event) {
@@ -96,31 +97,78 @@ impl EventSink for Sink {
     }
 }
 
+// === impl Shared ===
+
 impl Shared {
-    /// Applies `op`: synchronously when the store can, else through its future (timed, with
-    /// the `metrics` feature).
+    /// The state of a new allowance over `store`, watched by the store for other processes'
+    /// events (weakly: the store never keeps the allowance alive).
+    pub(crate) fn new(
+        name: Arc<str>,
+        config: AllowanceConfig,
+        store: Box<dyn Store>,
+        #[cfg(feature = "quota")] quota: Option<crate::quota::QuotaGuard>,
+    ) -> Arc<Self> {
+        let stats = Stats::new(name.clone());
+        #[cfg(feature = "metrics")]
+        let store: Box<dyn Store> = Box::new(timed::Timed::new(store, stats.metrics.clone()));
+        let holders = Arc::new(Holders::new(*config.params()));
+        let shared = Arc::new(Self {
+            name,
+            config,
+            store,
+            holders,
+            stats,
+            pending_deposits: AtomicU64::new(0),
+            jitter_seq: AtomicU64::new(0),
+            advertised: AtomicU64::new(0),
+            warned_date: AtomicBool::new(false),
+            #[cfg(feature = "quota")]
+            quota,
+        });
+        // Only once the allowance exists: a store drops a watcher whose allowance is not
+        // alive, and an event (or the subscription's first catch-up) can arrive from another
+        // thread at any moment after `watch`.
+        let sink: Arc<dyn EventSink> = Arc::new(Sink(Arc::downgrade(&shared)));
+        shared.store.watch(Watcher::new(sink));
+        shared
+    }
+
+    /// The allowance's name, for logs and metrics.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn config(&self) -> &AllowanceConfig {
+        &self.config
+    }
+
+    /// The store, for what only asks it (the keyed registry's `is_settled`).
+    #[cfg(any(feature = "keyed", feature = "conformance"))]
+    pub(crate) fn store(&self) -> &dyn Store {
+        &*self.store
+    }
+
+    /// This process's holders of reserved slots.
+    pub(crate) fn holders(&self) -> &Holders {
+        &self.holders
+    }
+
+    /// This process's counters.
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The quota probe, when configured.
+    #[cfg(feature = "quota")]
+    pub(crate) fn quota(&self) -> Option<&crate::quota::QuotaGuard> {
+        self.quota.as_ref()
+    }
+
+    /// Applies `op`: synchronously when the store can, else through its future.
     pub(crate) fn apply(&self, now: Instant, op: Op) -> Applying {
         match self.store.try_apply(now, self.config.params(), &op) {
             Some(result) => Applying::Done(result),
-            None => {
-                let fut = self.store.apply(self.config.params(), op);
-                if !metrics::Metrics::enabled() {
-                    return Applying::Pending(fut);
-                }
-                // A weak handle to this state, for a store call's timing.
-                let this = self.me.clone();
-                Applying::Pending(Box::pin(async move {
-                    let started = Instant::now();
-                    let result = fut.await;
-                    if let Some(shared) = this.upgrade() {
-                        shared.stats.metrics.store_call(
-                            started.elapsed(),
-                            result.as_ref().err().map(StoreError::kind),
-                        );
-                    }
-                    result
-                }))
-            }
+            None => Applying::Pending(self.store.apply(self.config.params(), op)),
         }
     }
 
@@ -147,35 +195,93 @@ impl Shared {
         }
     }
 
+    /// A success: one more for a replenishing retry budget (it travels with the next store
+    /// call), and the end of a quota probe's streak.
+    pub(crate) fn succeeded(&self) {
+        #[cfg(feature = "quota")]
+        if let Some(q) = &self.quota {
+            q.clear_streak();
+        }
+        if matches!(
+            self.config.retry_budget(),
+            crate::RetryBudgetConfig::Replenishing(_)
+        ) {
+            self.pending_deposits.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A seed for one request's jitter stream (concurrent retries must not share one).
+    pub(crate) fn next_jitter_seed(&self) -> u64 {
+        self.jitter_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Counts a request given up on, and why.
+    pub(crate) fn abandon(&self, reason: AbandonReason) {
+        self.stats.abandon(reason);
+    }
+
+    /// Counts a throttling response (its status, for the metrics).
+    pub(crate) fn throttled(&self, status: u16) {
+        self.stats.metrics.throttled(status);
+    }
+
+    /// Keeps the provider's view of the allowance, as a response stated it.
+    #[cfg(feature = "dialects")]
+    pub(crate) fn observe(&self, seen: crate::signals::RateLimitObservation) {
+        self.stats.observe(seen);
+    }
+
+    /// The store's answer to a cooldown raise (a throttling response's, an operator's), for
+    /// this process: counters, holders, the known deadline. A failure is logged: the response
+    /// is still delivered (losing it would be worse than a cooldown the other processes do
+    /// not hear of). `asked`: what the server asked for, for the warning when it closed the
+    /// allowance.
+    pub(crate) fn recorded(
+        &self,
+        now: Instant,
+        result: Result<Reply, StoreError>,
+        asked: Option<&str>,
+    ) {
+        match result {
+            Ok(Reply::Defer(deferred)) => self.after_defer(now, &deferred, asked),
+            Ok(_) => tracing::warn!(
+                allowance = self.name(),
+                error = %StoreError::protocol(WrongReply),
+                "could not record the cooldown in the allowance store"
+            ),
+            Err(e) => tracing::warn!(
+                allowance = self.name(),
+                error = %e,
+                cause = ?std::error::Error::source(&e).map(ToString::to_string),
+                "could not record the cooldown in the allowance store"
+            ),
+        }
+    }
+
     /// What a cooldown raise did, for this process: counters, holders, the known deadline.
-    /// `asked`: what the server asked for, for the warning when it closed the allowance.
     pub(crate) fn after_defer(&self, now: Instant, deferred: &Deferred, asked: Option<&str>) {
         if deferred.extended {
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.cooldown(deferred.blocked_for);
-            let (name, blocked_for) = (self.name.clone(), deferred.blocked_for);
-            tracing::info!(allowance = &*name, ?blocked_for, "allowance cooling down");
+            let blocked_for = deferred.blocked_for;
+            tracing::info!(
+                allowance = self.name(),
+                ?blocked_for,
+                "allowance cooling down"
+            );
             if let Some(until) = now.checked_add(deferred.blocked_for) {
+                // Its end is logged by the first admission after it (`Holders::ended`).
                 self.holders.learn_cooldown(until);
-                // Its end, logged unless a longer cooldown replaced it (which logs its own).
-                let holders = Arc::downgrade(&self.holders);
-                spawn(async move {
-                    tokio::time::sleep_until(until).await;
-                    let known = holders.upgrade().and_then(|h| h.known().blocked_until);
-                    if known == Some(until) {
-                        tracing::info!(allowance = &*name, "allowance cooldown ended");
-                    }
-                });
             }
         }
         if let Some(closed) = deferred.closed {
-            let by = crate::rule::ClosedBy::ServerDelay;
+            let by = ClosedBy::ServerDelay;
             let until = closed.and_then(|d| now.checked_add(d));
             self.holders.learn_closed(Exhausted::new(until, by));
             self.stats.metrics.closed(by);
             let at = closed.and_then(|d| crate::signals::wall_clock().checked_add(d));
             tracing::warn!(
-                allowance = &*self.name,
+                allowance = self.name(),
                 asked = asked.unwrap_or("?"),
                 reopens_in = ?closed,
                 reopens_at = %at.map_or("when cleared".into(), httpdate::fmt_http_date),
@@ -184,6 +290,16 @@ impl Shared {
         }
         if let Some(event) = deferred.event {
             self.holders.event(event);
+        }
+    }
+
+    /// One admission: at once, or after waiting `waited` for a reserved slot. The first
+    /// admission after a cooldown's end logs it.
+    #[inline]
+    pub(crate) fn admitted(&self, now: Instant, waited: Option<std::time::Duration>, retry: bool) {
+        self.stats.admitted(waited, retry);
+        if self.holders.cooldown_ended(now) {
+            tracing::info!(allowance = self.name(), "allowance cooldown ended");
         }
     }
 
@@ -203,12 +319,12 @@ impl Shared {
     pub(crate) fn warn_untrusted_date(&self) {
         if self.warned_date.swap(true, Ordering::Relaxed) {
             tracing::debug!(
-                allowance = &*self.name,
+                allowance = self.name(),
                 "response Date not trusted; local clock used"
             );
         } else {
             tracing::warn!(
-                allowance = &*self.name,
+                allowance = self.name(),
                 "a response's Date header is unparseable or too far from the local clock: \
                  its absolute times are measured against the local clock instead"
             );
@@ -246,7 +362,7 @@ impl Shared {
 }
 
 /// Runs `fut` on the current runtime, if there is one (best effort, like what it does).
-fn spawn<F: std::future::Future<Output: Send> + Send + 'static>(fut: F) {
+pub(crate) fn spawn<F: std::future::Future<Output: Send> + Send + 'static>(fut: F) {
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         handle.spawn(fut);
     }

@@ -20,7 +20,7 @@ pub(crate) struct Stats {
     pub(crate) abandoned: [AtomicU64; AbandonReason::COUNT],
     #[cfg(feature = "dialects")]
     pub(crate) rate_limit: Mutex<Option<crate::signals::RateLimitObservation>>,
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 /// Slots of the admission counters owned by one thread each; later threads share one more.
@@ -150,7 +150,7 @@ impl Stats {
 
     pub(crate) fn new(name: Arc<str>) -> Self {
         Self {
-            metrics: Metrics::new(name.clone()),
+            metrics: Arc::new(Metrics::new(name.clone())),
             name,
             admissions: Admissions::default(),
             deferred: AtomicU64::new(0),

@@ -204,6 +204,33 @@ impl fmt::Debug for Watcher {
     }
 }
 
+impl<S: Store + ?Sized> Store for Box<S> {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        (**self).apply(params, op)
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        (**self).try_apply(now, params, op)
+    }
+
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        (**self).is_settled(now, params)
+    }
+
+    fn watch(&self, watcher: Watcher) {
+        (**self).watch(watcher);
+    }
+
+    fn name(&self) -> Option<&str> {
+        (**self).name()
+    }
+}
+
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
         (**self).apply(params, op)

@@ -131,8 +131,4 @@ impl Metrics {
             self.rate.set(state.rate_milli as f64 / 1000.0);
         }
     }
-
-    pub(crate) fn enabled() -> bool {
-        true
-    }
 }
