@@ -85,6 +85,8 @@ impl Allowance {
 impl<C: Classify> AllowanceLayer<C> {
     /// The stack around `policy`: its allowance, its classifier for the cooldown too.
     fn of(policy: RetryPolicy<C>) -> Self {
+        // The admission layer under the `Retry` waits out the server's delay for a retry.
+        let policy = policy.over_admission();
         let shared = policy.shared();
         let cooldown = CooldownShared::new(shared.allowance.clone(), shared.classifier.clone());
         Self { policy, cooldown }

@@ -315,7 +315,7 @@ mod file_form {
     fn dialects_by_name() {
         let dialect = |name: &str| {
             let json = format!(r#"{{"rate": 1, "burst": 1, "dialect": "{name}"}}"#);
-            serde_json::from_str::<AllowanceConfig>(&json).map(|c| c.readers())
+            serde_json::from_str::<AllowanceConfig>(&json).map(|c| c.reading().readers)
         };
         assert_eq!(dialect("standard").ok(), Some(Dialect::standard()));
         #[cfg(feature = "dialects")]

@@ -187,7 +187,7 @@ impl<C> RetryPolicy<C> {
         &self.shared.config
     }
 
-    fn config(&self) -> &RetryConfig {
+    pub(crate) fn config(&self) -> &RetryConfig {
         &self.shared.config
     }
 

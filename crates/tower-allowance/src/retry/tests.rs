@@ -1,6 +1,7 @@
-//! A retry's admission is one decision, whatever sits under the `Retry`: each retry spends
-//! the shared budget once, and one the budget refuses is not sent, with an admission layer
-//! under the retry and with the retry layer alone.
+//! A retry is admitted by the admission layer under the `Retry`, like any attempt: each retry
+//! spends the shared budget once, and one the budget refuses is not sent, whether or not the
+//! policy is told the admission layer is there. The retry layer alone spends no budget: it
+//! bounds the attempts by `max_attempts` only.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -21,6 +22,8 @@ type Svc = BoxCloneService<Request<String>, Response<String>, BoxError>;
 enum Stack {
     /// `Retry` → `Admission` → upstream, on the same allowance.
     Admission,
+    /// The same, the policy told of the admission layer (`RetryPolicy::over_admission`).
+    AdmissionOver,
     /// `Retry` → upstream: the retry layer alone.
     Alone,
 }
@@ -68,10 +71,12 @@ async fn eight_requests(stack: Stack, budget: u64) -> Run {
             .expect("valid")
             .with_jitter_seed(1),
     );
+    let admission = AdmissionLayer::new(allowance.clone());
     let service = match stack {
-        Stack::Admission => Svc::new(Retry::new(
-            policy,
-            AdmissionLayer::new(allowance.clone()).layer(upstream),
+        Stack::Admission => Svc::new(Retry::new(policy, admission.layer(upstream))),
+        Stack::AdmissionOver => Svc::new(Retry::new(
+            policy.over_admission(),
+            admission.layer(upstream),
         )),
         Stack::Alone => Svc::new(Retry::new(policy, upstream)),
     };
@@ -97,7 +102,7 @@ async fn eight_requests(stack: Stack, budget: u64) -> Run {
 
 #[tokio::test(start_paused = true)]
 async fn a_shared_budget_bounds_the_retries_under_either_stack() {
-    for stack in [Stack::Admission, Stack::Alone] {
+    for stack in [Stack::Admission, Stack::AdmissionOver] {
         let run = eight_requests(stack, 4).await;
         // Eight first attempts, then the four retries the budget funds, each after its own
         // Retry-After: the four refused ones were never sent.
@@ -127,7 +132,7 @@ async fn a_shared_budget_bounds_the_retries_under_either_stack() {
 
 #[tokio::test(start_paused = true)]
 async fn each_retry_spends_the_budget_exactly_once_under_either_stack() {
-    for stack in [Stack::Admission, Stack::Alone] {
+    for stack in [Stack::Admission, Stack::AdmissionOver] {
         // Budget to spare: every request makes its 3 attempts, 16 retries in all.
         let run = eight_requests(stack, 100).await;
         assert_eq!(
@@ -143,4 +148,19 @@ async fn each_retry_spends_the_budget_exactly_once_under_either_stack() {
         let state = run.allowance.store_state().await.expect("memory store");
         assert_eq!(state.retries_remaining, Some(100 - 16), "{stack:?}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_retry_layer_alone_is_bounded_by_max_attempts_only() {
+    // A budget of 1: nothing under the `Retry` spends it, so every request makes its three
+    // attempts, each after its own Retry-After.
+    let run = eight_requests(Stack::Alone, 1).await;
+    assert_eq!(run.attempts, [[0; 8], [1000; 8], [2000; 8]].concat());
+    assert!(run
+        .outcomes
+        .iter()
+        .all(|o| *o == Outcome::Abandoned(AbandonReason::MaxAttempts)));
+    assert_eq!(run.allowance.snapshot().retries_spent, 0);
+    let state = run.allowance.store_state().await.expect("memory store");
+    assert_eq!(state.retries_remaining, Some(1), "the budget untouched");
 }
