@@ -42,9 +42,8 @@ use rustls::{
     ClientConfig, RootCertStore,
 };
 use tokio::time::Instant;
-use tower::{retry::Retry, util::BoxCloneService, Layer, ServiceBuilder, ServiceExt};
+use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    admission::AdmissionLayer,
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
     retry::RetryPolicy,
@@ -265,28 +264,6 @@ impl Target {
 struct Worker(u32);
 
 type Svc = BoxCloneService<Request<Empty<Bytes>>, Response<Bytes>, BoxError>;
-
-/// Naive mode's group budget: retries go through the pool's admission layer, which holds
-/// each to the pool's verdict (the budget spent, or refused); first attempts go straight to
-/// `inner`. The pool is a budget, not a limiter: a retry's admission reserves its slot no
-/// earlier than its server's `Retry-After`, and a first attempt queued behind that slot
-/// would wait out another worker's 429.
-fn retries_through(pool: &Allowance, inner: Svc) -> Svc {
-    let admitted = Svc::new(AdmissionLayer::new(pool.clone()).layer(inner.clone()));
-    Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
-        // The job's watch travels with every attempt: nothing sent yet, a first attempt.
-        let first = req
-            .extensions()
-            .get::<AttemptWatch>()
-            .is_some_and(|w| w.first_sent_ms().is_none());
-        let svc = if first {
-            inner.clone()
-        } else {
-            admitted.clone()
-        };
-        svc.oneshot(req)
-    }))
-}
 
 fn ms_since(start: Instant) -> u64 {
     u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -637,8 +614,10 @@ pub async fn run_http_with(
             Mode::Naive => {
                 let svc = match allowances.all.first() {
                     Some(pool) => Svc::new(Retry::new(
-                        RetryPolicy::new(pool.clone()).with_config(retry.clone()),
-                        retries_through(pool, inner.clone()),
+                        RetryPolicy::new(pool.clone())
+                            .with_config(retry.clone())
+                            .over_admission(),
+                        scenario::retries_through(pool, inner.clone()),
                     )),
                     None => Svc::new(Retry::new(
                         RetryPolicy::new(scenario::naive_own_allowance(s)?)

@@ -478,8 +478,8 @@ pub fn sample_rates(
 /// for the group, as in the seed's scenario 4b) and nothing else. Its rate is far above any
 /// upstream's (a million per second, bursts of a million), so it never paces anyone: each
 /// worker still retries on its own, honouring `Retry-After`, and only the budget is common.
-/// Only the workers' retry policies use it (a `RetryLayer` alone, no admission layer): each
-/// retry spends from it when the policy decides on it, and one it refuses is not sent.
+/// Only the workers' retries go through its admission layer ([`retries_through`]): each
+/// spends from it when the policy decides on it, and one it refuses is not sent.
 /// `None` without a budget.
 ///
 /// # Errors
@@ -525,6 +525,37 @@ fn naive_own(s: &Scenario) -> Scenario {
 }
 
 type Svc = tower::util::BoxCloneService<Request<String>, http::Response<String>, BoxError>;
+
+/// Naive mode's group budget: retries go through the pool's admission layer, which spends
+/// the pool's budget for each (and refuses one it cannot fund: not sent); first attempts go
+/// straight to `inner`. The pool is a budget, not a limiter: a retry's slot is reserved no
+/// earlier than its server's `Retry-After`, and a first attempt queued behind that slot
+/// would wait out another worker's 429. Under a `Retry` whose policy is told of the admission
+/// layer ([`RetryPolicy::over_admission`]), each retry is decided and funded at once, and
+/// waits out its own `Retry-After` for its slot.
+pub fn retries_through<B, RB>(
+    pool: &Allowance,
+    inner: tower::util::BoxCloneService<Request<B>, http::Response<RB>, BoxError>,
+) -> tower::util::BoxCloneService<Request<B>, http::Response<RB>, BoxError>
+where
+    B: Send + 'static,
+    RB: Send + 'static,
+{
+    let admitted = tower::util::BoxCloneService::new(tower::Layer::layer(
+        &tower_allowance::admission::AdmissionLayer::new(pool.clone()),
+        inner.clone(),
+    ));
+    tower::util::BoxCloneService::new(tower::service_fn(move |req: Request<B>| {
+        let retry = (req.extensions().get::<tower_allowance::Attempt>())
+            .is_some_and(tower_allowance::Attempt::is_retry);
+        let svc = if retry {
+            admitted.clone()
+        } else {
+            inner.clone()
+        };
+        svc.oneshot(req)
+    }))
+}
 
 /// Naive mode with one attempt per job: tower's `Retry` does not consult the policy for a
 /// request it will not retry, so a final 429 or 503 would read as a final failure, where
@@ -593,22 +624,23 @@ pub async fn run(s: &Scenario) -> Result<Report, BoxError> {
             // Its own retry loop, the retry layer alone: no admission, no shared cooldown.
             Mode::Naive => {
                 let upstream = ServiceExt::<Request<String>>::map_err(upstream, BoxError::from);
-                let allowance = match allowances.first() {
-                    // The group's budget: every worker's policy spends the one pool, and one
-                    // it refuses is not sent (the in-memory store refuses when the policy
-                    // decides; see `tower_allowance::retry`, "Budget and stack order").
-                    Some(pool) => pool.clone(),
-                    // Nothing shared: a private, unlimited allowance that only serves the
-                    // policy's bookkeeping.
-                    None => allowance_for(&naive_own(s))?,
-                };
-                final_throttle_abandoned(
-                    Svc::new(Retry::new(
-                        RetryPolicy::new(allowance).with_config(retry.clone()),
+                let svc = match allowances.first() {
+                    // The group's budget: every worker's retries are admitted by the one
+                    // pool, which spends it, and one it refuses is not sent.
+                    Some(pool) => Svc::new(Retry::new(
+                        RetryPolicy::new(pool.clone())
+                            .with_config(retry.clone())
+                            .over_admission(),
+                        retries_through(pool, Svc::new(upstream)),
+                    )),
+                    // Nothing shared: the retry layer alone, bounded by `max_attempts` (a
+                    // private allowance serves only the policy's configuration).
+                    None => Svc::new(Retry::new(
+                        RetryPolicy::new(allowance_for(&naive_own(s))?).with_config(retry.clone()),
                         upstream,
                     )),
-                    s.max_attempts,
-                )
+                };
+                final_throttle_abandoned(svc, s.max_attempts)
             }
             Mode::Shared | Mode::Split(_) => {
                 let allowance = allowances[worker % allowances.len()].clone();

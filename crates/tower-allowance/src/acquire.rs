@@ -261,7 +261,7 @@ pin_project! {
             let this = this.project();
             if let StateProj::Holding { id, .. } = this.state.project() {
                 // Left before its slot: give the slot back (a bounded loss when it cannot be).
-                if let Some((res, at)) = this.shared.holders().remove(*id) {
+                if let Some((res, at)) = this.shared.holders().give_up(*id) {
                     this.shared.release(res, at);
                 }
             }
@@ -369,7 +369,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             Begin::Ready(Err(exhausted(shared, this.progress, e)))
                         }
                         Check::Doomed => {
-                            if let Some((res, at)) = shared.holders().remove(id) {
+                            if let Some((res, at)) = shared.holders().give_up(id) {
                                 shared.release(res, at);
                             }
                             let reason = AbandonReason::Deadline;

@@ -228,10 +228,18 @@ impl Holders {
         entry.check()
     }
 
-    /// Removes a holder (its slot came, or it left); one that leaves before its slot hands
-    /// it down the line ([`pass_down`]). Returns the line's last slot, the schedule's tail
-    /// unless another process reserved since, for the store to take back, and its instant.
-    pub(crate) fn remove(&self, id: u64) -> Option<(Reservation, Instant)> {
+    /// Removes a holder whose slot came (or can no longer be used: closed, lost).
+    pub(crate) fn remove(&self, id: u64) {
+        if self.lock().entries.remove(&id).is_some() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Removes a holder that leaves without using its slot: a slot not yet past is handed
+    /// down the line ([`pass_down`]; one due right now too: the next holder is sent at it).
+    /// Returns the line's last slot, the schedule's tail unless another process reserved
+    /// since, for the store to take back, and its instant.
+    pub(crate) fn give_up(&self, id: u64) -> Option<(Reservation, Instant)> {
         let (mut wake, mut r) = (Vec::new(), self.lock());
         let mut freed = r.entries.remove(&id)?;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -361,10 +369,11 @@ impl Holders {
 
 /// Hands a leaving holder's slot down the line: each later holder of the same cost and state
 /// takes the slot before its own (keeping its own budget unit), so the order holds, no slot is
-/// used twice and none moves later; `freed` ends with the last one's. A slot already due is
-/// not handed on: sent now, it would be late, closer to the next than the rule spaced them.
+/// used twice and none moves later; `freed` ends with the last one's. A slot due right now
+/// goes to the next holder, sent now; one already past is not handed on: sent now, it would be
+/// late, closer to the next than the rule spaced them.
 fn pass_down(r: &mut Registry, freed: &mut Entry, wake: &mut Vec<Waker>) {
-    if freed.lost || freed.closed.is_some() || freed.at <= Instant::now() {
+    if freed.lost || freed.closed.is_some() || freed.at < Instant::now() {
         return;
     }
     let (cost, generation) = (freed.reservation.cost, freed.reservation.generation);
