@@ -508,6 +508,107 @@ async fn a_held_handle_keeps_its_allowance() {
     assert_eq!(sweep(&keyed), 1);
 }
 
+/// Issue 28, bug 1: an `Allowance` cloned out of a handle into a plain layer is the key's
+/// allowance as long as it lives. At 1/s burst 1, the clone's send and the keyed layer's
+/// are a second apart, whatever sweeps ran while the clone sat idle (evicting it would give
+/// the keyed layer a fresh allowance and a second send at 0 s).
+#[tokio::test(start_paused = true)]
+async fn a_cloned_allowance_keeps_its_key_alive() {
+    let keyed = eager(per_second(1, 1));
+    let seen = Seen::default();
+    let clone = keyed.get("k").expect("live").allowance().clone();
+    let plain = ServiceBuilder::new()
+        .layer(clone.layer())
+        .service(recording(seen.clone()));
+    let svc = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(recording(seen.clone()));
+    let start = Instant::now();
+    // The clone is idle and its bucket full, but it lives: no sweep may evict the key.
+    let evicted = sweep(&keyed);
+    assert!(Outcome::of(&plain.clone().oneshot(post("k", None)).await).is_completed());
+    assert!(Outcome::of(&svc.clone().oneshot(post("k", None)).await).is_completed());
+    assert_eq!(
+        times(&seen, "k", start),
+        [Duration::ZERO, Duration::from_secs(1)],
+        "one allowance for the key: the keyed layer's send waits for the clone's token"
+    );
+    assert_eq!(evicted, 0, "the clone holds the key");
+    assert_eq!(keyed.stats().created, 1);
+    // Once the clone and the layer built from it are gone, the key goes like any other.
+    drop((plain, clone));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(sweep(&keyed), 1);
+}
+
+/// Issue 28, bug 1, with a cooldown: a 429 with `Retry-After: 30` raised through a clone
+/// holds the keyed layer's next request on that key for 30 s, even if sweeps ran while the
+/// clone sat idle before it.
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_raised_through_a_clone_holds_the_keyed_layer() {
+    let keyed = eager(per_second(10, 10));
+    let seen = Seen::default();
+    let clone = keyed.get("k").expect("live").allowance().clone();
+    let plain = ServiceBuilder::new()
+        .layer(clone.layer())
+        .service(recording(seen.clone()));
+    let svc = ServiceBuilder::new()
+        .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+        .service(recording(seen.clone()));
+    let start = Instant::now();
+    let evicted = sweep(&keyed);
+    let throttled = plain.clone().oneshot(post("k", Some(30))).await;
+    assert!(!Outcome::of(&throttled).is_completed());
+    let next = svc.clone().oneshot(post("k", None)).await;
+    assert!(Outcome::of(&next).is_completed());
+    assert_eq!(
+        times(&seen, "k", start),
+        [Duration::ZERO, Duration::from_secs(30)],
+        "the keyed layer waits out the cooldown the clone raised"
+    );
+    assert_eq!(evicted, 0, "the clone holds the key");
+    // Dropped during the cooldown, the clone leaves the key to the cooldown's own rule.
+    drop((plain, clone));
+    assert_eq!(
+        sweep(&keyed),
+        0,
+        "cooling down (the request at 30 s took a token)"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(sweep(&keyed), 1, "the cooldown is over and the bucket full");
+}
+
+/// A full registry whose keys are all held by clones refuses a new key rather than evict
+/// one of them, and takes it once a clone is gone.
+#[tokio::test(start_paused = true)]
+async fn a_full_registry_never_evicts_a_key_held_by_a_clone() {
+    let keyed = Keyed::new(
+        KeyedConfig::new(per_second(1, 1))
+            .with_capacity(2)
+            .expect("valid"),
+    );
+    let a = keyed.get("a").expect("live").allowance().clone();
+    let b = keyed.get("b").expect("live").allowance().clone();
+    // Both idle, both buckets full: only the clones keep them.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let full = keyed.get("c").expect_err("full of held keys");
+    assert!(matches!(full, KeyedError::Full(_)), "{full}");
+    assert_eq!(keyed.stats().evicted, 0);
+    // a's clone is still the key's allowance: its token is the registry's.
+    a.acquire().await.expect("a's token");
+    assert!(
+        !now_or_never(&keyed, "a").await,
+        "the same allowance: no token"
+    );
+    drop(b);
+    // After the refusal, new keys wait out a short back-off before the next scan.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(now_or_never(&keyed, "c").await);
+    assert_eq!(keyed.stats().evicted, 1, "b, and only b");
+    assert!(now_or_never(&keyed, "a").await, "a's bucket is full again");
+    assert_eq!(a.snapshot().admitted, 2, "the registry's a is the clone's");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_full_registry_refuses_new_keys_until_one_is_safe_to_evict() {
     let keyed = Keyed::new(
@@ -855,6 +956,68 @@ fn a_shared_store_keeps_the_state_across_an_eviction() {
         let state = c.allowance().store_state().await.expect("state");
         assert!(
             state.blocked_for > Duration::from_secs(29),
+            "the cooldown is in Redis: {state:?}"
+        );
+    });
+}
+
+/// Issue 28, bug 1, on a shared store: a clone keeps its key in the registry there too (the
+/// clone's waiters and the cooldown it knows of are this process's), its 429's cooldown, in
+/// Redis, holds the keyed layer's request, and once the clone is gone the key is evicted at
+/// once with the cooldown kept in Redis.
+#[test]
+fn a_clone_keeps_its_key_on_a_shared_store_too() {
+    real().block_on(async {
+        let redis = TestRedis::start().await;
+        let base = RedisStore::connect(
+            redis.url(),
+            &unique_name("tenants"),
+            RedisStoreOptions::new(),
+        )
+        .await
+        .expect("connect");
+        let keyed =
+            Keyed::builder(KeyedConfig::new(per_second(10, 10)).with_idle_timeout(Duration::ZERO))
+                .secret(KeySecret::derive(unique_name("secret").as_bytes()).expect("valid"))
+                .name_prefix("clone")
+                .stores(SharedStores(move |name: &str| base.for_allowance(name)))
+                .build()
+                .expect("valid");
+        let seen = Seen::default();
+        let clone = keyed.get("k").expect("live").allowance().clone();
+        let plain = ServiceBuilder::new()
+            .layer(clone.layer())
+            .service(recording(seen.clone()));
+        assert_eq!(sweep(&keyed), 0, "the clone holds the key");
+        let throttled = plain.clone().oneshot(post("k", Some(30))).await;
+        assert_eq!(
+            throttled.ok().map(|r| r.status()),
+            Some(StatusCode::TOO_MANY_REQUESTS)
+        );
+        let svc = ServiceBuilder::new()
+            .layer(KeyedLayer::new(keyed.clone(), key::api_key()))
+            .service(recording(seen.clone()));
+        let mut req = post("k", None);
+        req.extensions_mut()
+            .insert(Deadline(Instant::now() + Duration::from_secs(1)));
+        let held = svc.clone().oneshot(req).await;
+        assert_eq!(
+            Outcome::of(&held),
+            Outcome::Abandoned(AbandonReason::Deadline),
+            "the 30 s cooldown is beyond the request's deadline"
+        );
+        assert_eq!(seen.lock().expect("seen").len(), 1, "only the clone's 429");
+        assert_eq!(keyed.stats().created, 1);
+        drop((plain, clone));
+        assert_eq!(
+            sweep(&keyed),
+            1,
+            "nothing holds it now: the state is in Redis"
+        );
+        let k = keyed.get("k").expect("live");
+        let state = k.allowance().store_state().await.expect("state");
+        assert!(
+            state.blocked_for > Duration::from_secs(25),
             "the cooldown is in Redis: {state:?}"
         );
     });

@@ -19,6 +19,14 @@ impl Allowance {
             .is_settled(now, self.shared.config().params())
     }
 
+    /// How many handles share its state now: every clone, and every layer, service and
+    /// future built from one (an `Arc`'s strong count). For the keyed registry: whether a
+    /// clone of an allowance it handed out is still alive.
+    #[cfg(feature = "keyed")]
+    pub(crate) fn sharers(&self) -> usize {
+        std::sync::Arc::strong_count(&self.shared)
+    }
+
     /// Reads the store's shared state: the rule's own value (feature `rule`, outside semver;
     /// [`Allowance::refresh`] is the stable view).
     ///

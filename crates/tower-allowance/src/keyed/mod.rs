@@ -49,9 +49,12 @@
 //! cooldown, a whole retry budget). So an allowance is evicted only when
 //!
 //! 1. **nothing in this process holds it**: no request is in flight through it (none waits for
-//!    a reserved slot, none is between a 429 and its retry), and no [`KeyedAllowance`] handle
-//!    is held. A caller waiting for a slot holds a reservation that only this allowance knows
-//!    of: evicting it would let a new allowance hand the same slot out again; and
+//!    a reserved slot, none is between a 429 and its retry), no [`KeyedAllowance`] handle is
+//!    held, and no clone of its [`Allowance`](crate::Allowance) lives (one taken from a handle
+//!    into a plain layer, say). A caller waiting for a slot holds a reservation that only this
+//!    allowance knows of: evicting it would let a new allowance hand the same slot out again;
+//!    and a clone still admits and raises cooldowns on it, which a new allowance would not
+//!    see; and
 //! 2. **its state is settled, as good as fresh**, unless the store keeps it for the next handle
 //!    ([`StoreFactory::state_outlives_store`], true for [`SharedStores`]: Redis keeps the
 //!    buckets, the cooldown and the budget under the same name, so condition 1 suffices):

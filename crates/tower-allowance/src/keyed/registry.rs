@@ -4,7 +4,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{fence, AtomicU64, Ordering},
         Arc, PoisonError, RwLock,
     },
     time::Duration,
@@ -239,6 +239,8 @@ pub(crate) struct Registry {
     namer: Namer,
     epoch: Instant,
     map: RwLock<HashMap<Box<[u8]>, Arc<Entry>>>,
+    /// How many handles to an allowance's state an entry holds itself (see [`own_sharers`]).
+    own_sharers: usize,
     /// Bumped by every idle sweep; an entry remembers the generation it was last used in.
     generation: AtomicU64,
     next_sweep: AtomicU64,
@@ -293,6 +295,7 @@ impl Keyed {
         let idle_us = micros(config.idle_timeout);
         Keyed {
             inner: Arc::new(Registry {
+                own_sharers: own_sharers(&config),
                 config,
                 outlives: factory.outlives(),
                 factory,
@@ -326,8 +329,9 @@ impl Keyed {
 
     /// `key`'s allowance, created with its configuration if it is not live.
     ///
-    /// The handle keeps the allowance from being evicted while it is held (an `Allowance`
-    /// cloned out of it does not: keep the handle).
+    /// The handle keeps the allowance from being evicted while it is held, and so does any
+    /// clone of its [`Allowance`] (in a plain layer, say): while one lives, the key's requests
+    /// through the registry go through that same allowance.
     ///
     /// # Errors
     ///
@@ -371,6 +375,20 @@ impl Keyed {
     pub fn evict_idle(&self) -> usize {
         self.inner.sweep(Instant::now(), Sweep::Idle)
     }
+}
+
+/// How many handles to an allowance's state a registry entry holds itself: the allowance,
+/// and those inside the layer built from it. Any handle beyond these is someone else's: a
+/// request in flight, a response body, or a clone of the allowance taken from a
+/// [`KeyedAllowance`] (into a plain layer, say), none of which the entry's own count sees.
+///
+/// Counted once, on an allowance no one else can reach (its own memory store: no event and
+/// no task can hold a handle while it is counted), built as [`Registry::make_entry`] builds
+/// an entry's; what the layer holds depends on the code, not on the configuration.
+fn own_sharers(config: &KeyedConfig) -> usize {
+    let allowance = Allowance::new(config.default.clone());
+    let _layer = allowance.layer().with_retry(config.retry.clone());
+    allowance.sharers()
 }
 
 /// What a sweep evicts.
@@ -457,11 +475,14 @@ impl Registry {
             .factory
             .allowance(name, config)
             .map_err(KeyedError::store)?;
-        Ok(Entry {
+        let entry = Entry {
             layer: allowance.layer().with_retry(self.config.retry.clone()),
             allowance,
             used: AtomicU64::new(self.generation.load(Ordering::Relaxed)),
-        })
+        };
+        // More only while an event from another handle on the same state is being delivered.
+        debug_assert!(entry.allowance.sharers() >= self.own_sharers);
+        Ok(entry)
     }
 
     /// Runs a sweep; returns how many allowances it evicted.
@@ -504,17 +525,27 @@ impl Registry {
 
     /// Whether evicting `entry` now can never let more through than keeping it would:
     /// nothing in this process holds it (no request in flight: no caller waiting for a slot,
-    /// no retry pending; no handle), and its state survives in a shared store or its store
-    /// says it is settled, as good as a fresh one (see the module docs).
+    /// no retry pending; no handle, no clone of its allowance), and its state survives in a
+    /// shared store or its store says it is settled, as good as a fresh one (see the module
+    /// docs).
     fn evictable(&self, entry: &Arc<Entry>, now: Instant) -> bool {
-        // Only the map holds it (callers clone it under the read lock; we hold the write lock).
-        Arc::strong_count(entry) == 1 && (self.outlives || entry.allowance.is_settled(now))
+        // Only the map holds the entry, and only the entry holds the allowance. Neither count
+        // can rise while we hold the write lock: a new handle to the entry comes from the map
+        // (cloned under the read lock), a new handle to the allowance from an existing one.
+        let alone = Arc::strong_count(entry) == 1 && entry.allowance.sharers() == self.own_sharers;
+        if !alone {
+            return false;
+        }
+        // The last other holder let go (a release decrement): see what it did before that.
+        fence(Ordering::Acquire);
+        self.outlives || entry.allowance.is_settled(now)
     }
 }
 
 /// A handle to one key's allowance from a [`Keyed`] registry.
 ///
-/// While a handle is held the allowance is not evicted.
+/// While a handle, or a clone of its [`allowance`](Self::allowance), is held, the allowance
+/// is not evicted: it stays the key's allowance for every request through the registry.
 ///
 /// # Clone
 ///
@@ -551,3 +582,6 @@ impl fmt::Debug for Entry {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;
