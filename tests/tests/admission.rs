@@ -161,6 +161,36 @@ async fn cancelled_waiter_in_the_middle_hands_its_slot_down() {
     assert_eq!(allowance.snapshot().admitted, 4);
 }
 
+/// A waiter dropped exactly at its admission instant (a `select!` whose other branch fires at
+/// that same instant, as a timeout does) hands its slot down: the next waiter goes then, not
+/// one interval later (issue 28, bug 4).
+#[tokio::test(start_paused = true)]
+async fn a_waiter_dropped_at_its_slot_hands_it_to_the_next() {
+    let allowance = allowance(1, 1); // one token per second
+    allowance.acquire().await.expect("first"); // spend the burst
+    let start = Instant::now();
+    let slot = start + Duration::from_secs(1);
+    let dropped = async {
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(slot) => "dropped at its slot",
+            _ = allowance.acquire() => "admitted",
+        }
+    };
+    let next = async {
+        allowance.acquire().await.expect("next");
+        ms_since(start)
+    };
+    // `join!` polls `dropped` first: it reserves 1 s, `next` 2 s.
+    let (dropped, next) = tokio::join!(dropped, next);
+    assert_eq!(dropped, "dropped at its slot");
+    assert_eq!(next, 1_000, "the next waiter takes the dropped slot");
+    // Its own slot went back to the store: the one after it is at 2 s, no later.
+    allowance.acquire().await.expect("after");
+    assert_eq!(ms_since(start), 2_000);
+    assert_eq!(allowance.snapshot().admitted, 3);
+}
+
 /// The latest waiter, cancelled, gives its slot back: the next caller gets it.
 #[tokio::test(start_paused = true)]
 async fn cancelled_last_waiter_gives_its_slot_back() {

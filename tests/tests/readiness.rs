@@ -250,3 +250,25 @@ async fn an_admitted_request_waits_for_the_inner_service_by_its_deadline() {
         [("slow".into(), 3_000), ("patient".into(), 3_000)]
     );
 }
+
+/// tower's `LoadShed` refuses a call whose service is not ready with its own `Overloaded`:
+/// nothing was sent, so `Outcome` says abandoned (`overloaded`), not failed, alone and under
+/// the allowance's stack (which does not retry it: the stack's own kind of refusal), as it
+/// says of the allowance's own full queue (issue 28, bug 3).
+#[tokio::test(start_paused = true)]
+async fn a_load_shed_refusal_is_abandoned_overloaded() {
+    // An inner service that is never ready.
+    let (never, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
+    handle.allow(0);
+    let shed = ServiceBuilder::new().load_shed().service(never);
+    let result = shed.clone().oneshot(Request::new(String::new())).await;
+    assert!(result.is_err());
+    let overloaded = Outcome::Abandoned(AbandonReason::Overloaded);
+    assert_eq!(Outcome::of(&result), overloaded);
+
+    let allowance = allowance("shed");
+    let stack = allowance.layer().layer(shed);
+    let result = stack.oneshot(Request::new(String::new())).await;
+    assert_eq!(Outcome::of(&result), overloaded);
+    assert_eq!(allowance.snapshot().admitted, 1, "one attempt, not retried");
+}

@@ -2,6 +2,8 @@
 
 use http::{Response, StatusCode};
 
+use tower::load_shed::error::Overloaded as ShedOverloaded;
+
 use crate::{
     classify::{Classification, Classified},
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded},
@@ -43,7 +45,8 @@ pub enum Outcome {
 
 impl Outcome {
     /// Classifies a stack's result: an [`Abandoned`] error or response extension, an
-    /// [`Overloaded`] or [`Exhausted`] error (also behind wrappers such as `Buffer` or
+    /// [`Overloaded`] (ours, or tower's `LoadShed` refusal: nothing was sent) or
+    /// [`Exhausted`] error (also behind wrappers such as `Buffer` or
     /// `MapErr`: the `source()` chain is searched), another error, or a response, which is a
     /// success or not as the stack classified it.
     pub fn of<B>(result: &Result<Response<B>, BoxError>) -> Self {
@@ -92,7 +95,7 @@ impl Outcome {
         let tonic = None;
         if let Some(a) = find::<Abandoned>(e) {
             Self::Abandoned(a.reason())
-        } else if find::<Overloaded>(e).is_some() {
+        } else if find::<Overloaded>(e).is_some() || find::<ShedOverloaded>(e).is_some() {
             Self::Abandoned(AbandonReason::Overloaded)
         } else if let Some(x) = find::<Exhausted>(e) {
             Self::Abandoned(x.reason())
