@@ -147,10 +147,3 @@ impl<S, C> Layer<S> for AllowanceLayer<C> {
         Prepare::new(Retry::new(self.policy.clone(), cooldown), &self.policy)
     }
 }
-
-#[cfg(test)]
-mod inherit;
-#[cfg(test)]
-mod pairs;
-#[cfg(test)]
-mod tests;

@@ -94,6 +94,3 @@ pub use self::{
     prepare::Prepare,
 };
 pub use crate::config::retry::RetryConfig;
-
-#[cfg(test)]
-mod tests;

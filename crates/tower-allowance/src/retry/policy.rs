@@ -187,7 +187,7 @@ impl<C> RetryPolicy<C> {
         &self.shared.config
     }
 
-    pub(crate) fn config(&self) -> &RetryConfig {
+    fn config(&self) -> &RetryConfig {
         &self.shared.config
     }
 

@@ -9,7 +9,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use tokio::time::Instant;
 use tower::{retry::Retry, service_fn, util::BoxCloneService, Layer, ServiceExt};
 
-use crate::{
+use tower_allowance::{
     admission::AdmissionLayer,
     error::AbandonReason,
     retry::{RetryConfig, RetryPolicy},

@@ -14,10 +14,10 @@ use http_body_util::{
     combinators::{BoxBody, UnsyncBoxBody},
     BodyExt, Full, StreamBody,
 };
+use tower::Service;
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_service::Service;
 
-use crate::{
+use tower_allowance::{
     error::AbandonReason, retry::RetryConfig, Allowance, AllowanceConfig, BoxError, Outcome,
 };
 
@@ -30,7 +30,7 @@ fn allowance() -> Allowance {
 /// Builds the stack over a service of `Request<B>` and checks it serves `Request<B>`.
 fn accepts<B>()
 where
-    B: crate::body::Replayable + Send + 'static,
+    B: tower_allowance::body::Replayable + Send + 'static,
 {
     fn assert_service<S: Service<Request<B>>, B>(_: &S) {}
     let stack = ServiceBuilder::new()
@@ -48,11 +48,8 @@ fn the_layer_accepts_every_client_body_type() {
     accepts::<()>();
     accepts::<BoxBody<Bytes, BoxError>>();
     accepts::<UnsyncBoxBody<Bytes, BoxError>>();
-    #[cfg(feature = "hyper")]
     accepts::<hyper::body::Incoming>();
-    #[cfg(feature = "axum")]
     accepts::<axum_core::body::Body>();
-    #[cfg(feature = "tonic")]
     accepts::<tonic::body::Body>();
 }
 
@@ -144,7 +141,7 @@ async fn send<B>(
     req: Request<B>,
 ) -> Result<Response<String>, BoxError>
 where
-    B: crate::body::Replayable + Body<Data = Bytes> + Send + 'static,
+    B: tower_allowance::body::Replayable + Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
     let server = server.clone();
@@ -305,7 +302,7 @@ async fn clonable_bodies_are_replayed_whatever_the_cap() {
 async fn the_policy_alone_replays_a_prepared_stream() {
     use tower::retry::Retry;
 
-    use crate::{cooldown::CooldownLayer, retry::RetryPolicy};
+    use tower_allowance::{cooldown::CooldownLayer, retry::RetryPolicy};
 
     let allowance = allowance();
     let server = Server::new(1);

@@ -25,14 +25,13 @@ use tower::{
     Layer, ServiceBuilder, ServiceExt,
 };
 
-use crate::{
+use tower_allowance::{
     admission::{Admission, AdmissionLayer},
     body::Replayable,
     cooldown::{Cooldown, CooldownLayer},
     error::AbandonReason,
-    extensions::Attempt,
     retry::{Prepare, RetryConfig, RetryPolicy},
-    Allowance, AllowanceConfig, BoxError, Outcome, RetryBudgetConfig,
+    Allowance, AllowanceConfig, Attempt, BoxError, Outcome, RetryBudgetConfig,
 };
 
 type Svc<B> = BoxCloneService<Request<B>, Response<String>, BoxError>;
@@ -400,7 +399,7 @@ async fn the_allowance_layer_is_the_hand_built_composition_with_a_streamed_body(
                 let stack = Cooldown::new(
                     Admission::new(up, allowance.clone()),
                     allowance.clone(),
-                    crate::classify::StatusClassifier::default(),
+                    tower_allowance::classify::StatusClassifier::default(),
                 );
                 Svc::new(Prepare::new(Retry::new(policy.clone(), stack), &policy))
             } else {
@@ -446,7 +445,7 @@ fn the_layer_builds_exactly_the_composition() {
             Cooldown::new(
                 Admission::new(inner, allowance.clone()),
                 allowance.clone(),
-                crate::classify::StatusClassifier::default(),
+                tower_allowance::classify::StatusClassifier::default(),
             ),
         ),
         &policy,
