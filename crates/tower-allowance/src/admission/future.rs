@@ -180,7 +180,7 @@ where
     fn poll_call(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<(S::Future, Option<Attempt>), BoxError>> {
+    ) -> Poll<Result<State<S, B>, BoxError>> {
         let mut this = self.project();
         if let Some(acquire) = this.acquire.as_mut().as_pin_mut() {
             let admitted = ready!(acquire.poll(cx));
@@ -203,7 +203,8 @@ where
             return Poll::Pending;
         };
         let record = record_for(this.shared, &request, Instant::now());
-        Poll::Ready(Ok((this.service.call(request), record)))
+        let future = this.service.call(request);
+        Poll::Ready(Ok(State::Called { future, record }))
     }
 }
 
@@ -244,7 +245,7 @@ where
                     None => panic!("admission future polled after completion"),
                 },
                 StateProj::Waiting { waiting } => match ready!(waiting.as_mut().poll_call(cx)) {
-                    Ok((future, record)) => State::Called { future, record },
+                    Ok(called) => called,
                     Err(e) => {
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e));

@@ -102,7 +102,7 @@ impl Allowance {
 
     /// The configuration this allowance was built from.
     pub fn config(&self) -> &AllowanceConfig {
-        &self.shared.config()
+        self.shared.config()
     }
 
     /// Waits for admission of one first attempt: at once, or at the slot the store reserves.
