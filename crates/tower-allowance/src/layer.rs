@@ -14,11 +14,12 @@ use crate::{
 /// The whole stack from one allowance: Retry → Cooldown → Admission → inner, where Retry is
 /// `tower::retry::Retry` with a [`RetryPolicy`], under a [`Prepare`] for the bodies.
 ///
-/// That order is what makes every retry re-enter admission (which sends it on the verdict
-/// of the policy's own admission, spending the budget once), and every response, first or
-/// retried, feed the cooldown. The service it builds is exactly
-/// `Prepare<Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>>`: the same as building it by
-/// hand from the parts on one allowance.
+/// That order is what makes every retry re-enter admission (which admits it like any
+/// attempt, spending the budget once, its slot no earlier than the server's wait), and every
+/// response, first or retried, feed the cooldown. The service it builds is exactly
+/// `Prepare<Retry<RetryPolicy<C>, Cooldown<Admission<S>, C>>>`, its policy told of the
+/// admission layer ([`RetryPolicy::over_admission`]): the same as building it by hand from
+/// the parts on one allowance.
 ///
 /// # Clone
 ///

@@ -353,7 +353,7 @@ async fn retry_over_admission_without_cooldown_admits_each_retry_once() {
     })
     .await;
     // No shared cooldown: b retries after its own second and c is admitted at once; each
-    // retry was admitted by the policy's wait, and the admission sent it on that verdict.
+    // retry was admitted by the admission layer, which spent the budget for it.
     assert_eq!(
         run.seen,
         vec![
@@ -395,7 +395,9 @@ async fn the_allowance_layer_is_the_hand_built_composition_with_a_streamed_body(
         let allowance = allowance(10);
         let run = scenario(&allowance, streamed, |up| {
             if by_hand {
-                let policy = RetryPolicy::new(allowance.clone()).with_config(retry_config());
+                let policy = RetryPolicy::new(allowance.clone())
+                    .with_config(retry_config())
+                    .over_admission();
                 let stack = Cooldown::new(
                     Admission::new(up, allowance.clone()),
                     allowance.clone(),

@@ -6,6 +6,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use http::{HeaderValue, Request, Response, StatusCode};
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tower::{retry::Retry, service_fn, util::BoxCloneService, Layer, ServiceExt};
 
@@ -163,4 +165,64 @@ async fn the_retry_layer_alone_is_bounded_by_max_attempts_only() {
     assert_eq!(run.allowance.snapshot().retries_spent, 0);
     let state = run.allowance.store_state().await.expect("memory store");
     assert_eq!(state.retries_remaining, Some(1), "the budget untouched");
+}
+
+/// Told of the admission layer under it, the policy leaves the server's wait to admission: the
+/// retry's slot is reserved when the retry is decided, ahead of a caller who arrives during
+/// the cooldown. Not told, it sleeps the wait first, and the retry queues behind that caller.
+#[tokio::test(start_paused = true)]
+async fn over_admission_a_retry_keeps_its_place_ahead_of_later_arrivals() {
+    for over in [true, false] {
+        let allowance = Allowance::new(
+            AllowanceConfig::per_second(10, 1)
+                .expect("valid")
+                .exact()
+                .with_retry_budget(RetryBudgetConfig::fixed(10)),
+        );
+        let start = Instant::now();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let upstream = Svc::new(service_fn({
+            let log = log.clone();
+            move |req: Request<String>| {
+                let log = log.clone();
+                let throttle = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    (log.lock().unwrap_or_else(PoisonError::into_inner)).push((ms, req.into_body()));
+                    let mut res = Response::new(String::new());
+                    if throttle {
+                        *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                        res.headers_mut()
+                            .insert("retry-after", HeaderValue::from_static("1"));
+                    }
+                    Ok::<_, BoxError>(res)
+                }
+            }
+        }));
+        let policy = RetryPolicy::new(allowance.clone())
+            .with_config(RetryConfig::default().with_jitter_seed(1));
+        let policy = if over { policy.over_admission() } else { policy };
+        let stack = Svc::new(Retry::new(
+            policy,
+            tower_allowance::cooldown::CooldownLayer::new(allowance.clone())
+                .layer(AdmissionLayer::new(allowance.clone()).layer(upstream)),
+        ));
+        let retried = tokio::spawn(stack.clone().oneshot(Request::new("retried".into())));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let later = stack.oneshot(Request::new("later".into())).await;
+        assert!(Outcome::of(&later).is_completed());
+        assert!(Outcome::of(&retried.await.expect("no panic")).is_completed());
+        let seen = log.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let (a, b) = if over {
+            ("retried", "later")
+        } else {
+            ("later", "retried")
+        };
+        assert_eq!(
+            seen,
+            [(0, "retried".into()), (1000, a.into()), (1100, b.into())],
+            "over_admission: {over}"
+        );
+    }
 }

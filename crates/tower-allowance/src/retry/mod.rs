@@ -1,10 +1,11 @@
-//! A budgeted [`tower::retry::Policy`].
+//! A budgeted [`tower::retry::Policy`]: it decides whether and when; admission admits.
 //!
 //! [`RetryPolicy`] retries throttling and transient responses, but only:
 //!
 //! - up to `max_attempts` per request (counting the first);
 //! - while the allowance's shared retry budget has something left: every extra attempt,
-//!   whichever worker makes it, spends from the same budget, atomically with its admission;
+//!   whichever worker makes it, spends from the same budget, atomically with its admission
+//!   by the admission layer under the `Retry` (see "Budget and stack order");
 //! - for replayable requests (GET, HEAD, OPTIONS, PUT, DELETE, or any request carrying
 //!   `Idempotency-Key`; configurable). A POST that gets a 429 is returned as is;
 //! - after the server's `Retry-After` when present, never shortened by a local cap;
@@ -29,31 +30,30 @@
 //! tower's `Retry`; put a [`Prepare`] over your own `Retry` (or pass each request through
 //! [`RetryPolicy::prepare`] first).
 //!
-//! # Budget and stack order
+//! # Budget and stack order: the policy decides, admission admits
 //!
-//! A retry's admission is one decision, made by the policy's wait ([`RetryWait`]) on the
-//! policy's allowance, whatever sits under the `Retry`: it spends one unit of the shared
-//! retry budget, checks the cooldown and reserves the retry's slot in one atomic step (one
-//! round trip with a shared store). The budget is spent exactly once per retry. What the
-//! stack decides is who holds a retry to a refusal:
+//! The policy decides **whether** to retry and **when** (a delay whose floor is the server's
+//! wait), and marks the retry's [`Attempt`](crate::Attempt) record; it never admits. Every
+//! attempt, first tries and retries alike, is admitted by the
+//! [`AdmissionLayer`](crate::admission::AdmissionLayer) under the `Retry`: for a retry it
+//! spends one unit of the shared retry budget, checks the cooldown and reserves the retry's
+//! slot, no earlier than the server's wait, in one atomic step (one round trip with a shared
+//! store). The budget is spent exactly once per retry, by the layer that admits it.
 //!
-//! - **An [`AdmissionLayer`](crate::admission::AdmissionLayer) on the same allowance under
-//!   the `Retry`**, as in [`AllowanceLayer`](crate::AllowanceLayer) (Retry → Cooldown →
-//!   Admission → inner): the layer sends an admitted retry without asking again and fails a
-//!   refused one, and the request ends with the response that prompted the retry, marked
-//!   abandoned (for example [`AbandonReason::BudgetExhausted`](crate::error::AbandonReason::BudgetExhausted)).
+//! - **An admission layer on the same allowance under the `Retry`**, as in
+//!   [`AllowanceLayer`](crate::AllowanceLayer) (Retry → Cooldown → Admission → inner): a retry
+//!   the store refuses (the budget spent, its deadline, a closure) is not sent, and the
+//!   request ends with the response that prompted the retry, marked abandoned (for example
+//!   [`AbandonReason::BudgetExhausted`](crate::error::AbandonReason::BudgetExhausted)). Tell
+//!   the policy the layer is there ([`RetryPolicy::over_admission`]; `AllowanceLayer` does)
+//!   and a retry's slot is reserved as soon as it is decided, the server's wait spent in the
+//!   admission queue ahead of the callers who arrive during the cooldown; otherwise the policy
+//!   sleeps the wait first and the retry then queues like a new arrival.
 //! - **The retry layer alone** (`tower::retry::RetryLayer` with this policy right over the
-//!   client): nothing gates first attempts and nothing shares a cooldown; the allowance
-//!   meters the retries only (its budget, and a slot in its schedule for each retry: an
-//!   allowance whose rate is far above the upstream's holds just the budget). Each request
-//!   honours its own `Retry-After`, caps its attempts and keeps its deadline. When nothing
-//!   is slept before asking (a throttling answer with a delay, such as `Retry-After: 1`), the
-//!   policy asks when it decides to retry; a store that answers at once (the in-memory
-//!   store) refuses there, and the request ends as above with nothing sent. A retry that
-//!   sleeps a backoff first (a transient error, a throttling answer without a delay), or a
-//!   store that answers later (Redis), gets its verdict once tower's `Retry` is committed to
-//!   sending it, and is sent: put an admission layer under the `Retry` to hold those to the
-//!   budget.
+//!   client): a product decision, not an accident. Nothing admits, so nothing spends the
+//!   budget: attempts are bounded by `max_attempts` only. Each retry still honours its own
+//!   server's wait (the policy sleeps it) and keeps its request's deadline; nothing shares a
+//!   cooldown. Put an admission layer under the `Retry` to hold retries to the budget.
 //!
 //! ```
 //! use std::convert::Infallible;
