@@ -1,5 +1,5 @@
-//! One conformance suite, run against every store: the in-memory store and the Redis store
-//! must make the same decisions (the Redis script transcribes `tower_allowance::rule` in Lua,
+//! One conformance suite (`tower-allowance-conformance`), run against every store: the
+//! in-memory store and the Redis store must make the same decisions (the Redis script transcribes `tower_allowance::rule` in Lua,
 //! and this is what keeps the two from drifting apart).
 //!
 //! Both run in virtual time (a paused tokio clock): the Redis store follows tokio's clock
@@ -18,12 +18,12 @@ use proptest::{
     test_runner::{Config as ProptestConfig, TestRunner},
 };
 use tower_allowance::{
-    conformance,
     rule::AdmitRequest,
     rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply},
     store::{MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };
+use tower_allowance_conformance as conformance;
 use tower_allowance_redis::{
     test_util::{unique_name, TestRedis},
     RedisStore, RedisStoreOptions,

@@ -128,6 +128,15 @@ pub(crate) fn no_evalsha(e: &RedisError, name: &str, user: &str) -> Option<Missi
     })
 }
 
+/// A decision's Redis error for the allowance `name`, whose events subscribe with `client`:
+/// a `NOPERM` names the permission and the fix.
+pub(crate) fn call_error(e: RedisError, name: &str, client: Option<&redis::Client>) -> CallError {
+    match no_evalsha(&e, name, &user_of(client)) {
+        Some(missing) => CallError::with_source(CallErrorKind::Refused, missing),
+        None => CallError::redis(e),
+    }
+}
+
 /// `SCRIPT LOAD` refused by the store's own preload (`e` is a `NOPERM`).
 pub(crate) fn no_script_load(e: &RedisError, user: &str) -> ConnectError {
     missing(

@@ -12,7 +12,7 @@
 //! next ones in turn after a failure.
 //!
 //! A store's first operation waits until its channel is subscribed (for at most the connect
-//! timeout, see `Inner::until_listening`): a reservation made before could miss an event
+//! timeout, see `gate`): a reservation made before could miss an event
 //! published in between, and catching up would cost a read. So a catch-up read happens only
 //! where an event can really have been missed: after a dropped subscription comes back (or
 //! for holders made while the subscription could not be had at all).
@@ -79,7 +79,12 @@ impl Events {
 
     /// The first place the subscription is made (the connect-time permission check uses it).
     pub(crate) fn source(&self) -> Option<&redis::Client> {
-        self.sources.first()
+        self.sources().first()
+    }
+
+    /// Every place the subscription can be made, in the order they are tried.
+    pub(crate) fn sources(&self) -> &[redis::Client] {
+        &self.sources
     }
 
     /// Delivers `store`'s channel to it from now on; starts the subscription on `handle` the

@@ -190,8 +190,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
+mod circuit;
 mod config_check;
+mod connect;
 mod events;
+mod fallback;
+mod gate;
 mod link;
 mod options;
 mod scripts;

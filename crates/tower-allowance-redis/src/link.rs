@@ -1,9 +1,13 @@
 //! The connection a store talks over: one server or a cluster, plain or TLS, made here or
 //! brought by the caller, and shared by every allowance made from it.
 
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Arc,
+use std::{
+    future::Future,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
 };
 
 use redis::{
@@ -13,7 +17,7 @@ use redis::{
 use tower_allowance::BoxError;
 
 use crate::{
-    error::{ConnectError, ConnectErrorKind, RedisCause},
+    error::{CallError, ConnectError, ConnectErrorKind, RedisCause},
     events::Events,
     RedisStoreOptions,
 };
@@ -27,12 +31,25 @@ pub(crate) struct Link {
     pub(crate) redacted: String,
     pub(crate) options: RedisStoreOptions,
     pub(crate) round_trips: AtomicU64,
-    /// Where `follow_tokio_clock` opens its blocking connection.
-    #[cfg(feature = "test-util")]
-    pub(crate) blocking: Option<Blocking>,
 }
 
 impl Link {
+    /// A link over `conn`, its events heard through `events` (none: no events are heard).
+    pub(crate) fn new(
+        conn: Conn,
+        events: Vec<redis::Client>,
+        redacted: String,
+        options: RedisStoreOptions,
+    ) -> Self {
+        Self {
+            conn,
+            events: Events::new(events, options.connect_timeout),
+            redacted,
+            round_trips: AtomicU64::new(0),
+            options,
+        }
+    }
+
     /// The command connection, counting what it sends.
     pub(crate) fn connection(&self) -> CountingConnection<'_> {
         CountingConnection {
@@ -109,26 +126,6 @@ impl ConnectionLike for CountingConnection<'_> {
     }
 }
 
-/// Test support: where the blocking connection of `follow_tokio_clock` comes from.
-#[cfg(feature = "test-util")]
-#[allow(clippy::large_enum_variant)] // One per connection, in tests.
-pub(crate) enum Blocking {
-    Single(redis::Client),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster::ClusterClient),
-}
-
-#[cfg(feature = "test-util")]
-impl Blocking {
-    pub(crate) fn connect(&self) -> redis::RedisResult<Box<dyn redis::ConnectionLike + Send>> {
-        Ok(match self {
-            Blocking::Single(client) => Box::new(client.get_connection()?),
-            #[cfg(feature = "cluster")]
-            Blocking::Cluster(client) => Box::new(client.get_connection()?),
-        })
-    }
-}
-
 /// A client for `url`, with the TLS options when there are any.
 ///
 /// # Errors
@@ -175,6 +172,21 @@ pub(crate) fn client(
     #[cfg(not(feature = "tls"))]
     let _ = options;
     Ok(client)
+}
+
+/// `fut`, or a [`CallError::timeout`] after `timeout`.
+pub(crate) async fn with_timeout<T>(
+    timeout: Duration,
+    fut: impl Future<Output = T>,
+) -> Result<T, CallError> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| CallError::timeout(timeout))
+}
+
+/// A duration in whole milliseconds, as Redis takes TTLs.
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A cluster client seeded with `nodes` (clients made by [`client`]), with the options'

@@ -60,7 +60,6 @@
 //! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` | `tonic` without default features (no transport, codegen or router) |
 //! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`] and the store's [`State`](store::State) | `serde`, `humantime-serde` |
 //! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
-//! | `conformance` | | `conformance`: the suite every [`Store`](store::Store) must pass, for third-party stores | `tokio`'s `test-util` (a paused clock); `quota` (the suite checks the probe's lease) |
 //! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
 //! | `keyed` | | `keyed`: one allowance per key (API key, tenant), created on first use, evicted when settled, store names derived from the key under a secret | `blake3` |
 //! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill `Snapshot::rate_limit` and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
@@ -73,7 +72,9 @@
 //! memory store, and `Retry-After` and `retry-after-ms` ([`retry_after`] is the one
 //! `Retry-After` parser).
 //!
-//! The Redis store is a separate crate, `tower-allowance-redis`.
+//! The Redis store is a separate crate, `tower-allowance-redis`; the conformance suite every
+//! [`Store`](store::Store) must pass is another, `tower-allowance-conformance` (a
+//! dev-dependency for store authors).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -88,8 +89,6 @@ mod shared;
 pub mod admission;
 pub mod body;
 pub mod classify;
-#[cfg(feature = "conformance")]
-pub mod conformance;
 pub mod cooldown;
 #[cfg(feature = "cost")]
 pub mod cost;

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tower_allowance::{conformance, Allowance, AllowanceConfig};
+use tower_allowance::{Allowance, AllowanceConfig};
+use tower_allowance_conformance as conformance;
 use tower_allowance_redis::{test_util::unique_name, RedisStore};
 
 pub const MS: Duration = Duration::from_millis(1);
@@ -59,7 +60,7 @@ pub fn fresh(base: &RedisStore) -> RedisStore {
     store
 }
 
-/// The public conformance suite over `base`'s connection: every check on a fresh allowance,
+/// The conformance suite (`tower-allowance-conformance`) over `base`'s connection: every check on a fresh allowance,
 /// in virtual time. Call it outside any runtime (`base` was made in a real-time one).
 pub fn run_conformance(base: &RedisStore) {
     paused().block_on(conformance::run(|| {

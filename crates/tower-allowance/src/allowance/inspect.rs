@@ -1,18 +1,18 @@
 //! The store's state read through an allowance: the rule's own value (feature `rule`, the
-//! conformance suite, tests) and whether it is settled (the keyed registry, the suite).
+//! conformance suite, tests) and whether it is settled (the keyed registry).
 
-#[cfg(any(feature = "keyed", feature = "conformance"))]
+#[cfg(feature = "keyed")]
 use tokio::time::Instant;
 
-#[cfg(any(test, feature = "rule", feature = "conformance"))]
+#[cfg(any(test, feature = "rule"))]
 use crate::{rule::StoreState, store::StoreError};
 
 use super::Allowance;
 
 impl Allowance {
     /// Whether its store says the state is settled at `now`, as good as a fresh one
-    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry and the conformance suite.
-    #[cfg(any(feature = "keyed", feature = "conformance"))]
+    /// ([`Store::is_settled`](crate::store::Store::is_settled)). For the keyed registry.
+    #[cfg(feature = "keyed")]
     pub(crate) fn is_settled(&self, now: Instant) -> bool {
         self.shared
             .store()
@@ -33,7 +33,7 @@ impl Allowance {
     /// # Errors
     ///
     /// The store's error.
-    #[cfg(any(test, feature = "rule", feature = "conformance"))]
+    #[cfg(any(test, feature = "rule"))]
     pub async fn store_state(&self) -> Result<StoreState, StoreError> {
         self.read_store().await
     }

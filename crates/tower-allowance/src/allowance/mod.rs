@@ -14,8 +14,8 @@ use crate::{
 };
 
 mod builder;
-// What the keyed registry, the conformance suite and the `rule` feature read of the store.
-#[cfg(any(test, feature = "rule", feature = "conformance", feature = "keyed"))]
+// What the keyed registry and the `rule` feature (the conformance suite) read of the store.
+#[cfg(any(test, feature = "rule", feature = "keyed"))]
 mod inspect;
 #[cfg(feature = "quota")]
 mod quota;

@@ -143,7 +143,7 @@ impl Shared {
     }
 
     /// The store, for what only asks it (the keyed registry's `is_settled`).
-    #[cfg(any(feature = "keyed", feature = "conformance"))]
+    #[cfg(feature = "keyed")]
     pub(crate) fn store(&self) -> &dyn Store {
         &*self.store
     }

@@ -50,8 +50,9 @@
 //! # }
 //! ```
 //!
-//! Run the `conformance` suite (feature `conformance`) against your store: it replays
-//! the same operations against any store and checks the replies.
+//! Run the conformance suite (the `tower-allowance-conformance` crate, a dev-dependency)
+//! against your store: it replays the same operations against any store and checks the
+//! replies.
 //!
 //! # Why one method and a synchronous twin
 //!
@@ -90,8 +91,8 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 ///
 /// Implement [`Store::apply`] as one atomic step: load the state, call
 /// [`State::apply`] with the store's current time in microseconds, save
-/// the state, return the reply. Run the `conformance` suite (feature `conformance`) against
-/// your store. The [`Params`] are passed with every call, so the store holds no copy of the
+/// the state, return the reply. Run the conformance suite (the `tower-allowance-conformance`
+/// crate) against your store. The [`Params`] are passed with every call, so the store holds no copy of the
 /// configuration that could drift from the layers' view.
 ///
 /// A store that keeps the state in the handle (dropped with it) should also answer
