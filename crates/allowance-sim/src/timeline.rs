@@ -176,15 +176,17 @@ pub fn chart(runs: &[(&str, &RunReport)]) -> Chart {
         panel.push(Series::spans("told to wait (Retry-After)", Colour::AMBER, told).opacity(0.22));
         let queued = Series::spans("queued for the allowance", Colour::BLUE, spans(&t.queued()));
         panel.push(queued.size(4));
-        let statuses: [(&str, Colour, fn(u16) -> bool); 3] = [
-            ("200", Colour::GREEN, |s| (200..300).contains(&s)),
-            ("429", Colour::RED, |s| s == 429),
-            ("other / error", Colour::GREY, |s| {
-                !(200..300).contains(&s) && s != 429
-            }),
+        // A dot per attempt, one series per status class (`status_glyph`'s three).
+        let classes = [
+            ("200", Colour::GREEN, 'o'),
+            ("429", Colour::RED, 'x'),
+            ("other / error", Colour::GREY, '!'),
         ];
-        for (label, colour, of) in statuses {
-            let marks = t.attempts.iter().filter(|m| of(m.status));
+        for (label, colour, glyph) in classes {
+            let marks = t
+                .attempts
+                .iter()
+                .filter(|m| status_glyph(m.status) == glyph);
             let dots = marks.map(|m| (ms(m.at_ms), f64::from(m.worker))).collect();
             panel.push(Series::dots(label, colour, dots).opacity(0.85));
         }
