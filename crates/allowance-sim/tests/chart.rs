@@ -241,6 +241,15 @@ fn axes_have_round_ticks_with_units() {
     }
     assert_eq!(time_ticks(2_500), [0, 500, 1_000, 1_500, 2_000, 2_500]);
     assert_eq!(time_ticks(110_000).get(1), Some(&10_000));
+    // However long the run, a dozen ticks or so, on round minutes.
+    for hours in [1, 2, 10, 1_000] {
+        let ticks = time_ticks(hours * 3_600_000);
+        assert!((6..=13).contains(&ticks.len()), "{hours} h: {ticks:?}");
+        assert!(
+            ticks.iter().all(|t| t % 300_000 == 0),
+            "{hours} h: {ticks:?}"
+        );
+    }
     // Text is text: no font is embedded or read.
     assert!(!elements(&svg, "text").is_empty());
     assert!(!svg.contains("<image") && !svg.contains("@font-face"));

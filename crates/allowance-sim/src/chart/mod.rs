@@ -526,15 +526,15 @@ pub fn axis_ticks(max: f64) -> (f64, f64) {
     }
 }
 
-/// The time ticks for an axis to `end_ms`: every 0.5, 1, 2, 5, 10, 15 or 30 s, or 1, 5 or
-/// 10 min, whichever gives at most 12 steps.
+/// The time ticks for an axis to `end_ms`: every 0.5, 1, 2, 5, 10, 15 or 30 s, or 1 or 5
+/// min, whichever gives at most 12 steps; beyond an hour, a multiple of 10 min that does.
 pub fn time_ticks(end_ms: u64) -> Vec<u64> {
     let step = [
         500, 1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 300_000,
     ]
     .into_iter()
     .find(|step| end_ms / step <= 12)
-    .unwrap_or(600_000);
+    .unwrap_or_else(|| end_ms.div_ceil(12).div_ceil(600_000) * 600_000);
     (0..=end_ms / step).map(|i| i * step).collect()
 }
 

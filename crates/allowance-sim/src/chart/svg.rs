@@ -15,7 +15,9 @@ use plotters::{
 };
 use tower_allowance::BoxError;
 
-use super::{fmt_tick, time_ticks, wrap, Chart, Colour, Panel, Shape, Swatch, XAxis, YAxis};
+use super::{
+    fmt_tick, time_ticks, wrap, Chart, Colour, Panel, Series, Shape, Span, Swatch, XAxis, YAxis,
+};
 
 /// The narrowest chart, px.
 const WIDTH: i32 = 860;
@@ -79,8 +81,7 @@ impl Ranged for Axis {
 pub(super) fn render(chart: &Chart) -> Result<String, BoxError> {
     let width = match &chart.x {
         XAxis::Categories { labels, .. } => {
-            let n = i32::try_from(labels.len()).unwrap_or(i32::MAX / CATEGORY_W);
-            (LEFT + CATEGORY_W.saturating_mul(n) + RIGHT).max(WIDTH)
+            (LEFT + CATEGORY_W * count(labels.len()) + RIGHT).max(WIDTH)
         }
         XAxis::Time { .. } => WIDTH,
     };
@@ -88,18 +89,19 @@ pub(super) fn render(chart: &Chart) -> Result<String, BoxError> {
     // About 6.5 px per character at 11 px.
     let wrap_at = usize::try_from((width - 2 * PAD) * 2 / 13).unwrap_or(80);
     let caption: Vec<Vec<String>> = chart.caption.iter().map(|p| wrap(p, wrap_at)).collect();
-    let caption_h: i32 = caption.iter().map(|p| p.len() as i32 * LINE_H + 5).sum();
-    let height = PAD
-        + chart.title.as_ref().map_or(0, |_| TITLE_H)
-        + legend.len() as i32 * LEGEND_ROW_H
-        + chart
-            .panels
-            .iter()
-            .map(|p| panel_height(&chart.x, p))
-            .sum::<i32>()
-        + categories_height(&chart.x)
-        + caption_h
-        + PAD;
+    let caption_h = caption.iter().map(|p| count(p.len()) * LINE_H + 5);
+    let panels_h = chart.panels.iter().map(|p| panel_height(&chart.x, p));
+    let height = [
+        PAD,
+        chart.title.as_ref().map_or(0, |_| TITLE_H),
+        count(legend.len()) * LEGEND_ROW_H,
+        categories_height(&chart.x),
+        PAD,
+    ]
+    .into_iter()
+    .chain(caption_h)
+    .chain(panels_h)
+    .fold(0, i32::saturating_add);
 
     let mut out = String::new();
     {
@@ -130,7 +132,7 @@ pub(super) fn render(chart: &Chart) -> Result<String, BoxError> {
             for (i, label) in labels.iter().enumerate() {
                 let x = LEFT + ((i as f64 + 0.5) * plot_w / labels.len() as f64) as i32;
                 for (k, line) in label.lines().enumerate() {
-                    let at = (x, y + LINE_H / 2 + k as i32 * LINE_H);
+                    let at = (x, y + LINE_H / 2 + count(k) * LINE_H);
                     write(&root, line, at, font(11.0, LABEL).centred())?;
                 }
             }
@@ -171,12 +173,17 @@ fn legend_rows(chart: &Chart, width: i32) -> Vec<Vec<(i32, Swatch, String)>> {
     rows
 }
 
+/// A count as pixels' factor, capped (a chart that large is not drawn sensibly anyway).
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX).min(1 << 20)
+}
+
 fn text_width(text: &str, px: f64) -> i32 {
     (text.chars().count() as f64 * px * 0.5) as i32
 }
 
 fn label_lines(labels: &[String]) -> i32 {
-    labels.iter().map(|l| l.lines().count()).max().unwrap_or(0) as i32
+    count(labels.iter().map(|l| l.lines().count()).max().unwrap_or(0))
 }
 
 fn categories_height(x: &XAxis) -> i32 {
@@ -188,7 +195,7 @@ fn categories_height(x: &XAxis) -> i32 {
 
 fn plot_height(panel: &Panel) -> i32 {
     match &panel.y {
-        YAxis::Lanes(lanes) => LANE_H * lanes.len().max(1) as i32,
+        YAxis::Lanes(lanes) => LANE_H.saturating_mul(count(lanes.len().max(1))),
         YAxis::Values { .. } => VALUES_H,
     }
 }
@@ -297,8 +304,111 @@ fn hatched(
     Ok(())
 }
 
-fn format_secs(ms: f64) -> String {
-    fmt_tick(ms / 1000.0)
+/// A panel's plot: its axes, and data to chart coordinates, kept inside the axes.
+struct Frame<'p> {
+    x: &'p XAxis,
+    lanes: Option<&'p [String]>,
+    x_end: f64,
+    y_top: f64,
+    y_step: f64,
+    /// One pixel, in data units.
+    px: (f64, f64),
+}
+
+type Plot<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<Axis, Axis>>;
+
+impl<'p> Frame<'p> {
+    fn of(x: &'p XAxis, panel: &'p Panel, width: i32) -> Self {
+        let x_end = match x {
+            XAxis::Time { end_ms, .. } => (*end_ms).max(1) as f64,
+            XAxis::Categories { labels, .. } => labels.len().max(1) as f64,
+        };
+        let lanes = match &panel.y {
+            YAxis::Lanes(lanes) => Some(lanes.as_slice()),
+            YAxis::Values { .. } => None,
+        };
+        let (y_top, y_step) = panel.y_ticks();
+        let px = (
+            x_end / f64::from(width - LEFT - RIGHT),
+            y_top / f64::from(plot_height(panel)),
+        );
+        Self {
+            x,
+            lanes,
+            x_end,
+            y_top,
+            y_step,
+            px,
+        }
+    }
+
+    /// Time as it is; a category at the middle of its group.
+    fn x(&self, v: f64) -> f64 {
+        match self.x {
+            XAxis::Time { .. } => v.clamp(0.0, self.x_end),
+            XAxis::Categories { .. } => (v + 0.5).clamp(0.0, self.x_end),
+        }
+    }
+
+    /// A value as it is; a lane's index at the middle of its band, the first on top.
+    fn y(&self, v: f64) -> f64 {
+        match self.lanes {
+            Some(lanes) => (lanes.len() as f64 - v - 0.5).clamp(0.0, self.y_top),
+            None => v.clamp(0.0, self.y_top),
+        }
+    }
+
+    fn points(&self, points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+        points
+            .iter()
+            .map(|&(a, b)| (self.x(a), self.y(b)))
+            .collect()
+    }
+
+    fn x_axis(&self) -> Axis {
+        let ticks = match self.x {
+            XAxis::Time { end_ms, .. } => {
+                time_ticks(*end_ms).into_iter().map(|t| t as f64).collect()
+            }
+            XAxis::Categories { labels, .. } => (0..labels.len()).map(|i| i as f64 + 0.5).collect(),
+        };
+        Axis {
+            end: self.x_end,
+            ticks,
+        }
+    }
+
+    fn y_axis(&self) -> Axis {
+        let ticks = match self.lanes {
+            Some(lanes) => (0..lanes.len()).map(|i| i as f64 + 0.5).collect(),
+            None => {
+                let steps = (self.y_top / self.y_step).round() as usize;
+                (0..=steps).map(|k| self.y_step * k as f64).collect()
+            }
+        };
+        Axis {
+            end: self.y_top,
+            ticks,
+        }
+    }
+
+    fn x_label(&self, v: f64) -> String {
+        match self.x {
+            XAxis::Time { .. } => fmt_tick(v / 1000.0),
+            XAxis::Categories { .. } => String::new(),
+        }
+    }
+
+    fn y_label(&self, v: f64, unit: &str) -> String {
+        match self.lanes {
+            Some(lanes) => {
+                let i = (lanes.len() as f64 - 0.5 - v).round();
+                let lane = (i >= 0.0).then(|| lanes.get(i as usize)).flatten();
+                lane.cloned().unwrap_or_default()
+            }
+            None => fmt_tick(v) + unit,
+        }
+    }
 }
 
 fn draw_panel(
@@ -315,70 +425,56 @@ fn draw_panel(
         write(root, subtitle, (LEFT, y + 6), font(11.0, LABEL))?;
         y += SUBTITLE_H;
     }
-    let (plot_h, axis_h) = (plot_height(panel), axis_height(x));
+    let frame = Frame::of(x, panel, width);
+    let axis_h = axis_height(x);
     let area = root
         .clone()
-        .shrink((0, y), (width, PLOT_MARGIN + plot_h + axis_h));
-    let (x_end, x_keys): (f64, Vec<f64>) = match x {
-        XAxis::Time { end_ms, .. } => (
-            (*end_ms).max(1) as f64,
-            time_ticks(*end_ms).into_iter().map(|t| t as f64).collect(),
-        ),
-        XAxis::Categories { labels, .. } => (
-            labels.len().max(1) as f64,
-            (0..labels.len()).map(|i| i as f64 + 0.5).collect(),
-        ),
-    };
-    let (y_top, y_step) = panel.y_ticks();
-    let lanes = match &panel.y {
-        YAxis::Lanes(lanes) => Some(lanes),
-        YAxis::Values { .. } => None,
-    };
-    let y_keys: Vec<f64> = match lanes {
-        Some(lanes) => (0..lanes.len()).map(|i| i as f64 + 0.5).collect(),
-        None => {
-            let steps = (y_top / y_step).round() as usize;
-            (0..=steps).map(|k| y_step * k as f64).collect()
-        }
-    };
+        .shrink((0, y), (width, PLOT_MARGIN + plot_height(panel) + axis_h));
     let mut c = ChartBuilder::on(&area)
         .margin_top(PLOT_MARGIN)
         .margin_right(RIGHT)
         .x_label_area_size(axis_h)
         .y_label_area_size(LEFT)
-        .build_cartesian_2d(
-            Axis {
-                end: x_end,
-                ticks: x_keys,
-            },
-            Axis {
-                end: y_top,
-                ticks: y_keys,
-            },
-        )?;
+        .build_cartesian_2d(frame.x_axis(), frame.y_axis())?;
     // Lanes: alternate stripes, under everything.
-    if let Some(lanes) = lanes {
+    if let Some(lanes) = frame.lanes {
         let n = lanes.len() as f64;
         let stripes = (0..lanes.len()).filter(|i| i % 2 == 0).map(|i| {
             let band = (n - i as f64 - 1.0, n - i as f64);
-            Rectangle::new([(0.0, band.0), (x_end, band.1)], STRIPE.filled())
+            Rectangle::new([(0.0, band.0), (frame.x_end, band.1)], STRIPE.filled())
         });
         c.draw_series(stripes)?;
     }
-    let x_label = |v: &f64| match x {
-        XAxis::Time { .. } => format_secs(*v),
-        XAxis::Categories { .. } => String::new(),
-    };
-    let y_label = |v: &f64| match &panel.y {
-        YAxis::Lanes(lanes) => {
-            let i = (lanes.len() as f64 - 0.5 - v).round();
-            (i >= 0.0)
-                .then(|| lanes.get(i as usize).cloned())
-                .flatten()
-                .unwrap_or_default()
+    draw_mesh(&mut c, &frame, panel)?;
+    let bar_series = panel
+        .series
+        .iter()
+        .filter(|s| matches!(s.shape, Shape::Bars(_)))
+        .count();
+    let mut bar_slot = 0;
+    for series in &panel.series {
+        draw_series(root, &mut c, &frame, series, (bar_slot, bar_series))?;
+        if let Shape::Bars(_) = series.shape {
+            bar_slot += 1;
         }
-        YAxis::Values { unit, .. } => fmt_tick(*v) + unit,
+    }
+    if let Some((note, colour)) = &panel.note {
+        let (px, py) = c.backend_coord(&(frame.x_end, frame.y_top));
+        let style = font(11.0, rgb(*colour)).right();
+        write(root, note, (px - 4, py + 10), style)?;
+    }
+    Ok(())
+}
+
+/// The axes, their ticks, labels and titles, and the grid (horizontal for values,
+/// vertical for lanes).
+fn draw_mesh(c: &mut Plot<'_, '_>, frame: &Frame<'_>, panel: &Panel) -> Result<(), BoxError> {
+    let unit = match &panel.y {
+        YAxis::Values { unit, .. } => unit.as_str(),
+        YAxis::Lanes(_) => "",
     };
+    let x_label = |v: &f64| frame.x_label(*v);
+    let y_label = |v: &f64| frame.y_label(*v, unit);
     let mut mesh = c.configure_mesh();
     mesh.axis_style(AXIS)
         .bold_line_style(GRID)
@@ -387,132 +483,117 @@ fn draw_panel(
         .axis_desc_style(font(11.0, LABEL))
         .x_label_formatter(&x_label)
         .y_label_formatter(&y_label);
-    if let XAxis::Categories { .. } = x {
-        // Labelled once, under the last panel.
-        let mut none = font(11.0, LABEL);
-        none.color = TRANSPARENT.to_backend_color();
-        mesh.x_label_style(none);
-    }
-    if lanes.is_some() {
-        mesh.disable_y_mesh();
-    } else {
-        mesh.disable_x_mesh();
-    }
-    if let YAxis::Values { title, .. } = &panel.y {
-        mesh.y_desc(title.as_str());
-    }
-    if let XAxis::Time { title, .. } = x {
-        mesh.x_desc(title.as_str());
-    }
-    mesh.draw()?;
-
-    // Data to chart coordinates, kept inside the axes.
-    let plot_w = f64::from(width - LEFT - RIGHT);
-    let (px_x, px_y) = (x_end / plot_w, y_top / f64::from(plot_h));
-    let cx = |v: f64| match x {
-        XAxis::Time { .. } => v.clamp(0.0, x_end),
-        XAxis::Categories { .. } => (v + 0.5).clamp(0.0, x_end),
-    };
-    let cy = |v: f64| match lanes {
-        Some(lanes) => (lanes.len() as f64 - v - 0.5).clamp(0.0, y_top),
-        None => v.clamp(0.0, y_top),
-    };
-    let at = |points: &[(f64, f64)]| -> Vec<(f64, f64)> {
-        points.iter().map(|&(a, b)| (cx(a), cy(b))).collect()
-    };
-    let bar_series = panel
-        .series
-        .iter()
-        .filter(|s| matches!(s.shape, Shape::Bars(_)))
-        .count();
-    let mut bar_index = 0;
-    for s in &panel.series {
-        let colour = rgb(s.colour);
-        let style = ShapeStyle {
-            color: colour.mix(s.opacity).to_rgba(),
-            filled: false,
-            stroke_width: s.size.max(1),
-        };
-        match &s.shape {
-            Shape::Line(points) if !points.is_empty() => {
-                c.draw_series([PathElement::new(at(points), style)])?;
-            }
-            Shape::Steps { points, until } if !points.is_empty() => {
-                let mut line: Vec<(f64, f64)> = Vec::new();
-                for &(a, b) in points {
-                    if let Some(&(_, level)) = line.last() {
-                        line.push((cx(a), level));
-                    }
-                    line.push((cx(a), cy(b)));
-                }
-                if let Some(&(_, level)) = line.last() {
-                    line.push((cx(*until), level));
-                }
-                c.draw_series([PathElement::new(line, style)])?;
-            }
-            Shape::Dots(points) => {
-                let dots = at(points).into_iter();
-                c.draw_series(dots.map(|p| Circle::new(p, s.size, style.filled())))?;
-            }
-            Shape::Crosses(points) => {
-                let style = style.stroke_width(2);
-                c.draw_series(at(points).into_iter().map(|p| Cross::new(p, s.size, style)))?;
-            }
-            Shape::Spans(spans) => {
-                let inset = f64::from(s.size) / f64::from(LANE_H);
-                let rects = spans.iter().map(|span| {
-                    let (x0, x1) = (cx(span.from), cx(span.to));
-                    let band = match (span.lane, lanes) {
-                        (Some(lane), Some(_)) => {
-                            let mid = cy(lane as f64);
-                            (mid - 0.5 + inset, mid + 0.5 - inset)
-                        }
-                        _ => (0.0, y_top),
-                    };
-                    let corners = [(x0, band.0), (x1.max(x0 + px_x), band.1)];
-                    Rectangle::new(corners, style.filled())
-                });
-                c.draw_series(rects)?;
-            }
-            Shape::Ticks(xs) => {
-                let ticks = xs
-                    .iter()
-                    .map(|&t| PathElement::new(vec![(cx(t), 0.0), (cx(t), TICK_H * px_y)], style));
-                c.draw_series(ticks)?;
-            }
-            Shape::Bars(bars) => {
-                let w = 0.8 / bar_series.max(1) as f64;
-                for bar in bars {
-                    let x0 = bar.category as f64 + 0.1 + w * bar_index as f64;
-                    // A zero is a visible stub, so that it cannot be mistaken for a missing bar.
-                    let top = cy(bar.value).max(2.0 * px_y);
-                    let corners = [(x0, top), (x0 + w, 0.0)];
-                    if bar.hatched {
-                        let (a, b) = (c.backend_coord(&corners[0]), c.backend_coord(&corners[1]));
-                        hatched(root, colour, a, b)?;
-                    } else {
-                        c.draw_series([Rectangle::new(corners, style.filled())])?;
-                    }
-                }
-                bar_index += 1;
-            }
-            Shape::Level(level) => {
-                let line = [(0.0, cy(*level)), (x_end, cy(*level))];
-                c.draw_series([DashedPathElement::new(line, 4, 3, style)])?;
-                let (px, py) = c.backend_coord(&(x_end, cy(*level)));
-                write(root, &s.label, (px - 2, py - 8), font(11.0, colour).right())?;
-            }
-            Shape::Line(_) | Shape::Steps { .. } => {}
+    match frame.x {
+        XAxis::Time { title, .. } => {
+            mesh.x_desc(title.as_str());
+        }
+        XAxis::Categories { .. } => {
+            // Labelled once, under the last panel.
+            let mut none = font(11.0, LABEL);
+            none.color = TRANSPARENT.to_backend_color();
+            mesh.x_label_style(none);
         }
     }
-    if let Some((note, colour)) = &panel.note {
-        let (px, py) = c.backend_coord(&(x_end, y_top));
-        write(
-            root,
-            note,
-            (px - 4, py + 10),
-            font(11.0, rgb(*colour)).right(),
-        )?;
+    match &panel.y {
+        YAxis::Values { title, .. } => {
+            mesh.disable_x_mesh().y_desc(title.as_str());
+        }
+        YAxis::Lanes(_) => {
+            mesh.disable_y_mesh();
+        }
+    }
+    mesh.draw()?;
+    Ok(())
+}
+
+/// One series; bars in slot `slot` of `slots` side by side in each group.
+fn draw_series(
+    root: &Area<'_>,
+    c: &mut Plot<'_, '_>,
+    frame: &Frame<'_>,
+    s: &Series,
+    (slot, slots): (usize, usize),
+) -> Result<(), BoxError> {
+    let colour = rgb(s.colour);
+    let style = ShapeStyle {
+        color: colour.mix(s.opacity).to_rgba(),
+        filled: false,
+        stroke_width: s.size.max(1),
+    };
+    let (px_x, px_y) = frame.px;
+    match &s.shape {
+        Shape::Line(points) => {
+            if !points.is_empty() {
+                c.draw_series([PathElement::new(frame.points(points), style)])?;
+            }
+        }
+        Shape::Steps { points, until } => {
+            let mut line: Vec<(f64, f64)> = Vec::new();
+            for &(a, b) in points {
+                if let Some(&(_, level)) = line.last() {
+                    line.push((frame.x(a), level));
+                }
+                line.push((frame.x(a), frame.y(b)));
+            }
+            if let Some(&(_, level)) = line.last() {
+                line.push((frame.x(*until), level));
+                c.draw_series([PathElement::new(line, style)])?;
+            }
+        }
+        Shape::Dots(points) => {
+            let dots = frame.points(points).into_iter();
+            c.draw_series(dots.map(|p| Circle::new(p, s.size, style.filled())))?;
+        }
+        Shape::Crosses(points) => {
+            let crosses = frame.points(points).into_iter();
+            c.draw_series(crosses.map(|p| Cross::new(p, s.size, style.stroke_width(2))))?;
+        }
+        Shape::Spans(spans) => {
+            let inset = f64::from(s.size) / f64::from(LANE_H);
+            let rect = |span: &Span| {
+                let (x0, x1) = (frame.x(span.from), frame.x(span.to));
+                let band = match (span.lane, frame.lanes) {
+                    (Some(lane), Some(_)) => {
+                        let mid = frame.y(lane as f64);
+                        (mid - 0.5 + inset, mid + 0.5 - inset)
+                    }
+                    _ => (0.0, frame.y_top),
+                };
+                // At least a pixel wide.
+                let corners = [(x0, band.0), (x1.max(x0 + px_x), band.1)];
+                Rectangle::new(corners, style.filled())
+            };
+            c.draw_series(spans.iter().map(rect))?;
+        }
+        Shape::Ticks(xs) => {
+            let tick = |t: &f64| {
+                let x = frame.x(*t);
+                PathElement::new(vec![(x, 0.0), (x, TICK_H * px_y)], style)
+            };
+            c.draw_series(xs.iter().map(tick))?;
+        }
+        Shape::Bars(bars) => {
+            let w = 0.8 / slots.max(1) as f64;
+            for bar in bars {
+                let x0 = bar.category as f64 + 0.1 + w * slot as f64;
+                // A zero is a visible stub, so that it cannot be mistaken for a missing bar.
+                let top = frame.y(bar.value).max(2.0 * px_y);
+                let corners = [(x0, top), (x0 + w, 0.0)];
+                if bar.hatched {
+                    let (a, b) = (c.backend_coord(&corners[0]), c.backend_coord(&corners[1]));
+                    hatched(root, colour, a, b)?;
+                } else {
+                    c.draw_series([Rectangle::new(corners, style.filled())])?;
+                }
+            }
+        }
+        Shape::Level(level) => {
+            let y = frame.y(*level);
+            let line = [(0.0, y), (frame.x_end, y)];
+            c.draw_series([DashedPathElement::new(line, 4, 3, style)])?;
+            let (px, py) = c.backend_coord(&(frame.x_end, y));
+            write(root, &s.label, (px - 2, py - 8), font(11.0, colour).right())?;
+        }
     }
     Ok(())
 }
