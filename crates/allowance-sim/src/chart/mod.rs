@@ -549,7 +549,7 @@ pub fn fmt_tick(v: f64) -> String {
 }
 
 /// Greedy word wrap at `width` characters.
-pub(crate) fn wrap(text: &str, width: usize) -> Vec<String> {
+fn wrap(text: &str, width: usize) -> Vec<String> {
     let mut lines = Vec::new();
     let mut line = String::new();
     for word in text.split_whitespace() {
