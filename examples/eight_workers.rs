@@ -102,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let svg = timeline::svg(&[
         ("naive: each worker retries alone", &naive),
         ("shared: one allowance", &shared),
-    ]);
+    ])?;
     std::fs::write(&svg_path, svg)?;
 
     if json_out {

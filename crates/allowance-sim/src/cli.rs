@@ -618,7 +618,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                     Some(a) => format!("from {}/s", a.initial),
                     None => report.scenario.clone(),
                 };
-                std::fs::write(path, rate_chart::svg(&[(&title, &report)]))?;
+                std::fs::write(path, rate_chart::svg(&[(&title, &report)])?)?;
             }
             print_report(&report, &args.workload, what, &upstream, out)
         }
@@ -688,7 +688,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                     .filter(|(_, e)| e.charted)
                     .map(|(row, _)| (row.name.as_str(), &row.report))
                     .collect();
-                std::fs::write(path, rate_chart::svg(&charted))?;
+                std::fs::write(path, rate_chart::svg(&charted)?)?;
             }
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&rows)?)?;
@@ -736,7 +736,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
                 std::fs::write(path, &table)?;
             }
             if let Some(path) = &args.svg {
-                std::fs::write(path, sweep::svg(&rows, redis_runs))?;
+                std::fs::write(path, sweep::svg(&rows, redis_runs)?)?;
             }
             if args.json {
                 writeln!(out, "{}", serde_json::to_string(&rows)?)?;
@@ -958,7 +958,7 @@ fn print_report(
             "{} ({} workers, {} jobs)",
             report.scenario, w.workers, w.jobs
         );
-        std::fs::write(path, timeline::svg(&[(&title, report)]))?;
+        std::fs::write(path, timeline::svg(&[(&title, report)])?)?;
     }
     if w.json {
         writeln!(out, "{}", serde_json::to_string(report)?)?;

@@ -7,6 +7,8 @@
 //!   sharing one allowance in Redis.
 //! - [`cancel`]: callers that give up while they wait (`--cancel-fraction`), and the slots
 //!   they cost.
+//! - [`chart`]: charts drawn as SVG (plotters): panels of lines, steps, dots, bars, spans
+//!   and event ticks on one x axis, with a legend; every picture below is one.
 //! - [`timeline`]: a run as an ASCII timeline or an SVG; [`rate_chart`]: an adaptive run's
 //!   rate over time.
 //! - [`sweep`]: naive, split and shared over a grid of workers and rates.
@@ -15,7 +17,7 @@
 //!   `adaptive`).
 //!
 //! Modules are layered, each using only those above it in this list (and the test kit):
-//! `cancel`, `live`, `multi`, `timeline`, `sweep`, `rate_chart`, `adaptive`, `cli`.
+//! `chart`, `cancel`, `live`, `multi`, `timeline`, `sweep`, `rate_chart`, `adaptive`, `cli`.
 //!
 //! ```
 //! use allowance_sim::timeline;
@@ -23,12 +25,13 @@
 //!
 //! let s = Scenario::seed(Mode::Shared);
 //! let report = RunReport::from_virtual(&s, &run_virtual(&s)?);
-//! assert!(timeline::svg(&[("shared", &report)]).starts_with("<svg"));
+//! assert!(timeline::svg(&[("shared", &report)])?.starts_with("<svg"));
 //! # Ok::<(), tower_allowance::BoxError>(())
 //! ```
 
 pub mod adaptive;
 pub mod cancel;
+pub mod chart;
 pub mod cli;
 pub mod live;
 pub mod multi;

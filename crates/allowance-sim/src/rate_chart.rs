@@ -18,7 +18,10 @@
 //!     ..Scenario::seed(Mode::Shared)
 //! };
 //! let report = RunReport::from_virtual(&s, &run_virtual(&s)?);
-//! let svg = rate_chart::svg(&[("from 1/s", &report)]);
+//! let chart = rate_chart::chart(&[("from 1/s", &report)]);
+//! let panel = &chart.panels[0];
+//! assert!(panel.series("adaptive rate (the allowance's)").is_some_and(|s| !s.is_empty()));
+//! let svg = rate_chart::svg(&[("from 1/s", &report)])?;
 //! assert!(svg.starts_with("<svg") && svg.contains("requests per second"));
 //! # Ok::<(), tower_allowance::BoxError>(())
 //! ```
@@ -26,33 +29,21 @@
 use std::fmt::Write as _;
 
 use allowance_testkit::report::RunReport;
+use tower_allowance::BoxError;
 
-use crate::sweep::axis_ticks;
-
-const LEFT: f64 = 70.0;
-const WIDTH: f64 = 740.0;
-const PANEL_H: f64 = 170.0;
-const HEAD: f64 = 40.0;
-const FOOT: f64 = 40.0;
-const LEGEND_H: f64 = 30.0;
-
-const UPSTREAM: &str = "#555555";
-const ADAPTIVE: &str = "#1f77b4";
-const ACHIEVED: &str = "#2e9e44";
-const REJECTED: &str = "#d62728";
+use crate::chart::{fmt_tick, Chart, Colour, Panel, Series, XAxis};
 
 /// The window the achieved rate is counted over, centred on each point (2 s).
 pub const ACHIEVED_WINDOW_MS: u64 = 2_000;
 
 /// The chart of `runs`, one panel per `(title, report)`.
-pub fn svg(runs: &[(&str, &RunReport)]) -> String {
+pub fn chart(runs: &[(&str, &RunReport)]) -> Chart {
     let end = runs
         .iter()
         .map(|(_, r)| end_ms(r))
         .max()
         .unwrap_or(0)
         .max(1);
-    let x = |ms: u64| LEFT + ms.min(end) as f64 * WIDTH / end as f64;
     // One rate scale for every panel: twice the highest upstream rate (room to see a rate
     // above it), or the highest achieved rate if more.
     let top_rate = runs
@@ -73,149 +64,71 @@ pub fn svg(runs: &[(&str, &RunReport)]) -> String {
             (upstream * 2.0).max(achieved)
         })
         .fold(1.0, f64::max);
-    let (axis_top, step) = axis_ticks(top_rate);
-    let panel_total = HEAD + PANEL_H + FOOT;
-    let width = LEFT + WIDTH + 30.0;
-    let height = LEGEND_H + panel_total * runs.len() as f64 + 10.0;
-
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<rect width="100%" height="100%" fill="#ffffff"/>
-<g font-size="12">
-<line x1="{a0}" y1="16" x2="{a1}" y2="16" stroke="{UPSTREAM}" stroke-width="3"/><text x="{a2}" y="20">upstream's true rate</text>
-<line x1="{b0}" y1="16" x2="{b1}" y2="16" stroke="{ADAPTIVE}" stroke-width="2"/><text x="{b2}" y="20">adaptive rate (the allowance's)</text>
-<line x1="{c0}" y1="16" x2="{c1}" y2="16" stroke="{ACHIEVED}" stroke-width="1.5"/><text x="{c2}" y="20">achieved (2xx per s, 2 s window)</text>
-<line x1="{d0}" y1="10" x2="{d0}" y2="22" stroke="{REJECTED}" stroke-width="1.5"/><text x="{d2}" y="20">a 429</text>
-</g>"##,
-        a0 = LEFT,
-        a1 = LEFT + 22.0,
-        a2 = LEFT + 28.0,
-        b0 = LEFT + 165.0,
-        b1 = LEFT + 187.0,
-        b2 = LEFT + 193.0,
-        c0 = LEFT + 385.0,
-        c1 = LEFT + 407.0,
-        c2 = LEFT + 413.0,
-        d0 = LEFT + 630.0,
-        d2 = LEFT + 638.0,
-    );
-    let tick_ms = [1_000, 2_000, 5_000, 10_000, 15_000, 30_000, 60_000, 300_000]
-        .into_iter()
-        .find(|t| end / t <= 12)
-        .unwrap_or(600_000);
-
-    for (i, (title, r)) in runs.iter().enumerate() {
-        let top = LEGEND_H + panel_total * i as f64 + HEAD;
-        let base = top + PANEL_H;
-        let y = |v: f64| base - PANEL_H * v.clamp(0.0, axis_top) / axis_top;
-        let _ = writeln!(
-            s,
-            r##"<text x="{LEFT}" y="{:.1}" font-weight="bold" font-size="13">{}</text><text x="{LEFT}" y="{:.1}" fill="#444" font-size="11">{}</text>"##,
-            top - 22.0,
-            escape(title),
-            top - 8.0,
-            escape(&summary(r))
-        );
-        // Rate gridlines, ticks and labels.
-        let steps = (axis_top / step).round() as usize;
-        for k in 0..=steps {
-            let v = step * k as f64;
-            let ty = y(v);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{LEFT}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#e4e4e4"/><line x1="{:.1}" y1="{ty:.1}" x2="{LEFT}" y2="{ty:.1}" stroke="#333"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#444">{}</text>"##,
-                LEFT + WIDTH,
-                LEFT - 4.0,
-                LEFT - 6.0,
-                ty + 4.0,
-                fmt_rate(v)
-            );
-        }
-        // Time ticks and labels.
-        let mut t = 0;
-        while t <= end {
-            let tx = x(t);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{tx:.1}" y1="{base:.1}" x2="{tx:.1}" y2="{:.1}" stroke="#333"/><text x="{tx:.1}" y="{:.1}" text-anchor="middle" fill="#444" font-size="11">{}</text>"##,
-                base + 4.0,
-                base + 16.0,
-                t / 1000
-            );
-            t += tick_ms;
-        }
-        // Axes and their titles.
-        let _ = writeln!(
-            s,
-            r##"<line x1="{LEFT}" y1="{top:.1}" x2="{LEFT}" y2="{base:.1}" stroke="#333"/><line x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}" stroke="#333"/><text transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle" fill="#444" font-size="11">requests per second</text><text x="{:.1}" y="{:.1}" text-anchor="middle" fill="#444" font-size="11">seconds since the start</text>"##,
-            LEFT + WIDTH,
-            LEFT - 40.0,
-            (top + base) / 2.0,
-            LEFT + WIDTH / 2.0,
-            base + 30.0
-        );
-        // The 429s, as ticks just above the time axis.
-        for m in r.timeline.attempts.iter().filter(|m| m.status == 429) {
-            let tx = x(m.at_ms);
-            let _ = writeln!(
-                s,
-                r#"<line x1="{tx:.1}" y1="{:.1}" x2="{tx:.1}" y2="{:.1}" stroke="{REJECTED}" stroke-width="1"/>"#,
-                base - 10.0,
-                base
-            );
-        }
+    let axis_top = crate::chart::axis_ticks(top_rate).0;
+    let mut chart = Chart::new(XAxis::time(end));
+    for (title, r) in runs {
+        let mut panel = Panel::values("requests per second")
+            .title(*title)
+            .subtitle(summary(r))
+            .y_max(top_rate);
         // The upstream's rate: a step line, to the run's own end.
         let run_end = end_ms(r).max(1);
         if let Some(up) = &r.rates.upstream {
-            let mut d = format!("M{:.1},{:.1}", x(0), y(f64::from(up.initial())));
+            let mut steps = vec![(0.0, f64::from(up.initial()))];
             for c in up.changes() {
                 let at = u64::try_from(c.at.as_millis()).unwrap_or(u64::MAX);
                 if at > run_end {
                     break;
                 }
-                let _ = write!(d, " H{:.1} V{:.1}", x(at), y(f64::from(c.rate_per_sec)));
+                steps.push((at as f64, f64::from(c.rate_per_sec)));
             }
-            let _ = write!(d, " H{:.1}", x(run_end));
-            let _ = writeln!(
-                s,
-                r#"<path d="{d}" fill="none" stroke="{UPSTREAM}" stroke-width="3" stroke-opacity="0.8"/>"#
+            let line = Series::steps(
+                "upstream's true rate",
+                Colour::DARK_GREY,
+                steps,
+                run_end as f64,
             );
+            panel.push(line.size(3).opacity(0.8));
         }
-        let achieved = achieved_series(r, end);
-        let _ = writeln!(
-            s,
-            r#"<polyline points="{}" fill="none" stroke="{ACHIEVED}" stroke-width="1.5"/>"#,
-            points(&achieved, &x, &y)
+        let achieved = as_points(&achieved_series(r, end));
+        panel.push(
+            Series::line("achieved (2xx per s, 2 s window)", Colour::GREEN, achieved).size(1),
         );
-        let _ = writeln!(
-            s,
-            r#"<polyline points="{}" fill="none" stroke="{ADAPTIVE}" stroke-width="2"/>"#,
-            points(&r.rates.adaptive, &x, &y)
-        );
-        let above: Vec<f64> = r
+        let adaptive = as_points(&r.rates.adaptive);
+        panel.push(Series::line(
+            "adaptive rate (the allowance's)",
+            Colour::BLUE,
+            adaptive,
+        ));
+        let rejected = r.timeline.attempts.iter().filter(|m| m.status == 429);
+        let ticks = rejected.map(|m| m.at_ms as f64).collect();
+        panel.push(Series::ticks("a 429", Colour::RED, ticks));
+        let above = r
             .rates
             .adaptive
             .iter()
             .map(|(_, v)| *v)
-            .filter(|v| *v > axis_top)
-            .collect();
-        if let Some(most) = above.iter().copied().reduce(f64::max) {
-            let _ = writeln!(
-                s,
-                r#"<text x="{:.1}" y="{:.1}" text-anchor="end" fill="{ADAPTIVE}" font-size="11">above the axis at first (up to {}/s)</text>"#,
-                LEFT + WIDTH - 4.0,
-                top + 12.0,
-                fmt_rate(most)
-            );
+            .filter(|v| *v > axis_top);
+        if let Some(most) = above.reduce(f64::max) {
+            let note = format!("above the axis at first (up to {}/s)", fmt_tick(most));
+            panel = panel.note(note, Colour::BLUE);
         }
+        chart = chart.panel(panel);
     }
-    s.push_str("</svg>\n");
-    s
+    chart
+}
+
+/// [`chart`] as an SVG document.
+///
+/// # Errors
+///
+/// As [`Chart::svg`].
+pub fn svg(runs: &[(&str, &RunReport)]) -> Result<String, BoxError> {
+    chart(runs).svg()
+}
+
+fn as_points(series: &[(u64, f64)]) -> Vec<(f64, f64)> {
+    series.iter().map(|(t, v)| (*t as f64, *v)).collect()
 }
 
 /// When the run's last attempt (or its last rate sample) was, in ms.
@@ -250,14 +163,6 @@ pub fn achieved_series(r: &RunReport, end: u64) -> Vec<(u64, f64)> {
         .collect()
 }
 
-fn points(series: &[(u64, f64)], x: &impl Fn(u64) -> f64, y: &impl Fn(f64) -> f64) -> String {
-    let mut out = String::new();
-    for (t, v) in series {
-        let _ = write!(out, "{:.1},{:.1} ", x(*t), y(*v));
-    }
-    out.trim_end().to_owned()
-}
-
 fn summary(r: &RunReport) -> String {
     let mut out = format!(
         "{} attempts, {} × 429, {} completed",
@@ -282,23 +187,10 @@ fn summary(r: &RunReport) -> String {
     out
 }
 
-fn fmt_rate(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.1}")
-    }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chart::{Series, Shape};
     use allowance_testkit::{
         job::Mark,
         report::{RateTrace, Timeline},
@@ -347,18 +239,39 @@ mod tests {
             ..ok(2_050)
         });
         let r = report(attempts, vec![(0, 200.0), (5_000, 20.0), (10_000, 10.0)]);
-        let svg = svg(&[("from 200/s", &r)]);
-        assert_eq!(svg.matches("<polyline").count(), 2);
-        // The upstream's step: 20/s until 5 s, then 10/s.
-        assert!(svg.contains(" H"), "{svg}");
+        let chart = chart(&[("from 200/s", &r)]);
+        let panel = &chart.panels[0];
+        assert_eq!(panel.title, "from 200/s");
+        let subtitle = panel.subtitle.as_deref().unwrap_or_default();
+        assert!(subtitle.starts_with("101 attempts, 1 × 429"), "{subtitle}");
+        // The upstream's step: 20/s until 5 s, then 10/s, to the run's end.
+        let upstream = panel.series("upstream's true rate").map(|s| &s.shape);
+        let steps = vec![(0.0, 20.0), (5_000.0, 10.0)];
         assert_eq!(
-            svg.matches(&format!("stroke=\"{REJECTED}\" stroke-width=\"1\""))
-                .count(),
-            1
+            upstream,
+            Some(&Shape::Steps {
+                points: steps,
+                until: 10_000.0
+            })
         );
-        assert!(svg.contains("above the axis at first (up to 200/s)"));
-        assert!(svg.contains("seconds since the start"));
-        assert!(svg.contains(">from 200/s<"));
-        assert!(svg.contains("101 attempts, 1 × 429"));
+        let adaptive = panel.series("adaptive rate (the allowance's)");
+        assert_eq!(adaptive.map(Series::len), Some(3));
+        // 0 to 10 s every 200 ms.
+        let achieved = panel.series("achieved (2xx per s, 2 s window)");
+        assert_eq!(achieved.map(Series::len), Some(51));
+        let rejected = panel.series("a 429").map(|s| &s.shape);
+        assert_eq!(rejected, Some(&Shape::Ticks(vec![2_050.0])));
+        // One axis for all: twice the upstream's highest rate; 200/s is above it.
+        assert_eq!(panel.y_ticks(), (40.0, 10.0));
+        let note = panel.note.as_ref().map(|(n, _)| n.as_str());
+        assert_eq!(note, Some("above the axis at first (up to 200/s)"));
+        let svg = svg(&[("from 200/s", &r)]).expect("drawn");
+        for text in [
+            "seconds since the start",
+            "requests per second",
+            "from 200/s",
+        ] {
+            assert!(svg.contains(text), "{text}");
+        }
     }
 }

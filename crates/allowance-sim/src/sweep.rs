@@ -28,6 +28,7 @@ use allowance_testkit::{
 };
 
 use crate::{
+    chart::{fmt_tick, Bar, Chart, Colour, Panel, Series, Swatch, XAxis},
     live::{self, StoreChoice},
     multi,
 };
@@ -296,11 +297,11 @@ pub fn markdown(rows: &[SweepRow]) -> String {
     out
 }
 
-const MODES: [(&str, &str); 4] = [
-    ("naive", "#d9534f"),
-    ("split:4", "#f0ad4e"),
-    ("shared", "#5cb85c"),
-    ("shared-redis-4p", "#337ab7"),
+const MODES: [(&str, Colour); 4] = [
+    ("naive", Colour(0xd9534f)),
+    ("split:4", Colour(0xf0ad4e)),
+    ("shared", Colour(0x5cb85c)),
+    ("shared-redis-4p", Colour(0x337ab7)),
 ];
 
 /// Which Redis runs a sweep made, so that the chart can say why that series is missing
@@ -332,71 +333,6 @@ fn row_for<'a>(rows: &'a [SweepRow], mode: &str, cell: Cell) -> Option<&'a Sweep
             r.mode == mode || (mode.starts_with("shared-redis") && r.mode.starts_with(mode));
         same_mode && cell_of(r) == cell
     })
-}
-
-/// A y axis from 0 to `top` in steps of `step`: the smallest "nice" step (1, 2, 2.5 or 5
-/// times a power of ten) that covers `max` in at most 6 steps.
-///
-/// ```
-/// use allowance_sim::sweep::axis_ticks;
-///
-/// assert_eq!(axis_ticks(9.79), (10.0, 2.0));
-/// assert_eq!(axis_ticks(5.0), (5.0, 1.0));
-/// assert_eq!(axis_ticks(1.0), (1.0, 0.2));
-/// ```
-pub fn axis_ticks(max: f64) -> (f64, f64) {
-    let max = if max.is_finite() && max > 0.0 {
-        max
-    } else {
-        1.0
-    };
-    let mut magnitude = 10f64.powf((max / 6.0).log10().floor());
-    loop {
-        for m in [1.0, 2.0, 2.5, 5.0] {
-            let step = m * magnitude;
-            let steps = (max / step - 1e-9).ceil().max(1.0);
-            if steps <= 6.0 {
-                // Rounded to a millionth: 6 x 0.2 is 1.2, not 1.2000000000000002.
-                let round = |x: f64| (x * 1e6).round() / 1e6;
-                return (round(steps * step), round(step));
-            }
-        }
-        magnitude *= 10.0;
-    }
-}
-
-fn fmt_tick(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{v:.0}")
-    } else {
-        let s = format!("{v:.2}");
-        s.trim_end_matches('0').to_owned()
-    }
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// Greedy word wrap at `width` characters.
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    for word in text.split_whitespace() {
-        if !line.is_empty() && line.len() + 1 + word.len() > width {
-            lines.push(std::mem::take(&mut line));
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(word);
-    }
-    if !line.is_empty() {
-        lines.push(line);
-    }
-    lines
 }
 
 fn cell_name((burst, rate, jobs, workers): Cell) -> String {
@@ -498,8 +434,7 @@ fn caption(rows: &[SweepRow], cells: &[Cell], redis: RedisRuns) -> Vec<String> {
     text
 }
 
-struct Panel {
-    key: &'static str,
+struct Measure {
     title: &'static str,
     axis: &'static str,
     value: fn(&SweepRow) -> f64,
@@ -510,23 +445,20 @@ fn abandoned_percent(r: &SweepRow) -> f64 {
     r.abandoned as f64 * 100.0 / r.jobs.max(1) as f64
 }
 
-const PANELS: [Panel; 3] = [
-    Panel {
-        key: "attempts",
+const MEASURES: [Measure; 3] = [
+    Measure {
         title: "Attempts per job (1 is ideal)",
         axis: "attempts / job",
         value: |r| r.attempts_per_job,
         percent: false,
     },
-    Panel {
-        key: "makespan",
+    Measure {
         title: "Makespan / theoretical minimum (1 is ideal; hatched: jobs were abandoned)",
         axis: "makespan / minimum",
         value: |r| r.makespan_ratio,
         percent: false,
     },
-    Panel {
-        key: "abandoned",
+    Measure {
         title: "Jobs abandoned (0% is ideal)",
         axis: "% of jobs",
         value: abandoned_percent,
@@ -539,192 +471,57 @@ const PANELS: [Panel; 3] = [
 /// abandoned), and the share of jobs abandoned; labelled axes with ticks, the cells'
 /// parameters under the bars, and a caption explaining the labels, the series and every
 /// series missing somewhere (`redis` says why the Redis series may be).
-pub fn svg(rows: &[SweepRow], redis: RedisRuns) -> String {
-    const LEFT: f64 = 78.0;
-    const GROUP_W: f64 = 64.0;
-    const BAR_W: f64 = 13.0;
-    const PANEL_H: f64 = 140.0;
-    const PANEL_GAP: f64 = 44.0;
-    const TOP: f64 = 34.0;
-    const LINE: f64 = 14.0;
+pub fn chart(rows: &[SweepRow], redis: RedisRuns) -> Chart {
     let mut cells: Vec<Cell> = Vec::new();
     for r in rows {
         if !cells.contains(&cell_of(r)) {
             cells.push(cell_of(r));
         }
     }
-    let plot_w = GROUP_W * cells.len().max(1) as f64;
-    // Wide enough for the title, the legend and a readable caption however few the cells.
-    let width = (LEFT + plot_w + 20.0).max(840.0);
-    // About 6.5 px per character at 11 px.
-    let wrap_at = ((width - 20.0) / 6.5) as usize;
-    // Caption lines, each with the gap before it (a paragraph starts after a wider one).
-    let caption: Vec<(f64, String)> = caption(rows, &cells, redis)
+    let labels = cells
         .iter()
-        .flat_map(|p| {
-            wrap(p, wrap_at)
-                .into_iter()
-                .enumerate()
-                .map(|(i, line)| (if i == 0 { LINE + 5.0 } else { LINE }, line))
-        })
+        .map(|(burst, rate, jobs, workers)| format!("{workers} w\n{jobs} jobs\n{burst}@{rate}/s"))
         .collect();
-    let panels_bottom = TOP + PANELS.len() as f64 * (PANEL_H + PANEL_GAP) - PANEL_GAP;
-    let labels_y = panels_bottom + 16.0;
-    let x_title_y = labels_y + 3.0 * 13.0 + 6.0;
-    let legend_y = x_title_y + 18.0;
-    let caption_y = legend_y + 18.0;
-    let height = caption_y + caption.iter().map(|(gap, _)| gap).sum::<f64>() + 10.0;
-
-    let mut s = String::new();
-    let _ = write!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif" font-size="11">"#
+    let x = XAxis::categories(
+        labels,
+        "grid cell: workers (w), jobs, upstream bucket as burst@rate",
     );
-    s.push_str("<defs>");
-    for (m, (_, colour)) in MODES.iter().enumerate() {
-        let _ = write!(
-            s,
-            r#"<pattern id="hatch-{m}" patternUnits="userSpaceOnUse" width="6" height="6" patternTransform="rotate(45)"><rect width="6" height="6" fill="{colour}" fill-opacity="0.3"/><line x1="0" y1="0" x2="0" y2="6" stroke="{colour}" stroke-width="3"/></pattern>"#
-        );
-    }
-    s.push_str("</defs>");
-    let _ = write!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = write!(
-        s,
-        r#"<text x="{LEFT}" y="18" font-weight="bold" font-size="13">Coordination-efficiency sweep: naive, split:4 and shared workers on one API key</text>"#
-    );
-
-    for (p, panel) in PANELS.iter().enumerate() {
-        let top = TOP + p as f64 * (PANEL_H + PANEL_GAP) + 14.0;
-        let base = top + PANEL_H - 14.0;
-        let inner_h = base - top;
-        let max = rows.iter().map(panel.value).fold(0.0, f64::max);
-        let (axis_top, step) = if panel.percent {
-            (100.0, 20.0)
-        } else {
-            axis_ticks(max.max(1.0))
-        };
-        let y = |v: f64| base - inner_h * v / axis_top;
-        let _ = write!(
-            s,
-            r#"<text x="{LEFT}" y="{:.1}" font-weight="bold">{}</text>"#,
-            top - 8.0,
-            escape(panel.title)
-        );
-        // Gridlines, ticks and tick labels.
-        let steps = (axis_top / step).round() as usize;
-        for i in 0..=steps {
-            let v = step * i as f64;
-            let ty = y(v);
-            let label = if panel.percent {
-                format!("{}%", fmt_tick(v))
-            } else {
-                fmt_tick(v)
+    let mut chart = Chart::new(x)
+        .title("Coordination-efficiency sweep: naive, split:4 and shared workers on one API key");
+    for measure in &MEASURES {
+        let mut panel = Panel::values(measure.axis).title(measure.title);
+        if measure.percent {
+            panel = panel.y_max(100.0).y_unit("%");
+        }
+        for (mode, colour) in MODES {
+            let bar = |(i, cell): (usize, &Cell)| {
+                row_for(rows, mode, *cell).map(|r| Bar {
+                    category: i,
+                    value: (measure.value)(r),
+                    // Only the makespan is hatched where jobs were abandoned.
+                    hatched: measure.axis == "makespan / minimum" && r.abandoned > 0,
+                })
             };
-            let _ = write!(
-                s,
-                r##"<line x1="{LEFT}" y1="{ty:.1}" x2="{:.1}" y2="{ty:.1}" stroke="#e4e4e4"/><line x1="{:.1}" y1="{ty:.1}" x2="{LEFT}" y2="{ty:.1}" stroke="#333"/><text class="ytick" x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
-                LEFT + plot_w,
-                LEFT - 4.0,
-                LEFT - 6.0,
-                ty + 4.0
-            );
+            let bars = cells.iter().enumerate().filter_map(bar).collect();
+            panel.push(Series::bars(mode, colour, bars));
         }
-        if !panel.percent {
-            let iy = y(1.0);
-            let _ = write!(
-                s,
-                r##"<line x1="{LEFT}" y1="{iy:.1}" x2="{:.1}" y2="{iy:.1}" stroke="#555" stroke-dasharray="4 3"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#555">ideal</text>"##,
-                LEFT + plot_w,
-                LEFT + plot_w - 2.0,
-                iy - 3.0
-            );
+        if !measure.percent {
+            panel.push(Series::level("ideal", 1.0));
         }
-        // The axes and the axis title.
-        let _ = write!(
-            s,
-            r##"<line x1="{LEFT}" y1="{top:.1}" x2="{LEFT}" y2="{base:.1}" stroke="#333"/><line x1="{LEFT}" y1="{base:.1}" x2="{:.1}" y2="{base:.1}" stroke="#333"/><text class="axis-title" transform="translate({:.1},{:.1}) rotate(-90)" text-anchor="middle">{}</text>"##,
-            LEFT + plot_w,
-            LEFT - 48.0,
-            (top + base) / 2.0,
-            escape(panel.axis)
-        );
-        for (i, cell) in cells.iter().enumerate() {
-            let x0 = LEFT + GROUP_W * i as f64 + 6.0;
-            for (m, (mode, colour)) in MODES.iter().enumerate() {
-                let Some(r) = row_for(rows, mode, *cell) else {
-                    continue;
-                };
-                let v = (panel.value)(r);
-                // A zero is a visible stub, so that it cannot be mistaken for a missing run.
-                let h = (base - y(v.min(axis_top))).max(1.5);
-                let hatched = panel.key == "makespan" && r.abandoned > 0;
-                let fill = if hatched {
-                    format!("url(#hatch-{m})")
-                } else {
-                    (*colour).to_owned()
-                };
-                let shown = if panel.percent {
-                    format!("{v:.1}% ({} of {} jobs abandoned)", r.abandoned, r.jobs)
-                } else if hatched {
-                    format!("{v:.2} ({} of {} jobs abandoned)", r.abandoned, r.jobs)
-                } else {
-                    format!("{v:.2}")
-                };
-                let _ = write!(
-                    s,
-                    r#"<rect class="bar {}" x="{:.1}" y="{:.1}" width="{BAR_W}" height="{h:.1}" fill="{fill}"><title>{}, {}: {shown}</title></rect>"#,
-                    panel.key,
-                    x0 + BAR_W * m as f64,
-                    base - h,
-                    escape(&r.mode),
-                    cell_name(*cell),
-                );
-            }
-        }
+        chart = chart.panel(panel);
     }
-    // The cells' parameters under the bottom panel, then the x-axis title.
-    for (i, (burst, rate, jobs, workers)) in cells.iter().enumerate() {
-        let x = LEFT + GROUP_W * i as f64 + GROUP_W / 2.0;
-        let _ = write!(
-            s,
-            r#"<text class="xtick" x="{x:.1}" y="{labels_y:.1}" text-anchor="middle">{workers} w</text><text x="{x:.1}" y="{:.1}" text-anchor="middle">{jobs} jobs</text><text x="{x:.1}" y="{:.1}" text-anchor="middle">{burst}@{rate}/s</text>"#,
-            labels_y + 13.0,
-            labels_y + 26.0
-        );
-    }
-    let _ = write!(
-        s,
-        r#"<text class="axis-title" x="{:.1}" y="{x_title_y:.1}" text-anchor="middle">grid cell: workers (w), jobs, upstream bucket as burst@rate</text>"#,
-        LEFT + plot_w / 2.0
-    );
-    for (m, (mode, colour)) in MODES.iter().enumerate() {
-        let x = LEFT + 120.0 * m as f64;
-        let _ = write!(
-            s,
-            r#"<rect x="{x}" y="{legend_y}" width="12" height="12" fill="{colour}"/><text x="{}" y="{}">{mode}</text>"#,
-            x + 16.0,
-            legend_y + 10.0
-        );
-    }
-    let x = LEFT + 120.0 * MODES.len() as f64;
-    let _ = write!(
-        s,
-        r#"<rect x="{x}" y="{legend_y}" width="12" height="12" fill="url(#hatch-0)"/><text x="{}" y="{}">jobs abandoned</text>"#,
-        x + 16.0,
-        legend_y + 10.0
-    );
-    let mut line_y = caption_y;
-    for (gap, line) in &caption {
-        line_y += gap;
-        let _ = write!(
-            s,
-            r##"<text class="caption" x="10" y="{line_y:.1}" fill="#333">{}</text>"##,
-            escape(line)
-        );
-    }
-    s.push_str("</svg>\n");
-    s
+    chart
+        .legend_entry(Swatch::Hatched(MODES[0].1), "jobs abandoned")
+        .caption(caption(rows, &cells, redis))
+}
+
+/// [`chart`] as an SVG document.
+///
+/// # Errors
+///
+/// As [`Chart::svg`].
+pub fn svg(rows: &[SweepRow], redis: RedisRuns) -> Result<String, BoxError> {
+    chart(rows, redis).svg()
 }
 
 #[cfg(test)]
@@ -751,9 +548,13 @@ mod tests {
         assert!(rows.iter().any(|r| r.mode == "split:4" && r.rejected > 0));
         let md = markdown(&rows);
         assert_eq!(md.lines().count(), rows.len() + 2);
-        let chart = svg(&rows, RedisRuns::NotRequested);
-        assert!(chart.starts_with("<svg") && chart.trim_end().ends_with("</svg>"));
         // One bar per row in each of the three panels.
-        assert_eq!(chart.matches("<rect class=\"bar ").count(), 3 * rows.len());
+        let chart = chart(&rows, RedisRuns::NotRequested);
+        let bars = |p: &crate::chart::Panel| p.series.iter().map(|s| s.len()).sum::<usize>();
+        let counts: Vec<usize> = chart.panels.iter().map(bars).collect();
+        // (and the "ideal" level in the first two)
+        assert_eq!(counts, [rows.len() + 1, rows.len() + 1, rows.len()]);
+        let svg = svg(&rows, RedisRuns::NotRequested).expect("drawn");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     }
 }

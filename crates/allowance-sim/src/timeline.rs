@@ -16,14 +16,18 @@
 //! let ascii = timeline::ascii(&report.timeline, 0, 40);
 //! assert_eq!(ascii.lines().filter(|l| l.starts_with("w")).count(), 8);
 //! assert!(!ascii.contains('x')); // no 429s
-//! let svg = timeline::svg(&[("shared", &report)]);
-//! assert!(svg.starts_with("<svg"));
+//! let chart = timeline::chart(&[("shared", &report)]);
+//! assert_eq!(chart.panels[0].series("200").map(|s| s.len()), Some(8)); // a dot per attempt
+//! assert!(timeline::svg(&[("shared", &report)])?.starts_with("<svg"));
 //! # Ok::<(), tower_allowance::BoxError>(())
 //! ```
 
 use std::fmt::Write as _;
 
-use allowance_testkit::report::{RunReport, Timeline};
+use allowance_testkit::report::{RunReport, Timeline, Window};
+use tower_allowance::BoxError;
+
+use crate::chart::{Chart, Colour, Panel, Series, Span, XAxis};
 
 /// Legend for [`ascii`].
 pub const ASCII_LEGEND: &str = "o 200   x 429   ! other/error   A abandoned   - told to wait (Retry-After)   . queued for the allowance\n2-9 that many attempts in one cell (+ for ten or more), whatever their statuses";
@@ -156,172 +160,64 @@ pub fn ascii(timeline: &Timeline, end_ms: u64, cols: usize) -> String {
     out
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// An SVG with one panel per `(title, report)`, stacked, on one time scale.
-pub fn svg(runs: &[(&str, &RunReport)]) -> String {
-    const LEFT: f64 = 76.0;
-    const WIDTH: f64 = 760.0;
-    const LANE: f64 = 18.0;
-    const HEAD: f64 = 34.0;
-    const GAP: f64 = 26.0;
-    let end = runs
-        .iter()
-        .map(|(_, r)| r.timeline.end_ms())
-        .max()
-        .unwrap_or(0)
-        .max(1);
-    let end_f = end as f64;
-    let x = |ms: u64| LEFT + ms.min(end) as f64 * WIDTH / end_f;
-    let heights: Vec<f64> = runs
-        .iter()
-        .map(|(_, r)| HEAD + r.timeline.workers as f64 * LANE + GAP)
-        .collect();
-    let legend_h = 30.0;
-    let total_h = legend_h + heights.iter().sum::<f64>() + 10.0;
-    let total_w = LEFT + WIDTH + 24.0;
-
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" viewBox="0 0 {total_w} {total_h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        s,
-        r##"<rect width="100%" height="100%" fill="#ffffff"/>
-<g font-size="12">
-<circle cx="{l}" cy="16" r="5" fill="#2e9e44"/><text x="{a}" y="20">200</text>
-<circle cx="{b}" cy="16" r="5" fill="#d62728"/><text x="{c}" y="20">429</text>
-<circle cx="{d}" cy="16" r="5" fill="#7f7f7f"/><text x="{e}" y="20">other / error</text>
-<path d="M{f0},11 l10,10 M{f0},21 l10,-10" stroke="#000" stroke-width="2"/><text x="{g}" y="20">abandoned</text>
-<rect x="{h}" y="10" width="18" height="12" fill="#f5b700" fill-opacity="0.3"/><text x="{i}" y="20">told to wait (Retry-After)</text>
-<rect x="{j}" y="10" width="18" height="12" fill="#1f77b4" fill-opacity="0.2"/><text x="{k}" y="20">queued for the allowance</text>
-</g>"##,
-        l = LEFT + 5.0,
-        a = LEFT + 14.0,
-        b = LEFT + 60.0,
-        c = LEFT + 69.0,
-        d = LEFT + 115.0,
-        e = LEFT + 124.0,
-        f0 = LEFT + 215.0,
-        g = LEFT + 231.0,
-        h = LEFT + 310.0,
-        i = LEFT + 333.0,
-        j = LEFT + 500.0,
-        k = LEFT + 523.0,
-    );
-    let step = [500, 1_000, 2_000, 5_000, 10_000, 30_000, 60_000, 300_000]
-        .into_iter()
-        .find(|step| end / step <= 12)
-        .unwrap_or(600_000);
-
-    let mut top = legend_h;
-    for ((title, r), h) in runs.iter().zip(&heights) {
+/// The chart of `runs`: one panel per `(title, report)`, stacked, on one time scale; one
+/// lane per worker.
+pub fn chart(runs: &[(&str, &RunReport)]) -> Chart {
+    let end = runs.iter().map(|(_, r)| r.timeline.end_ms()).max();
+    let mut chart = Chart::new(XAxis::time(end.unwrap_or(0)));
+    for (title, r) in runs {
         let t = &r.timeline;
-        let lanes_top = top + HEAD;
-        let lanes_h = t.workers as f64 * LANE;
-        let summary = format!(
+        let lanes = (0..t.workers).map(|i| format!("worker {i}")).collect();
+        let mut panel = Panel::lanes(lanes).title(format!(
             "{title}: {} attempts, {} × 429, {} completed, {} abandoned, done at {} ms",
             r.attempts, r.rejected, r.completed, r.abandoned, r.makespan_ms
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{LEFT}" y="{}" font-weight="bold" font-size="13">{}</text>"#,
-            top + 16.0,
-            escape(&summary)
-        );
-        for i in 0..t.workers {
-            let y = lanes_top + i as f64 * LANE;
-            let fill = if i % 2 == 0 { "#f4f6f8" } else { "#ffffff" };
-            let _ = writeln!(
-                s,
-                r##"<rect x="{LEFT}" y="{y}" width="{WIDTH}" height="{LANE}" fill="{fill}"/><text x="{}" y="{}" text-anchor="end" fill="#444">worker {i}</text>"##,
-                LEFT - 6.0,
-                y + 13.0
-            );
+        ));
+        let told = spans(&t.cooldowns);
+        panel.push(Series::spans("told to wait (Retry-After)", Colour::AMBER, told).opacity(0.22));
+        let queued = Series::spans("queued for the allowance", Colour::BLUE, spans(&t.queued()));
+        panel.push(queued.size(4));
+        // A dot per attempt, one series per status class (`status_glyph`'s three).
+        let classes = [
+            ("200", Colour::GREEN, 'o'),
+            ("429", Colour::RED, 'x'),
+            ("other / error", Colour::GREY, '!'),
+        ];
+        for (label, colour, glyph) in classes {
+            let marks = t
+                .attempts
+                .iter()
+                .filter(|m| status_glyph(m.status) == glyph);
+            let dots = marks.map(|m| (ms(m.at_ms), f64::from(m.worker))).collect();
+            panel.push(Series::dots(label, colour, dots).opacity(0.85));
         }
-        for w in &t.cooldowns {
-            for &worker in &w.workers {
-                let y = lanes_top + f64::from(worker) * LANE;
-                let _ = writeln!(
-                    s,
-                    r##"<rect x="{:.1}" y="{y}" width="{:.1}" height="{LANE}" fill="#f5b700" fill-opacity="0.22"/>"##,
-                    x(w.from_ms),
-                    (x(w.to_ms) - x(w.from_ms)).max(1.0)
-                );
-            }
-        }
-        for w in t.queued() {
-            for &worker in &w.workers {
-                let y = lanes_top + f64::from(worker) * LANE + 4.0;
-                let _ = writeln!(
-                    s,
-                    r##"<rect x="{:.1}" y="{y}" width="{:.1}" height="{}" fill="#1f77b4" fill-opacity="0.2"/>"##,
-                    x(w.from_ms),
-                    (x(w.to_ms) - x(w.from_ms)).max(1.0),
-                    LANE - 8.0
-                );
-            }
-        }
-        // Time axis under the lanes.
-        let axis_y = lanes_top + lanes_h;
-        let mut tick = 0;
-        while tick <= end {
-            let tx = x(tick);
-            let _ = writeln!(
-                s,
-                r##"<line x1="{tx:.1}" y1="{lanes_top}" x2="{tx:.1}" y2="{:.1}" stroke="#ccc" stroke-width="0.5"/><text x="{tx:.1}" y="{:.1}" text-anchor="middle" fill="#666" font-size="10">{}s</text>"##,
-                axis_y + 3.0,
-                axis_y + 14.0,
-                format_secs(tick)
-            );
-            tick += step;
-        }
-        for m in &t.attempts {
-            let fill = match m.status {
-                200..=299 => "#2e9e44",
-                429 => "#d62728",
-                _ => "#7f7f7f",
-            };
-            let _ = writeln!(
-                s,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="4.5" fill="{fill}" fill-opacity="0.85"><title>worker {} at {} ms: {}</title></circle>"#,
-                x(m.at_ms),
-                lanes_top + f64::from(m.worker) * LANE + LANE / 2.0,
-                m.worker,
-                m.at_ms,
-                m.status
-            );
-        }
-        for e in t.ends.iter().filter(|e| e.is_abandoned()) {
-            let cx = x(e.at_ms);
-            let cy = lanes_top + f64::from(e.worker) * LANE + LANE / 2.0;
-            let _ = writeln!(
-                s,
-                r##"<path d="M{:.1},{:.1} l10,10 M{:.1},{:.1} l10,-10" stroke="#000" stroke-width="2"><title>abandoned: {}</title></path>"##,
-                cx - 5.0,
-                cy - 5.0,
-                cx - 5.0,
-                cy + 5.0,
-                e.outcome
-            );
-        }
-        top += h;
+        let ends = t.ends.iter().filter(|e| e.is_abandoned());
+        let crosses = ends.map(|e| (ms(e.at_ms), f64::from(e.worker))).collect();
+        panel.push(Series::crosses("abandoned", Colour::BLACK, crosses));
+        chart = chart.panel(panel);
     }
-    s.push_str("</svg>\n");
-    s
+    chart
 }
 
-fn format_secs(ms: u64) -> String {
-    if ms.is_multiple_of(1000) {
-        (ms / 1000).to_string()
-    } else {
-        format!("{:.1}", ms as f64 / 1000.0)
-    }
+/// A span in each lane of a window.
+fn spans(windows: &[Window]) -> Vec<Span> {
+    let lanes = |w: &Window| -> Vec<Span> {
+        let lane = |k: &u32| Span::in_lane(ms(w.from_ms), ms(w.to_ms), *k as usize);
+        w.workers.iter().map(lane).collect()
+    };
+    windows.iter().flat_map(lanes).collect()
+}
+
+fn ms(ms: u64) -> f64 {
+    ms as f64
+}
+
+/// [`chart`] as an SVG document.
+///
+/// # Errors
+///
+/// As [`Chart::svg`].
+pub fn svg(runs: &[(&str, &RunReport)]) -> Result<String, BoxError> {
+    chart(runs).svg()
 }
 
 #[cfg(test)]

@@ -12,7 +12,10 @@
 
 mod common;
 
-use allowance_sim::cli::{execute, Cli};
+use allowance_sim::{
+    chart::Colour,
+    cli::{execute, Cli},
+};
 use allowance_testkit::{
     report::RunReport,
     scenario::{run_virtual, Adaptive, Mode, Scenario},
@@ -21,7 +24,10 @@ use allowance_testkit::{
 use clap::Parser;
 use serde_json::Value;
 
-use common::num;
+use common::{
+    num,
+    svg::{in_colour, texts},
+};
 
 const UPSTREAM: &[&str] = &[
     "run",
@@ -255,7 +261,17 @@ fn the_adaptive_command_prints_the_table_and_draws_the_chart() {
     let drawn = std::fs::read_to_string(&svg).expect("written");
     std::fs::remove_dir_all(&dir).expect("cleaned up");
     assert!(drawn.starts_with("<svg"));
-    // Three panels, each with an adaptive and an achieved line and one time axis title.
-    assert_eq!(drawn.matches("<polyline").count(), 6);
-    assert_eq!(drawn.matches("seconds since the start").count(), 3);
+    // Three panels, each with an adaptive and an achieved line (after the legend's
+    // swatches), the upstream's rate as steps, and one time axis title.
+    let lines = |c: Colour| in_colour(&drawn, "polyline", c);
+    assert_eq!(lines(Colour::BLUE).len(), 1 + 3);
+    assert_eq!(lines(Colour::GREEN).len(), 1 + 3);
+    assert_eq!(lines(Colour::DARK_GREY).len(), 1 + 3);
+    // Every adaptive line has its samples (every 100 ms).
+    assert!(lines(Colour::BLUE)[1..]
+        .iter()
+        .all(|l| l.points().len() > 100));
+    let texts = texts(&drawn);
+    let axis_titles = texts.iter().filter(|t| *t == "seconds since the start");
+    assert_eq!(axis_titles.count(), 3);
 }

@@ -6,6 +6,7 @@ mod common;
 
 use std::process::Command;
 
+use allowance_sim::chart::Colour;
 use allowance_testkit::scenario::{seed_table, seed_table_text};
 use serde_json::Value;
 
@@ -206,9 +207,20 @@ fn timeline_svg_is_written() {
     let svg = std::fs::read_to_string(&path).expect("written");
     std::fs::remove_dir_all(&dir).expect("cleaned up");
     assert!(svg.starts_with("<svg"));
-    // 20 attempts, each a circle with a tooltip; 12 of them 429s.
-    assert_eq!(svg.matches("<circle cx").count() - 3, 20); // minus the legend's three
-    assert_eq!(svg.matches(": 429</title>").count(), 12);
+    // 20 attempts, a dot each in its status's colour: 8 answered 200, 12 refused with a
+    // 429 (each colour after its legend's dot), and the cooldowns shaded.
+    let dots = |c: Colour| common::svg::in_colour(&svg, "circle", c).len() - 1;
+    assert_eq!(dots(Colour::GREEN), 8);
+    assert_eq!(dots(Colour::RED), 12);
+    assert_eq!(dots(Colour::GREY), 0);
+    assert_eq!(common::svg::elements(&svg, "circle").len() - 3, 20);
+    assert!(common::svg::in_colour(&svg, "rect", Colour::AMBER).len() > 1);
+    let texts = common::svg::texts(&svg);
+    assert!(
+        texts.iter().any(|t| t.contains("20 attempts, 12 × 429")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().any(|t| t == "worker 7"), "{texts:?}");
 }
 
 #[test]

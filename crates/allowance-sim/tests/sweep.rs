@@ -2,10 +2,16 @@
 //! "burst@rate" cell labels, abandoned jobs plotted, and every missing series explained.
 //! And `sweep` reports progress (on a terminal only) once per run.
 
-use allowance_sim::sweep::{
-    axis_ticks, planned_runs, run_virtual_grid, run_virtual_grid_with, svg, Grid, RedisRuns,
-    SweepRow,
+mod common;
+
+use allowance_sim::{
+    chart::{Chart, Shape},
+    sweep::{
+        chart, planned_runs, run_virtual_grid, run_virtual_grid_with, svg, Grid, RedisRuns,
+        SweepRow,
+    },
 };
+use common::svg::{all_text, texts};
 
 fn grid() -> Grid {
     Grid {
@@ -19,122 +25,118 @@ fn rows() -> Vec<SweepRow> {
     run_virtual_grid(&grid()).expect("runs")
 }
 
-/// The text of every `<text>` element with `class="{class}"`.
-fn texts(svg: &str, class: &str) -> Vec<String> {
-    let open = format!("class=\"{class}\"");
-    svg.split("<text ")
-        .filter(|t| t.contains(&open))
-        .filter_map(|t| {
-            t.split_once('>')
-                .and_then(|(_, rest)| rest.split_once("</text>"))
-        })
-        .map(|(text, _)| text.to_owned())
-        .collect()
+fn drawn(rows: &[SweepRow], redis: RedisRuns) -> String {
+    svg(rows, redis).expect("drawn")
 }
 
-fn caption(svg: &str) -> String {
-    texts(svg, "caption").join(" ")
+/// The caption's paragraphs, as the chart holds them before wrapping.
+fn caption(rows: &[SweepRow], redis: RedisRuns) -> String {
+    chart(rows, redis).caption.join(" ")
+}
+
+/// The bars of the series `mode` in panel `panel`: (group, value, hatched).
+fn bars(chart: &Chart, panel: usize, mode: &str) -> Vec<(usize, f64, bool)> {
+    let series = chart.panels[panel].series(mode).expect("a series per mode");
+    match &series.shape {
+        Shape::Bars(bars) => bars
+            .iter()
+            .map(|b| (b.category, b.value, b.hatched))
+            .collect(),
+        other => panic!("{mode} is drawn as {other:?}"),
+    }
 }
 
 #[test]
 fn axes_are_labelled_with_ticks() {
-    let chart = svg(&rows(), RedisRuns::NotRequested);
-    let titles = texts(&chart, "axis-title");
-    assert_eq!(
-        titles,
-        [
-            "attempts / job",
-            "makespan / minimum",
-            "% of jobs",
-            "grid cell: workers (w), jobs, upstream bucket as burst@rate"
-        ]
-    );
-    let ticks = texts(&chart, "ytick");
-    // Every panel has at least four tick labels from 0 up.
-    assert!(ticks.len() >= 12, "{ticks:?}");
-    assert_eq!(ticks.iter().filter(|t| *t == "0" || *t == "0%").count(), 3);
+    let svg = drawn(&rows(), RedisRuns::NotRequested);
+    let texts = texts(&svg);
+    for title in [
+        "attempts / job",
+        "makespan / minimum",
+        "% of jobs",
+        "grid cell: workers (w), jobs, upstream bucket as burst@rate",
+    ] {
+        assert_eq!(texts.iter().filter(|t| *t == title).count(), 1, "{title}");
+    }
+    // Every panel has tick labels from 0 up.
+    assert_eq!(texts.iter().filter(|t| *t == "0" || *t == "0%").count(), 3);
     for expected in ["2", "4", "6", "8", "20%", "40%", "100%"] {
         assert!(
-            ticks.iter().any(|t| t == expected),
-            "{expected} in {ticks:?}"
+            texts.iter().any(|t| t == expected),
+            "{expected} in {texts:?}"
         );
     }
-    // One x label per grid cell.
-    assert_eq!(texts(&chart, "xtick").len(), 4);
-}
-
-#[test]
-fn ticks_are_round_and_cover_the_data() {
-    for (max, want) in [
-        (9.79, (10.0, 2.0)),
-        (5.0, (5.0, 1.0)),
-        (1.0, (1.0, 0.2)),
-        (1.02, (1.2, 0.2)),
-        (0.37, (0.4, 0.1)),
-        (120.0, (120.0, 20.0)),
-    ] {
-        assert_eq!(axis_ticks(max), want, "{max}");
-    }
-    // Degenerate input still gives an axis.
-    assert_eq!(axis_ticks(0.0), (1.0, 0.2));
-    assert_eq!(axis_ticks(f64::NAN), (1.0, 0.2));
+    // Each grid cell labelled once, line by line, under the bottom panel.
+    assert_eq!(texts.iter().filter(|t| *t == "8 w").count(), 2);
+    assert_eq!(texts.iter().filter(|t| *t == "100 jobs").count(), 4);
+    let buckets = texts
+        .iter()
+        .filter(|t| t.ends_with("/s") && t.contains('@'));
+    assert_eq!(buckets.count(), 4);
 }
 
 #[test]
 fn the_caption_explains_burst_at_rate() {
-    let chart = svg(&rows(), RedisRuns::NotRequested);
-    let caption = caption(&chart);
+    let rows = rows();
+    let caption = caption(&rows, RedisRuns::NotRequested);
     assert!(
         caption.contains("the upstream's bucket written burst@rate: 2@2/s allows bursts of 2 and refills 2 requests per second"),
         "{caption}"
     );
-    // The labels it explains are there.
-    assert!(chart.contains(">2@2/s</text>") && chart.contains(">10@50/s</text>"));
+    // Drawn whole under the chart (wrapped into lines), with the labels it explains.
+    let svg = drawn(&rows, RedisRuns::NotRequested);
+    assert!(all_text(&svg).contains(&caption), "{svg}");
+    let texts = texts(&svg);
+    assert!(texts.iter().any(|t| t == "2@2/s") && texts.iter().any(|t| t == "10@50/s"));
 }
 
 #[test]
 fn abandoned_jobs_are_plotted() {
     let rows = rows();
-    let chart = svg(&rows, RedisRuns::NotRequested);
+    let chart = chart(&rows, RedisRuns::NotRequested);
     let abandoned: Vec<&SweepRow> = rows.iter().filter(|r| r.abandoned > 0).collect();
     assert!(!abandoned.is_empty(), "the grid has naive jobs abandoned");
-    // A bar per row in the abandoned panel, saying how many of how many.
-    assert_eq!(
-        chart.matches("<rect class=\"bar abandoned\"").count(),
-        rows.len()
-    );
+    // A bar per row in the abandoned panel, its height the share of jobs abandoned.
+    let modes = ["naive", "split:4", "shared"];
+    let in_panel: usize = modes.iter().map(|m| bars(&chart, 2, m).len()).sum();
+    assert_eq!(in_panel, rows.len());
     for r in &abandoned {
-        // With its parenthesis: "5 of 100" is also the tail of "25 of 100".
-        let says = format!("({} of {} jobs abandoned)", r.abandoned, r.jobs);
-        // In the abandoned panel, and on the hatched makespan bar, for every row with that
-        // many (two cells of the grid may well abandon the same number).
-        let rows_saying = abandoned
-            .iter()
-            .filter(|o| (o.abandoned, o.jobs) == (r.abandoned, r.jobs))
-            .count();
-        assert_eq!(chart.matches(&says).count(), 2 * rows_saying, "{says}");
+        let cells = bars(&chart, 2, &r.mode);
+        let share = r.abandoned as f64 * 100.0 / r.jobs as f64;
+        assert!(
+            cells.iter().any(|(_, v, _)| *v == share),
+            "{r:?}: {cells:?}"
+        );
     }
-    // Exactly the makespan bars of rows with abandoned jobs are hatched.
-    let hatched = chart
-        .split("<rect class=\"bar makespan\"")
-        .skip(1)
-        .filter_map(|bar| bar.split_once('>').map(|(attributes, _)| attributes))
-        .filter(|attributes| attributes.contains("fill=\"url(#hatch-"))
-        .count();
-    assert_eq!(hatched, abandoned.len());
-    assert!(
-        caption(&chart).contains("hatched makespan bar finished early because jobs were abandoned")
+    // Exactly the makespan bars of rows with abandoned jobs are hatched, no other panel's.
+    let hatched = |panel: usize| -> usize {
+        let hatched = |m: &&str| bars(&chart, panel, m).iter().filter(|b| b.2).count();
+        modes.iter().map(hatched).sum()
+    };
+    assert_eq!(hatched(1), abandoned.len());
+    assert_eq!(hatched(0) + hatched(2), 0);
+    assert!(caption(&rows, RedisRuns::NotRequested)
+        .contains("hatched makespan bar finished early because jobs were abandoned"));
+    // The legend says what hatching means.
+    let legend: Vec<&str> = chart.legend().into_iter().map(|(_, l)| l).collect();
+    assert_eq!(
+        legend,
+        [
+            "naive",
+            "split:4",
+            "shared",
+            "shared-redis-4p",
+            "jobs abandoned"
+        ]
     );
 }
 
 #[test]
 fn a_series_missing_everywhere_is_explained() {
-    let chart = svg(&rows(), RedisRuns::NotRequested);
+    let caption = caption(&rows(), RedisRuns::NotRequested);
     assert!(
-        caption(&chart)
-            .contains("shared-redis-4p is missing everywhere: the sweep ran without --redis"),
-        "{}",
-        caption(&chart)
+        caption.contains("shared-redis-4p is missing everywhere: the sweep ran without --redis"),
+        "{caption}"
     );
 }
 
@@ -156,8 +158,14 @@ fn a_series_missing_in_some_cells_is_explained_cell_by_cell() {
         max_real_ms: 25_000,
         headroom: 1,
     };
-    let chart = svg(&rows, runs);
-    let caption = caption(&chart);
+    // The Redis bars stand in the two 10@50/s groups only.
+    let chart = chart(&rows, runs);
+    let groups: Vec<usize> = bars(&chart, 0, "shared-redis-4p")
+        .iter()
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(groups, [2, 3]);
+    let caption = self::caption(&rows, runs);
     assert!(
         caption.contains("shared-redis-4p is not run for 2@2/s with 100 jobs (minimum 49 s): real-time runs are limited to cells whose theoretical minimum is at most 25 s (--max-real)"),
         "{caption}"
@@ -170,7 +178,7 @@ fn a_series_missing_in_some_cells_is_explained_cell_by_cell() {
 
     // A virtual series without rows (here: split:4 dropped) is named with its cells.
     rows.retain(|r| r.mode != "split:4" || r.workers != 64);
-    let caption = self::caption(&svg(&rows, runs));
+    let caption = self::caption(&rows, runs);
     assert!(
         caption.contains(
             "split:4 has no result for 64 w × 100 jobs × 2@2/s, 64 w × 100 jobs × 10@50/s"
@@ -209,5 +217,5 @@ fn the_cli_sweep_writes_the_chart_and_prints_nothing_extra() {
     assert!(out.stderr.is_empty(), "{out:?}");
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
     assert_eq!(rows.as_array().map(Vec::len), Some(12));
-    assert!(caption(&chart).contains("the sweep ran without --redis"));
+    assert!(all_text(&chart).contains("the sweep ran without --redis"));
 }

@@ -4,6 +4,8 @@
 // Each test file is its own crate and uses only some of these.
 #![allow(dead_code)]
 
+pub(crate) mod svg;
+
 use std::{
     io::{BufRead, BufReader},
     path::Path,
