@@ -30,8 +30,8 @@ use tokio::time::{sleep_until, Instant, Sleep};
 use crate::{
     error::{AbandonReason, AcquireError, Exhausted, Overloaded, StoreUnavailable},
     rule::{Admission, AdmitRequest, Op, Reply},
-    shared::{holders::Check, Applying, Shared},
-    store::{StoreError, StoreFuture, WrongReply},
+    shared::{holders::Check, Answer, Applying, Shared},
+    store::{StoreError, WrongReply},
     AcquireOptions, OutagePolicy,
 };
 
@@ -42,7 +42,7 @@ pub(crate) enum Begin {
     /// Reserved: holder `id`, due at the instant.
     Hold(u64, Instant),
     /// The store's answer is on its way.
-    Ask(StoreFuture<Reply>, Asked),
+    Ask(Answer, Asked),
     /// The store did not answer: wait until the instant, then ask again.
     Outage(Instant),
 }
@@ -239,7 +239,7 @@ pin_project! {
     #[project = StateProj]
     enum State {
         Start,
-        Asking { fut: StoreFuture<Reply>, asked: Asked },
+        Asking { fut: Answer, asked: Asked },
         Holding { id: u64, #[pin] sleep: Sleep },
         Outage { #[pin] sleep: Sleep },
         Done,
@@ -347,7 +347,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     begin(shared, this.options, this.progress, now)
                 }
                 StateProj::Asking { fut, asked } => {
-                    let (result, now) = (ready!(fut.as_mut().poll(cx)), Instant::now());
+                    let (result, now) = (ready!(Pin::new(fut).poll(cx)), Instant::now());
                     decide(shared, this.options, this.progress, now, result, *asked)
                 }
                 StateProj::Holding { id, mut sleep } => {

@@ -24,7 +24,8 @@ use self::retry::RetryConfig;
 use crate::{
     classify::{ReadWith, StatusClassifier},
     error::ConfigError,
-    rule::{self, BudgetParams, LimitParams, Params, Unit, BUDGET_SLOTS, MAX_LIMITS},
+    rule::{self, BudgetParams, LimitParams, Unit, BUDGET_SLOTS, MAX_LIMITS},
+    store::Params,
     signals::{Dialect, ReadContext},
 };
 
@@ -146,14 +147,26 @@ impl Limit {
     /// that tolerates some jitter itself, or for a limit set below the server's already.
     ///
     /// ```
-    /// use tower_allowance::{AllowanceConfig, Limit};
+    /// use tokio::time::Instant;
+    /// use tower_allowance::{Allowance, AllowanceConfig, Limit};
     ///
-    /// let config = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?)?;
-    /// // 3 at once, the 4th 10 ms later (the headroom of a burst above 1).
-    /// assert_eq!(config.params().limits()[1].tolerance_us(), 11_990_000);
-    /// let exact = AllowanceConfig::per_second(10, 10)?.with_limit(Limit::per_minute(20, 4)?.exact())?;
-    /// assert_eq!(exact.params().limits()[1].tolerance_us(), 12_000_000); // 4 at once
-    /// # Ok::<(), tower_allowance::ConfigError>(())
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// for (limit, fourth_after_ms) in [
+    ///     // 3 at once, the 4th 10 ms later (the headroom of a burst above 1).
+    ///     (Limit::per_minute(20, 4)?, 10),
+    ///     // 4 at once.
+    ///     (Limit::per_minute(20, 4)?.exact(), 0),
+    /// ] {
+    ///     let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?.with_limit(limit)?);
+    ///     let start = Instant::now();
+    ///     for _ in 0..4 {
+    ///         allowance.acquire().await?;
+    ///     }
+    ///     assert_eq!(start.elapsed().as_millis(), fourth_after_ms);
+    /// }
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn exact(self) -> Self {
         Self {
@@ -326,7 +339,7 @@ impl AllowanceConfig {
             classifier: StatusClassifier::default(),
             retry: RetryConfig::default(),
             max_date_skew: ReadContext::DEFAULT_MAX_SKEW,
-            params: Params {
+            params: Params(rule::Params {
                 limits: [main.params; MAX_LIMITS],
                 limit_count: 1,
                 budget: BudgetParams::Unlimited,
@@ -334,7 +347,7 @@ impl AllowanceConfig {
                 probe_backoff_min_us: PROBE_BACKOFF_MIN_US,
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
                 adaptive: None,
-            },
+            }),
         };
         config.derive();
         Ok(config)
@@ -362,12 +375,25 @@ impl AllowanceConfig {
     /// [`Limit::exact`] and [Headroom](Limit#headroom)).
     ///
     /// ```
-    /// use tower_allowance::AllowanceConfig;
+    /// use tokio::time::Instant;
+    /// use tower_allowance::{Allowance, AllowanceConfig};
     ///
-    /// let config = AllowanceConfig::per_second(20, 4)?;
-    /// assert_eq!(config.params().limits()[0].tolerance_us(), 190_000); // the 4th 10 ms later
-    /// assert_eq!(config.exact().params().limits()[0].tolerance_us(), 200_000);
-    /// # Ok::<(), tower_allowance::ConfigError>(())
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
+    /// // The 4th 10 ms after the first three by default, with them when exact.
+    /// for (config, fourth_after_ms) in [
+    ///     (AllowanceConfig::per_second(20, 4)?, 10),
+    ///     (AllowanceConfig::per_second(20, 4)?.exact(), 0),
+    /// ] {
+    ///     let allowance = Allowance::new(config);
+    ///     let start = Instant::now();
+    ///     for _ in 0..4 {
+    ///         allowance.acquire().await?;
+    ///     }
+    ///     assert_eq!(start.elapsed().as_millis(), fourth_after_ms);
+    /// }
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn exact(mut self) -> Self {
         self.limits[0] = self.limits[0].exact();
@@ -503,20 +529,26 @@ impl AllowanceConfig {
     }
 
     fn derive(&mut self) {
+        let params = &mut self.params.0;
         for (l, limit) in self.limits.iter().enumerate() {
-            self.params.limits[l] = limit.rule_params();
+            params.limits[l] = limit.rule_params();
         }
-        self.params.limit_count = self.limits.len();
-        self.params.budget = self.retry_budget.params();
-        self.params.max_cooldown_us =
+        params.limit_count = self.limits.len();
+        params.budget = self.retry_budget.params();
+        params.max_cooldown_us =
             rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
         #[cfg(any(test, feature = "adaptive"))]
         self.derive_adaptive();
     }
 
-    /// The derived parameters every store decides with (a read-only view).
+    /// The derived parameters every store decides with (opaque: a store passes them on).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The rule's view of [`params`](Self::params).
+    pub(crate) fn rule_params(&self) -> &rule::Params {
+        &self.params.0
     }
 
     /// Every limit, the main one first.
@@ -714,7 +746,7 @@ mod tests {
     #[test]
     fn headroom_delays_the_burst_s_last_or_lengthens_the_interval() {
         let limits = |c: &AllowanceConfig| {
-            let l = c.params().limits()[0];
+            let l = c.rule_params().limits()[0];
             (l.interval_us(), l.tolerance_us())
         };
         // Burst 4 at 20/s: 3 back to back, the 4th 10 ms later, then 50 ms apart; exact:
@@ -739,7 +771,7 @@ mod tests {
             .and_then(|c| c.with_limit(Limit::per_minute(10, 5)?.exact()))
             .expect("valid");
         let tolerances: Vec<u64> = c
-            .params()
+            .rule_params()
             .limits()
             .iter()
             .map(|l| l.tolerance_us())
@@ -750,7 +782,7 @@ mod tests {
         let c = AllowanceConfig::per_second(10, 10)
             .and_then(|c| c.with_limit(Limit::per_day(20, 20)?))
             .expect("valid");
-        let day = c.params().limits()[1];
+        let day = c.rule_params().limits()[1];
         assert_eq!(day.tolerance_us(), 20 * day.interval_us() - 10_000);
         // Burst 1 with an interval of a minute: one second longer, not 30 s.
         let c = AllowanceConfig::new(1, Duration::from_secs(60), 1).expect("valid");
@@ -759,7 +791,7 @@ mod tests {
         let c = AllowanceConfig::per_second(20, 4)
             .expect("valid")
             .with_adaptive_rate(AdaptiveRate::new(2.0, 1.0, 100.0).expect("valid"));
-        assert_eq!(c.params().adaptive().map(|a| a.burst()), Some(4));
+        assert_eq!(c.rule_params().adaptive().map(|a| a.burst()), Some(4));
         // The longest interval stays representable.
         let c = AllowanceConfig::new(1, rule::MAX_DELAY, 1).expect("valid");
         assert_eq!(limits(&c).0, rule::MAX_DELAY_US);

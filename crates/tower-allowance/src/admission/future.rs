@@ -104,7 +104,7 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
 /// cuts once per round of sends) a new one, with when the attempt was sent.
 fn record_for<B>(shared: &Shared, req: &Request<B>, sent: Instant) -> Option<Attempt> {
     let record = Attempt::of(req.extensions());
-    let adaptive = shared.config().params().adaptive().is_some();
+    let adaptive = shared.config().rule_params().adaptive().is_some();
     (record.is_some() || adaptive).then(|| Attempt {
         sent: Some(sent),
         ..record.unwrap_or_default()

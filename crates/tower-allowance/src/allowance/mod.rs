@@ -303,9 +303,9 @@ mod tests {
     impl crate::store::Store for std::sync::Arc<EagerStore> {
         fn apply(
             &self,
-            params: &crate::rule::Params,
-            op: crate::rule::Op,
-        ) -> crate::store::StoreFuture<crate::rule::Reply> {
+            params: &crate::store::Params,
+            op: crate::store::Op,
+        ) -> crate::store::StoreFuture<crate::store::Reply> {
             self.inner.apply(params, op)
         }
 

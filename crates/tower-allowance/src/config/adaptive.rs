@@ -95,7 +95,7 @@ impl AllowanceConfig {
 
     /// The rule's parameters for the adaptive rate, if any.
     pub(super) fn derive_adaptive(&mut self) {
-        self.params.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
+        self.params.0.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
             initial_milli: AdaptiveRate::milli(a.initial),
             floor_milli: AdaptiveRate::milli(a.floor),
             ceiling_milli: AdaptiveRate::milli(a.ceiling),

@@ -14,10 +14,9 @@ use crate::{
     classify::{self, Classification, Classify, ServerDelay},
     error::{AbandonReason, Abandoned},
     extensions::Attempt,
-    rule::{self, Op, Reply},
-    shared::Applying,
+    rule::{self, Op},
+    shared::{Answer, Applying},
     signals,
-    store::StoreFuture,
     BoxError,
 };
 
@@ -55,7 +54,7 @@ pin_project! {
 
 /// A cooldown raise in flight, and the response handed on once it is recorded.
 struct Recording<RB> {
-    store: StoreFuture<Reply>,
+    store: Answer,
     at: Instant,
     response: Response<RB>,
     asked: Option<String>,
@@ -131,7 +130,7 @@ where
                     }
                 }
                 StateProj::Recording { recording } => {
-                    let result = ready!(recording.store.as_mut().poll(cx));
+                    let result = ready!(Pin::new(&mut recording.store).poll(cx));
                     let replaced = this.state.as_mut().project_replace(State::Done);
                     if let StateProjReplace::Recording { recording } = replaced {
                         let Recording {
@@ -223,7 +222,7 @@ fn observe<RB, C: Classify>(
         (Classification::Throttled, delay) => {
             allowance.shared.throttled(response.status().as_u16());
             allowance.on_throttled(matches!(delay, Some(ServerDelay::After(_))));
-            let adaptive = allowance.config().params().adaptive().is_some();
+            let adaptive = allowance.config().rule_params().adaptive().is_some();
             let delay_us = match delay {
                 Some(ServerDelay::After(d)) => rule::micros_ceil(d),
                 // An unrepresentable wait closes the allowance (the rule decides).

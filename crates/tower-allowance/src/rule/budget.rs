@@ -6,7 +6,7 @@ use super::{BudgetParams, BudgetState};
 pub const BUDGET_SLOTS: u64 = 10;
 
 /// Records `n` successful requests for a replenishing budget (a no-op for the others).
-pub fn deposit(budget: &mut BudgetState, now: u64, params: &BudgetParams, n: u64) {
+pub(crate) fn deposit(budget: &mut BudgetState, now: u64, params: &BudgetParams, n: u64) {
     if n == 0 {
         return;
     }
@@ -17,7 +17,7 @@ pub fn deposit(budget: &mut BudgetState, now: u64, params: &BudgetParams, n: u64
 }
 
 /// Retries that could be spent now (`u64::MAX` when unlimited).
-pub fn remaining(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
+pub(crate) fn remaining(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
     match *params {
         BudgetParams::Unlimited => u64::MAX,
         BudgetParams::Fixed { retries } => retries.saturating_sub(budget.spent),
@@ -38,7 +38,7 @@ pub fn remaining(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u
 
 /// Spends one retry (the caller checked [`remaining`] in the same step). Returns the slot
 /// (in slots since the epoch) a replenishing budget recorded it in, for a refund.
-pub fn spend(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
+pub(crate) fn spend(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
     match *params {
         BudgetParams::Unlimited => 0,
         BudgetParams::Fixed { .. } => {
@@ -55,7 +55,7 @@ pub fn spend(budget: &mut BudgetState, now: u64, params: &BudgetParams) -> u64 {
 
 /// Refunds a retry that was reserved but never sent: the fixed count goes back down, or the
 /// replenishing withdrawal is removed from its slot while that slot is still in the window.
-pub fn refund(budget: &mut BudgetState, params: &BudgetParams, slot: u64) {
+pub(crate) fn refund(budget: &mut BudgetState, params: &BudgetParams, slot: u64) {
     match *params {
         BudgetParams::Unlimited => {}
         BudgetParams::Fixed { .. } => budget.spent = budget.spent.saturating_sub(1),
@@ -70,7 +70,7 @@ pub fn refund(budget: &mut BudgetState, params: &BudgetParams, slot: u64) {
 
 /// Moves the sliding window forward to `now`, clearing expired slots; returns the index of
 /// the current slot.
-pub fn advance(budget: &mut BudgetState, now: u64, slot_us: u64) -> usize {
+pub(crate) fn advance(budget: &mut BudgetState, now: u64, slot_us: u64) -> usize {
     let now_slot = now / slot_us.max(1);
     if now_slot > budget.head_slot {
         let clear = (now_slot - budget.head_slot).min(BUDGET_SLOTS);

@@ -34,7 +34,7 @@ pub fn rebase(state: &mut State, now: u64, params: &Params) {
 /// interval away, instead of with the full burst. After a loss, the provider's bucket was
 /// likely in use and the lost reservations' holders are about to ask again: a full burst now
 /// would be sent on top of them.
-pub fn recreated(state: &mut State, now: u64, params: &Params) {
+pub(crate) fn recreated(state: &mut State, now: u64, params: &Params) {
     for (t, limit) in state.tat.iter_mut().zip(params.limits()) {
         *t = now.saturating_add(limit.tolerance_us);
     }

@@ -6,7 +6,7 @@ use super::{
 };
 
 /// Whether the allowance is closed at `now`: the admission's answer if it is.
-pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> {
+pub(crate) fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> {
     (now < closed_until).then(|| Admission::Closed {
         until: (closed_until != FOREVER).then(|| us(closed_until - now)),
         by: ClosedBy::from_code(closed_by).unwrap_or(ClosedBy::ServerDelay),
@@ -18,7 +18,7 @@ pub fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admission> 
 /// closes the allowance instead, for exactly `max_cooldown` from now. Never until cleared:
 /// one bad header must not become an outage. It reopens by itself, metered (the schedule is
 /// the rule's as ever), and a server that asks again closes it again.
-pub fn extend_cooldown(
+pub(crate) fn extend_cooldown(
     state: &mut State,
     now: u64,
     params: &Params,
@@ -111,7 +111,7 @@ pub(crate) fn pending(state: &State, now: u64) -> bool {
 
 /// Closes the allowance for `delay_us` from now (`None`: until cleared); a longer closure
 /// wins over a shorter one.
-pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -> Event {
+pub(crate) fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -> Event {
     let until = match delay_us {
         Some(d) if d <= MAX_DELAY_US => now.saturating_add(d),
         _ => FOREVER,
@@ -134,7 +134,7 @@ pub fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: ClosedBy) -
 
 /// Lifts the cooldown, the closed state and the probe backoff, and gives the retry budget
 /// back as a fresh state has it (a fixed budget's spent retries, a replenishing one's window).
-pub fn clear(state: &mut State, now: u64) -> Event {
+pub(crate) fn clear(state: &mut State, now: u64) -> Event {
     state.budget = Default::default();
     state.blocked_until = state.blocked_until.min(now);
     state.closed_until = 0;
@@ -154,7 +154,7 @@ pub fn clear(state: &mut State, now: u64) -> Event {
 /// re-times the pending schedule), then raises the cooldown as [`extend_cooldown`] does when
 /// the response asked for a delay. One event carries both moves (the re-timing first), so
 /// holders apply them as the store did.
-pub fn throttle(
+pub(crate) fn throttle(
     state: &mut State,
     now: u64,
     params: &Params,

@@ -50,7 +50,7 @@ pub fn schedule(
 /// [`schedule`] for one limit: the same arithmetic without the arrays, for the in-memory
 /// store's lock-free first attempt (a property test holds the two equal).
 #[inline]
-pub fn schedule_one(
+pub(crate) fn schedule_one(
     tat: u64,
     limit: &LimitParams,
     now: u64,
@@ -78,7 +78,7 @@ pub fn schedule_one(
 ///
 /// The order is part of the rule. Nothing changes unless the answer is `Admitted` or
 /// `Reserved`, deposits aside: they record successes that already happened.
-pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -> Admission {
+pub(crate) fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -> Admission {
     deposit(&mut state.budget, now, &params.budget, req.deposits);
     if let Some(answer) = closed(state.closed_until, state.closed_by, now) {
         return answer;
@@ -149,7 +149,7 @@ pub fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitRequest) -
 /// no local arrival takes before its instant passes (the end of a run; a process whose
 /// callers stop coming; a retry reserved behind it), a slot already due when its holder
 /// leaves, and, with several limits, a release some of them refused.
-pub fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
+pub(crate) fn release(state: &mut State, params: &Params, res: &Reservation) -> bool {
     if res.generation != state.generation {
         // Made in a state that is gone: the current one never scheduled it.
         return false;

@@ -111,12 +111,38 @@ mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
 
-#[cfg(feature = "quota")]
-pub use self::probe::*;
+// The rule's values read from outside: the accessors a mirroring store needs.
 #[cfg(any(feature = "rule", test))]
-pub use self::wire::*;
+mod view;
+
+// What a store that mirrors the rule sees (feature `rule`): the values, their wire forms, and
+// the steps its own code reproduces or checks against.
+#[cfg(feature = "quota")]
+pub use self::probe::ProbeOutcome;
+#[cfg(any(feature = "rule", test))]
+pub use self::wire::{ReservationParts, EVENT_WORDS};
 pub use self::{
-    adaptive::*, budget::*, clock::*, cooldown::*, gcra::*, ops::*, params::*, state::*,
+    adaptive::Stretch,
+    budget::BUDGET_SLOTS,
+    clock::rebase,
+    cooldown::cooldown_shift,
+    gcra::schedule,
+    ops::{
+        Admission, AdmitRequest, Applied, ClosedBy, Deferred, Event, EventKind, Op, Reply,
+        Reservation, StoreState,
+    },
+    params::{AdaptiveParams, BudgetParams, LimitParams, Params, Unit},
+    state::{is_settled, BudgetState, State},
+};
+// The steps only `apply` and this crate's stores call.
+#[cfg(feature = "quota")]
+use self::probe::{finish_probe, lease};
+pub(crate) use self::{
+    adaptive::{adaptive_rate, advertise, cut_rate, effective_limits},
+    budget::{advance, deposit, refund, remaining, spend},
+    clock::recreated,
+    cooldown::{clear, close, closed, extend_cooldown, pending, throttle},
+    gcra::{admit, release, schedule_one},
 };
 
 /// The largest delay any store accepts: 2^53 microseconds (about 285 years).

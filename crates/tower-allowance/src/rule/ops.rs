@@ -87,36 +87,6 @@ impl AdmitRequest {
         self.known_generation = generation;
         self
     }
-
-    /// See [`AdmitRequest::known_generation`].
-    pub fn known_generation_of(&self) -> u64 {
-        self.known_generation
-    }
-
-    /// Whether this is a retry.
-    pub fn is_retry(&self) -> bool {
-        self.retry
-    }
-
-    /// The cost.
-    pub fn cost_units(&self) -> u32 {
-        self.cost
-    }
-
-    /// Not before this many microseconds from now.
-    pub fn not_before_us(&self) -> u64 {
-        self.not_before_us
-    }
-
-    /// At most this many microseconds from now (`u64::MAX`: unbounded).
-    pub fn max_wait_us(&self) -> u64 {
-        self.max_wait_us
-    }
-
-    /// Successes to record first.
-    pub fn deposit_count(&self) -> u64 {
-        self.deposits
-    }
 }
 
 /// A slot reserved for a caller: what it needs to apply later events and to give the slot
@@ -137,11 +107,6 @@ impl Reservation {
     /// The reserved instant, on the store's clock.
     pub fn slot(&self) -> u64 {
         self.slot
-    }
-
-    /// The event epoch the reservation has seen.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// The generation of the state it was made in.

@@ -22,23 +22,6 @@ pub struct LimitParams {
 }
 
 impl LimitParams {
-    /// Microseconds between two units (period / rate, rounded up so the admitted rate never
-    /// exceeds the configured one).
-    pub fn interval_us(&self) -> u64 {
-        self.interval_us
-    }
-
-    /// `burst * interval_us`: how far ahead of now the limit's theoretical arrival time may run
-    /// before an admission has to wait.
-    pub fn tolerance_us(&self) -> u64 {
-        self.tolerance_us
-    }
-
-    /// What the limit counts.
-    pub fn unit(&self) -> Unit {
-        self.unit
-    }
-
     /// The units a request of `cost` takes from this limit.
     pub fn units(&self, cost: u32) -> u64 {
         match self.unit {
@@ -92,27 +75,6 @@ impl Params {
         &self.limits[..self.limit_count]
     }
 
-    /// The retry budget.
-    pub fn budget(&self) -> BudgetParams {
-        self.budget
-    }
-
-    /// The longest cooldown a server may ask for; a longer (or unrepresentable) delay closes
-    /// the allowance instead.
-    pub fn max_cooldown_us(&self) -> u64 {
-        self.max_cooldown_us
-    }
-
-    /// The first backoff after a quota probe failed or found quota left.
-    pub fn probe_backoff_min_us(&self) -> u64 {
-        self.probe_backoff_min_us
-    }
-
-    /// The longest backoff between quota probes.
-    pub fn probe_backoff_max_us(&self) -> u64 {
-        self.probe_backoff_max_us
-    }
-
     /// The adaptive rate, if the main limit's rate adapts.
     pub fn adaptive(&self) -> Option<AdaptiveParams> {
         self.adaptive
@@ -138,29 +100,3 @@ pub struct AdaptiveParams {
     pub(crate) adopt: bool,
 }
 
-impl AdaptiveParams {
-    /// The rate it starts at.
-    pub fn initial_milli(&self) -> u64 {
-        self.initial_milli
-    }
-
-    /// The lowest rate.
-    pub fn floor_milli(&self) -> u64 {
-        self.floor_milli
-    }
-
-    /// The highest rate.
-    pub fn ceiling_milli(&self) -> u64 {
-        self.ceiling_milli
-    }
-
-    /// The main limit's burst.
-    pub fn burst(&self) -> u64 {
-        self.burst
-    }
-
-    /// Whether an advertised rate is adopted.
-    pub fn adopts(&self) -> bool {
-        self.adopt
-    }
-}

@@ -21,7 +21,7 @@ pub enum ProbeOutcome {
 
 /// Grants the quota probe's lease to `token` unless the allowance is closed, a probe is
 /// backing off, or another prober holds an unexpired lease.
-pub fn lease(state: &mut State, now: u64, ttl_us: u64, token: u64) -> bool {
+pub(crate) fn lease(state: &mut State, now: u64, ttl_us: u64, token: u64) -> bool {
     if now < state.closed_until || now < state.next_probe_at || now < state.lease_until {
         return false;
     }
@@ -34,7 +34,7 @@ pub fn lease(state: &mut State, now: u64, ttl_us: u64, token: u64) -> bool {
 /// Records a probe's outcome: an exhausted quota closes the allowance; anything else backs
 /// off the next probe (doubling after failures). The lease is released when `token` still
 /// holds it. Returns the event when the allowance closed.
-pub fn finish_probe(
+pub(crate) fn finish_probe(
     state: &mut State,
     now: u64,
     params: &Params,

@@ -1,9 +1,6 @@
 //! The state one allowance keeps, and when it is settled (as good as a fresh one).
 
-use super::{
-    adaptive_rate, advance, apply, pending, BudgetParams, Op, Params, Reply, BUDGET_SLOTS,
-    MAX_LIMITS,
-};
+use super::{adaptive_rate, advance, pending, BudgetParams, Params, BUDGET_SLOTS, MAX_LIMITS};
 
 /// The retry budget's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -62,42 +59,6 @@ pub struct State {
     /// recreated (a Redis `FLUSHALL`, a restart without persistence) has another one, so the
     /// holders of reservations made in the old one know to ask again.
     pub(crate) generation: u64,
-}
-
-impl State {
-    /// Applies one operation at `now` (the store's clock, in microseconds): the whole rule,
-    /// one atomic step. A store that keeps a `State` under a lock or in a transaction calls
-    /// this and is done.
-    pub fn apply(&mut self, now: u64, params: &Params, op: &Op) -> Reply {
-        apply(self, now, params, op)
-    }
-
-    /// Whether dropping this state and starting over from a fresh one would let nothing
-    /// through that keeping it would not: no cooldown or closure running, every bucket full,
-    /// no reservation pending, no retry budget spent, nothing learned by an adaptive rate.
-    pub fn is_settled(&self, now: u64, params: &Params) -> bool {
-        is_settled(self, now, params)
-    }
-
-    /// The cooldown deadline.
-    pub fn blocked_until(&self) -> u64 {
-        self.blocked_until
-    }
-
-    /// The event epoch.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
-    /// Each limit's theoretical arrival time.
-    pub fn tat(&self) -> [u64; MAX_LIMITS] {
-        self.tat
-    }
-
-    /// When this state was created (0: not yet).
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that

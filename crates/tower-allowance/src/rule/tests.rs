@@ -11,7 +11,7 @@ fn params(per_sec: u32, burst: u32) -> Params {
     *AllowanceConfig::per_second(per_sec, burst)
         .expect("valid")
         .exact()
-        .params()
+        .rule_params()
 }
 
 fn with_budget(per_sec: u32, burst: u32, budget: RetryBudgetConfig) -> Params {
@@ -19,7 +19,7 @@ fn with_budget(per_sec: u32, burst: u32, budget: RetryBudgetConfig) -> Params {
         .expect("valid")
         .exact()
         .with_retry_budget(budget)
-        .params()
+        .rule_params()
 }
 
 const FIRST: AdmitRequest = AdmitRequest::first();
@@ -210,7 +210,7 @@ fn a_delay_beyond_max_cooldown_closes_the_allowance() {
         .exact()
         .with_max_cooldown(Duration::from_secs(3600))
         .expect("valid");
-    let p = *config.params();
+    let p = *config.rule_params();
     let mut s = State::default();
     assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
     // Closed for exactly max_cooldown, however much longer the server asked for.
@@ -376,7 +376,7 @@ fn several_limits_admit_all_or_nothing_at_the_earliest_common_instant() {
         .exact()
         .with_limit(Limit::per_minute(20, 20).expect("valid").exact())
         .expect("two limits");
-    let p = *config.params();
+    let p = *config.rule_params();
     let mut s = State::default();
     let mut at = vec![];
     for _ in 0..25 {
@@ -402,7 +402,7 @@ fn weighted_costs_and_a_cost_that_never_fits() {
                 .counting_cost(),
         )
         .expect("two limits");
-    let p = *config.params();
+    let p = *config.rule_params();
     let mut s = State::default();
     assert_eq!(
         admit_at(&mut s, 0, &p, FIRST.cost(600)),
@@ -690,7 +690,7 @@ proptest! {
     fn fifo_whatever_the_cost(costs in proptest::collection::vec(1u32..100, 1..60)) {
         let config = AllowanceConfig::per_second(5, 5).expect("valid")
             .with_limit(Limit::per_second(500, 100).expect("valid").counting_cost()).expect("two");
-        let p = *config.params();
+        let p = *config.rule_params();
         let mut s = State::default();
         let mut last = 0;
         for c in costs {
@@ -710,7 +710,7 @@ fn adaptive_params(initial: f64, floor: f64, ceiling: f64, adopt: bool) -> Param
                 .expect("valid")
                 .adopt_advertised(adopt),
         )
-        .params()
+        .rule_params()
 }
 
 #[cfg(feature = "adaptive")]
@@ -1098,7 +1098,7 @@ proptest! {
             .expect("valid")
             .with_limit(limit)
             .expect("two limits");
-        let l = config.params().limits()[1];
+        let l = config.rule_params().limits()[1];
         let t0 = now + extra;
         let general = schedule(&[tat], &[l], now, t0, cost).map(|(at, t)| (at, t[0]));
         prop_assert_eq!(schedule_one(tat, &l, now, t0, cost), general);
@@ -1160,7 +1160,7 @@ fn settled_only_once_a_closure_ends_or_is_cleared() {
         .expect("valid")
         .with_max_cooldown(Duration::from_secs(60))
         .expect("valid")
-        .params();
+        .rule_params();
     // A 429 asking for longer than max_cooldown closes for max_cooldown.
     let mut s = State::default();
     let _ = apply(
@@ -1376,7 +1376,7 @@ proptest! {
                 .with_limit(Limit::per_second(per_sec * 2, burst + 1).expect("valid").counting_cost())
                 .expect("two limits");
         }
-        let p = *config.params();
+        let p = *config.rule_params();
         let mut old = State::default();
         let mut fresh: Option<State> = None;
         let (mut last_old, mut last_fresh) = (None, None::<Reservation>);

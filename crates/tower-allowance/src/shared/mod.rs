@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use crate::{
     error::{AbandonReason, Exhausted},
-    rule::{ClosedBy, Deferred, Event, Op, Reply, Reservation},
-    store::{EventSink, Store, StoreError, StoreFuture, Watcher, WrongReply},
+    rule::{ClosedBy, Deferred, Op, Reply, Reservation},
+    store::{self, EventSink, Store, StoreError, StoreFuture, Watcher, WrongReply},
     AllowanceConfig,
 };
 
@@ -67,9 +67,9 @@ impl fmt::Debug for Shared {
 struct Sink(std::sync::Weak<Shared>);
 
 impl EventSink for Sink {
-    fn event(&self, event: Event) {
+    fn event(&self, event: store::Event) {
         if let Some(shared) = self.0.upgrade() {
-            shared.holders.event(event);
+            shared.holders.event(event.0);
         }
     }
 
@@ -111,7 +111,7 @@ impl Shared {
         let stats = Stats::new(name.clone());
         #[cfg(feature = "metrics")]
         let store: Box<dyn Store> = Box::new(timed::Timed::new(store, stats.metrics.clone()));
-        let holders = Arc::new(Holders::new(*config.params()));
+        let holders = Arc::new(Holders::new(*config.rule_params()));
         let shared = Arc::new(Self {
             name,
             config,
@@ -166,9 +166,10 @@ impl Shared {
 
     /// Applies `op`: synchronously when the store can, else through its future.
     pub(crate) fn apply(&self, now: Instant, op: Op) -> Applying {
-        match self.store.try_apply(now, self.config.params(), &op) {
-            Some(result) => Applying::Done(result),
-            None => Applying::Pending(self.store.apply(self.config.params(), op)),
+        let (params, op) = (self.config.params(), store::Op(op));
+        match self.store.try_apply(now, params, &op) {
+            Some(result) => Applying::Done(result.map(|reply| reply.0)),
+            None => Applying::Pending(Answer(self.store.apply(params, op))),
         }
     }
 
@@ -334,7 +335,7 @@ impl Shared {
     /// A server advertised its rate: tell the store when it changed (an adaptive rate is
     /// capped at it, or adopts it). Best effort, off the response's path.
     pub(crate) fn advertise(&self, rate_milli: u64) {
-        if self.config.params().adaptive().is_none()
+        if self.config.rule_params().adaptive().is_none()
             || self.advertised.swap(rate_milli, Ordering::Relaxed) == rate_milli
         {
             return;
@@ -371,5 +372,19 @@ pub(crate) fn spawn<F: std::future::Future<Output: Send> + Send + 'static>(fut: 
 /// A store call, answered or in flight.
 pub(crate) enum Applying {
     Done(Result<Reply, StoreError>),
-    Pending(StoreFuture<Reply>),
+    Pending(Answer),
+}
+
+/// A store's answer in flight, as the rule's reply.
+pub(crate) struct Answer(StoreFuture<store::Reply>);
+
+impl std::future::Future for Answer {
+    type Output = Result<Reply, StoreError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.0.as_mut().poll(cx).map(|r| r.map(|reply| reply.0))
+    }
 }

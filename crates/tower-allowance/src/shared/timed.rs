@@ -5,10 +5,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::metrics::Metrics;
-use crate::{
-    rule::{Op, Params, Reply},
-    store::{Store, StoreError, StoreFuture, Watcher},
-};
+use crate::store::{Op, Params, Reply, Store, StoreError, StoreFuture, Watcher};
 
 /// `S`, with every call that goes to I/O timed into the allowance's
 /// `tower_allowance_store_call_duration_seconds` (and its failures counted by kind). Calls

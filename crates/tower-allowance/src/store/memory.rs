@@ -2,8 +2,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::time::Instant;
 
-use super::{cell::Cell, Store, StoreError, StoreFuture, Watcher};
-use crate::rule::{Deferred, Event, Op, Params, Reply};
+use super::{cell::Cell, Event, Op, Params, Reply, Store, StoreError, StoreFuture, Watcher};
+use crate::rule::{self, Deferred};
 
 /// An allowance's state in this process: the rule applied atomically, on tokio's clock.
 ///
@@ -56,11 +56,11 @@ impl MemoryStore {
     /// Applies `op` and tells every watcher of the event it caused, if any.
     #[inline]
     fn decide(&self, now: Instant, params: &Params, op: &Op) -> Reply {
-        let reply = self.cell.apply(self.micros(now), params, op);
+        let reply = self.cell.apply(self.micros(now), &params.0, &op.0);
         if let Some(event) = event_of(&reply) {
-            self.publish(event);
+            self.publish(Event(event));
         }
-        reply
+        Reply(reply)
     }
 
     /// The watchers, through a poisoned lock too (a list stays valid).
@@ -81,12 +81,12 @@ impl MemoryStore {
 }
 
 /// The event a reply carries, if any.
-fn event_of(reply: &Reply) -> Option<Event> {
+fn event_of(reply: &rule::Reply) -> Option<rule::Event> {
     match *reply {
-        Reply::Defer(Deferred { event, .. }) => event,
+        rule::Reply::Defer(Deferred { event, .. }) => event,
         #[cfg(feature = "quota")]
-        Reply::ProbeFinished(event) => event,
-        Reply::Changed(event) => Some(event),
+        rule::Reply::ProbeFinished(event) => event,
+        rule::Reply::Changed(event) => Some(event),
         _ => None,
     }
 }
@@ -108,7 +108,7 @@ impl Store for MemoryStore {
     }
 
     fn is_settled(&self, now: Instant, params: &Params) -> bool {
-        self.cell.is_settled(self.micros(now), params)
+        self.cell.is_settled(self.micros(now), &params.0)
     }
 
     fn watch(&self, watcher: Watcher) {

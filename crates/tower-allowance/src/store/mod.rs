@@ -78,11 +78,65 @@ use tokio::time::Instant;
 
 use crate::BoxError;
 
+use crate::rule;
+
 pub(crate) mod cell;
 mod memory;
+// The contract types' insides, for stores that mirror the rule (feature `rule`).
+#[cfg(feature = "rule")]
+mod rule_view;
 
-pub use crate::rule::{Event, Op, Params, Reply, State};
 pub use memory::MemoryStore;
+
+/// One operation of the rule, for a store to apply atomically ([`State::apply`]).
+///
+/// Opaque: a store passes it through. Its insides are the `rule` module's (feature `rule`,
+/// outside semver), for a store that mirrors the rule elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Op(pub(crate) rule::Op);
+
+/// The rule's answer to an [`Op`], for a store to return. Opaque, like [`Op`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reply(pub(crate) rule::Reply);
+
+/// Something every holder of a reservation must hear of (a cooldown, a closure), published by
+/// a store that several processes share ([`Store::watch`], [`Watcher::notify`]). Opaque,
+/// like [`Op`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event(pub(crate) rule::Event);
+
+/// Every number the rule needs, derived once from an
+/// [`AllowanceConfig`](crate::AllowanceConfig) ([`params`](crate::AllowanceConfig::params))
+/// and passed to the store with every call, so that no store re-derives (or drifts from)
+/// them. Opaque, like [`Op`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
+pub struct Params(pub(crate) rule::Params);
+
+/// One allowance's state, as a store keeps it: a fresh one is [`State::default`].
+///
+/// Opaque, like [`Op`]: [`State::apply`] is the whole rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(transparent)
+)]
+pub struct State(pub(crate) rule::State);
+
+impl State {
+    /// Applies `op` at `now` (the store's clock, in microseconds): the one step a store
+    /// makes atomically. The state changes as the rule says; the reply is for the caller.
+    pub fn apply(&mut self, now: u64, params: &Params, op: &Op) -> Reply {
+        Reply(rule::apply(&mut self.0, now, &params.0, &op.0))
+    }
+
+    /// Whether the state is settled at `now`: as good as a fresh one (see
+    /// [`Store::is_settled`]).
+    pub fn is_settled(&self, now: u64, params: &Params) -> bool {
+        rule::is_settled(&self.0, now, &params.0)
+    }
+}
 
 /// A boxed future returned by a [`Store`]; stores that do I/O box their futures.
 pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;

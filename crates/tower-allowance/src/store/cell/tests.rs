@@ -60,7 +60,7 @@ proptest! {
         }
         #[cfg(not(feature = "adaptive"))]
         let _ = adaptive;
-        let p = *config.params();
+        let p = *config.rule_params();
         let cell = Cell::new();
         let mut state = State::default();
         let mut now = 0;

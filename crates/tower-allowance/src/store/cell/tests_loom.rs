@@ -15,7 +15,7 @@ fn params(burst: u32, budget: RetryBudgetConfig) -> Params {
         .expect("valid")
         .exact()
         .with_retry_budget(budget)
-        .params()
+        .rule_params()
 }
 
 fn admit(cell: &Cell, now: u64, p: &Params, req: AdmitRequest) -> Admission {
