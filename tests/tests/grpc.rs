@@ -5,6 +5,7 @@
 use std::{
     cell::Cell,
     fmt,
+    future::Future,
     pin::Pin,
     sync::{
         atomic::{AtomicUsize, Ordering},
@@ -564,6 +565,239 @@ async fn a_full_queue_and_a_closure_answer_with_the_wait_left() -> Result<(), Bo
     assert_eq!(headers[X_ALLOWANCE_ABANDONED], "cooldown_too_long");
     assert_eq!(seen.lock().expect("not poisoned").len(), 1, "one call sent");
     Ok(())
+}
+
+// === a deadline that passes while an attempt is in flight ===
+
+/// A `grpc-timeout` value as a duration (the values the stack writes).
+fn grpc_timeout(value: &str) -> Duration {
+    let (n, unit) = value.split_at(value.len() - 1);
+    let n: u64 = n.parse().expect("digits");
+    match unit {
+        "n" => Duration::from_nanos(n),
+        "u" => Duration::from_micros(n),
+        "m" => Duration::from_millis(n),
+        "S" => Duration::from_secs(n),
+        "M" => Duration::from_secs(n * 60),
+        "H" => Duration::from_secs(n * 3600),
+        other => panic!("unit {other:?}"),
+    }
+}
+
+/// A gRPC answer: trailers-only OK.
+fn grpc_ok() -> Response<String> {
+    let mut res = Response::new(String::new());
+    let headers = res.headers_mut();
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.insert("grpc-status", HeaderValue::from_static("0"));
+    res
+}
+
+/// A channel with tonic's timer (`GrpcTimeout`, inside `Channel`): set from the attempt's
+/// `grpc-timeout` when the attempt is sent, it ends the attempt with an error
+/// (`TimeoutExpired`) if the server has not answered by then. The server answers OK after
+/// `slow`, and at once a call without a `grpc-timeout`. Records each attempt's value.
+fn channel_with_a_timer(
+    slow: Duration,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+) -> impl tower::Service<
+    Request<String>,
+    Response = Response<String>,
+    Error = BoxError,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(move |req: Request<String>| {
+        let timeout = req.headers().get("grpc-timeout");
+        let timeout = timeout.and_then(|t| t.to_str().ok()).map(str::to_owned);
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(timeout.clone().unwrap_or_else(|| "none".to_owned()));
+        let timer = timeout.as_deref().map(grpc_timeout).map(tokio::time::sleep);
+        async move {
+            let Some(timer) = timer else {
+                return Ok::<_, BoxError>(grpc_ok());
+            };
+            // The answer first, as tonic polls it first.
+            tokio::select! {
+                biased;
+                () = tokio::time::sleep(slow) => Ok(grpc_ok()),
+                () = timer => Err("timeout expired".into()),
+            }
+        }
+    })
+}
+
+/// A call still in flight at its deadline ends there, as DEADLINE_EXCEEDED marked
+/// `deadline` and counted once, even where the channel's timer, set from the `grpc-timeout`
+/// the attempt was sent with (rounded down), fires before the deadline: calls started at odd
+/// instants and sent after waits that are not whole milliseconds (a slot every 1/3 s, 1/7 s
+/// or 1/30 s), with timeouts in each unit. The attempt was sent, and the call ends less than
+/// 2 ms after its deadline: tokio rounds a timer up to a whole millisecond, and paused time
+/// moves on in whole milliseconds from where it stands (here, between two).
+#[tokio::test(start_paused = true)]
+async fn an_attempt_the_channel_times_out_ends_the_call_at_its_deadline() -> Result<(), BoxError> {
+    let cases: [(u64, u32, &str); 6] = [
+        (0, 10, "1000m"),
+        (400, 3, "1000m"),
+        (999_999, 3, "700m"),
+        (123_456, 7, "1500000u"),
+        (1, 30, "99999999n"),
+        (777, 7, "2S"),
+    ];
+    for (offset_ns, rate, timeout) in cases {
+        let case = format!("{offset_ns} ns, {rate}/s, {timeout}");
+        let allowance = Allowance::new(AllowanceConfig::per_second(rate, 1)?.exact());
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let slow = Duration::from_secs(10);
+        let stack = ServiceBuilder::new()
+            .layer(GrpcLayer::new(allowance.clone()).with_retry(retry_posts()))
+            .service(channel_with_a_timer(slow, seen.clone()));
+        // The burst, spent by a call without a deadline: the next waits for its slot.
+        stack.clone().oneshot(call()).await?;
+        tokio::time::advance(Duration::from_nanos(offset_ns)).await;
+        let start = tokio::time::Instant::now();
+        let result = stack.oneshot(timed_call(timeout)).await;
+        let elapsed = start.elapsed();
+        assert_eq!(
+            Outcome::of(&result),
+            Outcome::Abandoned(AbandonReason::Deadline),
+            "{case}"
+        );
+        let answer = result?;
+        let headers = answer.headers();
+        assert_eq!(headers["grpc-status"], "4", "{case}: DEADLINE_EXCEEDED");
+        assert_eq!(headers[X_ALLOWANCE_ABANDONED], "deadline", "{case}");
+        assert!(answer.body().is_end_stream(), "{case}: trailers-only");
+        let deadline = grpc_timeout(timeout);
+        assert!(
+            elapsed + Duration::from_micros(1) > deadline
+                && elapsed < deadline + Duration::from_millis(2),
+            "{case}: ended after {elapsed:?}"
+        );
+        let seen = seen.lock().expect("not poisoned").clone();
+        assert_eq!(seen.len(), 2, "{case}: the burst and the attempt: {seen:?}");
+        let sent_with = grpc_timeout(&seen[1]);
+        assert!(
+            sent_with > Duration::ZERO && sent_with < deadline,
+            "{case}: {seen:?}"
+        );
+        let abandoned = allowance.snapshot().abandoned;
+        assert_eq!(abandoned.get(AbandonReason::Deadline), 1, "{case}");
+        assert_eq!(abandoned.total(), 1, "{case}");
+    }
+    Ok(())
+}
+
+/// A channel that never answers (no timer of its own): the call ends at its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_channel_never_answers_ends_at_its_deadline() -> Result<(), BoxError> {
+    let allowance = grpc_allowance();
+    let silent = tower::service_fn(|_req: Request<String>| {
+        std::future::pending::<Result<Response<String>, BoxError>>()
+    });
+    let stack = ServiceBuilder::new()
+        .layer(GrpcLayer::new(allowance.clone()))
+        .service(silent);
+    let start = tokio::time::Instant::now();
+    // Bounded, so that a call that never ends fails the test rather than hangs it.
+    let result = tokio::time::timeout(Duration::from_secs(10), stack.oneshot(timed_call("300m")))
+        .await
+        .expect("ends at its deadline");
+    assert_eq!(start.elapsed(), Duration::from_millis(300));
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    let answer = result?;
+    let headers = answer.headers();
+    assert_eq!(headers["grpc-status"], "4", "DEADLINE_EXCEEDED");
+    assert_eq!(headers["content-type"], "application/grpc");
+    assert_eq!(headers[X_ALLOWANCE_ABANDONED], "deadline");
+    assert!(headers.get("grpc-retry-pushback-ms").is_none());
+    let abandoned = allowance.snapshot().abandoned;
+    assert_eq!(abandoned.get(AbandonReason::Deadline), 1);
+    assert_eq!(abandoned.total(), 1);
+    Ok(())
+}
+
+/// Whichever timer is seen first: an error from the attempt in flight once the time it was
+/// given has run out is the deadline's, even when the stack's own timer cannot answer (the
+/// task's cooperative budget spent, tokio's timers say `Pending`). The channel here gives up
+/// without a tokio timer, so the budget does not hold its error back.
+#[tokio::test(start_paused = true)]
+async fn an_error_once_the_attempts_time_is_out_is_the_deadlines_whichever_timer_is_seen(
+) -> Result<(), BoxError> {
+    let allowance = grpc_allowance();
+    let gives_up = tower::service_fn(|req: Request<String>| {
+        let given = req
+            .headers()
+            .get("grpc-timeout")
+            .and_then(|t| t.to_str().ok());
+        let until =
+            tokio::time::Instant::now() + given.map(grpc_timeout).unwrap_or(Duration::MAX / 4);
+        std::future::poll_fn(move |_cx| {
+            if tokio::time::Instant::now() >= until {
+                Poll::Ready(Err::<Response<String>, BoxError>("timeout expired".into()))
+            } else {
+                Poll::Pending
+            }
+        })
+    });
+    let stack = ServiceBuilder::new()
+        .layer(GrpcLayer::new(allowance.clone()))
+        .service(gives_up);
+    let mut call = std::pin::pin!(stack.oneshot(timed_call("300m")));
+    assert!(
+        futures::poll!(call.as_mut()).is_pending(),
+        "sent, in flight"
+    );
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // One poll of the call with the task's budget spent.
+    let polled = std::future::poll_fn(|cx| {
+        for _ in 0..10_000 {
+            if !tokio::task::coop::has_budget_remaining() {
+                break;
+            }
+            let _ = std::pin::pin!(tokio::task::consume_budget()).poll(cx);
+        }
+        assert!(!tokio::task::coop::has_budget_remaining(), "budget spent");
+        Poll::Ready(call.as_mut().poll(cx))
+    })
+    .await;
+    let Poll::Ready(result) = polled else {
+        panic!("the channel's error answers the call in that poll");
+    };
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    let answer = result?;
+    assert_eq!(answer.headers()["grpc-status"], "4", "DEADLINE_EXCEEDED");
+    assert_eq!(answer.headers()[X_ALLOWANCE_ABANDONED], "deadline");
+    assert_eq!(
+        allowance.snapshot().abandoned.get(AbandonReason::Deadline),
+        1
+    );
+    Ok(())
+}
+
+/// An error before the deadline is the channel's own (a connection refused): passed on as
+/// it is, not taken for the deadline's.
+#[tokio::test(start_paused = true)]
+async fn an_error_before_the_deadline_is_passed_on() {
+    let allowance = grpc_allowance();
+    let refused = tower::service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(Duration::from_millis(299)).await;
+        Err::<Response<String>, BoxError>("connection refused".into())
+    });
+    let stack = ServiceBuilder::new()
+        .layer(GrpcLayer::new(allowance.clone()))
+        .service(refused);
+    let result = stack.oneshot(timed_call("300m")).await;
+    assert_eq!(Outcome::of(&result), Outcome::Failed);
+    let error = result.err().map(|e| e.to_string());
+    assert_eq!(error.as_deref(), Some("connection refused"));
+    assert_eq!(allowance.snapshot().abandoned.total(), 0);
 }
 
 // === properties ===

@@ -13,18 +13,3 @@ impl Replayable for tonic::body::Body {
         Replay::wrap(self, cap, Self::new)
     }
 }
-
-/// The reason a `tonic::Status` (anywhere in `e`'s `source()` chain) names in
-/// `x-allowance-abandoned`, the metadata entry `GrpcLayer` adds to an abandoned call's answer.
-pub(crate) fn abandoned_status(
-    e: &(dyn std::error::Error + 'static),
-) -> Option<crate::error::AbandonReason> {
-    let status = crate::error::find::<tonic::Status>(e)?;
-    status
-        .metadata()
-        .get("x-allowance-abandoned")?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
-}

@@ -11,20 +11,20 @@ use std::{
 };
 
 use http::{header::CONTENT_TYPE, HeaderValue, Request, Response};
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant, Sleep};
 use tower_service::Service;
 
 use super::{
     body::WatchTrailers,
     codes::Code,
-    deadline::{parse_timeout, GrpcDeadline},
+    deadline::{parse_timeout, CallDeadline, GrpcDeadline},
     trailers::FeedAllowance,
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT, X_ALLOWANCE_ABANDONED,
 };
 use crate::{
     classify::Classified,
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
-    BoxError, Deadline,
+    Allowance, BoxError, Deadline,
 };
 
 /// The outermost service of [`GrpcLayer`](super::GrpcLayer): a call's `grpc-timeout` becomes its
@@ -59,15 +59,18 @@ use crate::{
 ///
 /// # Clone
 ///
-/// Only `S` is cloned.
+/// Clones share the allowance (which counts the calls abandoned at their deadline); only
+/// `S` is cloned.
 #[derive(Clone, Debug)]
 pub struct GrpcCall<S> {
     inner: S,
+    allowance: Allowance,
 }
 
 impl<S> GrpcCall<S> {
-    pub(super) fn new(inner: S) -> Self {
-        Self { inner }
+    /// `inner`, with the calls it gives up on at their deadline counted by `allowance`.
+    pub(super) fn new(inner: S, allowance: Allowance) -> Self {
+        Self { inner, allowance }
     }
 
     /// The inner service.
@@ -99,8 +102,9 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if let Some(timeout) = req.headers().get(GRPC_TIMEOUT).and_then(parse_timeout) {
-            let Deadline(at) = Deadline::after(timeout);
+        let timeout = req.headers().get(GRPC_TIMEOUT).and_then(parse_timeout);
+        let deadline = timeout.map(CallDeadline::after);
+        if let Some(CallDeadline { at, .. }) = deadline {
             let extensions = req.extensions_mut();
             extensions.insert(GrpcDeadline(at));
             let earliest = extensions.get::<Deadline>().map_or(at, |d| d.0.min(at));
@@ -108,6 +112,8 @@ where
         }
         GrpcCallFuture {
             inner: self.inner.call(req),
+            deadline: deadline.map(|d| (d, self.allowance.clone())),
+            timer: None,
         }
     }
 }
@@ -117,6 +123,12 @@ pin_project_lite::pin_project! {
     pub struct GrpcCallFuture<F> {
         #[pin]
         inner: F,
+        // The call's deadline, if it has a `grpc-timeout`, and the allowance that counts
+        // the call if it is abandoned there.
+        deadline: Option<(CallDeadline, Allowance)>,
+        // Armed at the first poll, for the deadline's `expiry`.
+        #[pin]
+        timer: Option<Sleep>,
     }
 }
 
@@ -132,8 +144,20 @@ where
 {
     type Output = F::Output;
 
+    /// The deadline first: once it has passed, the call is over whatever the attempt in
+    /// flight is doing (see the [module docs](super#deadlines-and-what-a-tonic-caller-sees)).
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Poll::Ready(match ready!(self.project().inner.poll(cx)) {
+        let mut this = self.project();
+        if let Some((CallDeadline { expiry, .. }, _)) = this.deadline {
+            if this.timer.is_none() {
+                this.timer.set(Some(sleep_until(*expiry)));
+            }
+            let timer = this.timer.as_mut().as_pin_mut();
+            if timer.is_some_and(|timer| timer.poll(cx).is_ready()) {
+                return Poll::Ready(Ok(deadline_exceeded(this.deadline)));
+            }
+        }
+        Poll::Ready(match ready!(this.inner.poll(cx)) {
             Ok(mut response) => {
                 if let Some(abandoned) = response.extensions().get::<Abandoned>() {
                     let reason = HeaderValue::from_static(abandoned.reason().as_str());
@@ -143,10 +167,39 @@ where
             }
             Err(e) => match refusal(&*e) {
                 Some(refusal) => Ok(refusal.into_response(&*e)),
+                // An error once a timer set from one of the call's `grpc-timeout`s may have
+                // fired (tonic's, in `Channel`: `TimeoutExpired`), ours not seen to have:
+                // the deadline's doing. (With `retry_transport_errors`, the retry policy
+                // has seen the error first, and may have counted an abandonment too.)
+                None if this
+                    .deadline
+                    .as_ref()
+                    .is_some_and(|(d, _)| Instant::now() >= d.expiry) =>
+                {
+                    Ok(deadline_exceeded(this.deadline))
+                }
                 None => Err(e),
             },
         })
     }
+}
+
+/// The answer to a call whose deadline passed while an attempt was in flight, counted once
+/// as abandoned (the deadline is taken): DEADLINE_EXCEEDED, as the stack answers a call
+/// whose deadline passes before it is sent.
+fn deadline_exceeded<RB, F>(
+    deadline: &mut Option<(CallDeadline, Allowance)>,
+) -> Response<WatchTrailers<RB, F>> {
+    let reason = AbandonReason::Deadline;
+    if let Some((_, allowance)) = deadline.take() {
+        allowance.shared.stats.abandon(reason);
+    }
+    let refusal = Refusal {
+        code: Code::DEADLINE_EXCEEDED,
+        pushback: None,
+        reason: Some(reason),
+    };
+    refusal.into_response(&Abandoned::new(reason))
 }
 
 /// What the stack answers a tonic caller for one of its own refusals.

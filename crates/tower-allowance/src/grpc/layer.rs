@@ -63,6 +63,9 @@ impl<S> Layer<S> for GrpcLayer {
     >;
 
     fn layer(&self, inner: S) -> Self::Service {
-        GrpcCall::new(self.allowance.layer(self.trailers.layer(inner)))
+        GrpcCall::new(
+            self.allowance.layer(self.trailers.layer(inner)),
+            self.trailers.allowance().clone(),
+        )
     }
 }

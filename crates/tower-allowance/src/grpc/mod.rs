@@ -86,6 +86,23 @@
 //!   abandoned (`deadline`). A call whose deadline passes while it waits behind admission or a
 //!   cooldown fails at once, not after the wait, with DEADLINE_EXCEEDED. A value that is not
 //!   1 to 8 digits and a unit is passed on unchanged and sets no deadline.
+//! - **A call whose deadline passes while an attempt is in flight ends there**, with
+//!   DEADLINE_EXCEEDED marked `deadline` (and counted as abandoned), like a call whose
+//!   deadline passes in the queue: [`GrpcCall`]'s response future holds the deadline's timer
+//!   and polls it before the attempt, which is dropped with the future (until the answer's
+//!   head comes: the messages of a streamed answer are not timed, by tonic either). Left to
+//!   them, tonic's `Channel` (and the server) would end the call on their own timers, set
+//!   from the `grpc-timeout` the attempt was sent with, as `CANCELLED "Timeout expired"`,
+//!   with nothing to say that the deadline did it. The timers cannot disagree, whichever
+//!   fires first:
+//!   - the stack's timer is due no later than theirs. An attempt's `grpc-timeout` is rounded
+//!     down by less than one unit of it, and that unit is at most the unit of the call's
+//!     whole timeout; the timer is set that much (less a nanosecond) before the deadline: at
+//!     the deadline below 100 ms, under a microsecond before it below 100 s, under a
+//!     millisecond below 27 hours;
+//!   - an error from the attempt once that instant has passed (their timer seen first, for
+//!     whatever reason) is the deadline's verdict too. An error before it (a refused
+//!     connection) is passed on as it is.
 //! - **An abandoned call says why**: its answer carries `x-allowance-abandoned: <reason>`
 //!   ([`X_ALLOWANCE_ABANDONED`], an [`AbandonReason::as_str`]) in its headers, which tonic
 //!   hands on in `Status::metadata` (a trailers-only answer: every throttled one) or

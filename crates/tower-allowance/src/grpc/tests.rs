@@ -15,10 +15,11 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body::{Body, Frame};
 use http_body_util::StreamBody;
+use proptest::prelude::*;
 
 use super::{
     call::{percent_encode, refusal},
-    deadline::{format_timeout, parse_timeout},
+    deadline::{format_timeout, parse_timeout, CallDeadline},
     Code, GrpcResponse, GrpcStatus, Pushback, WatchTrailers,
 };
 use crate::{
@@ -355,4 +356,36 @@ fn refusals_map_to_codes_a_client_can_act_on() {
     }
     let message = percent_encode("100% sure: \u{e9}t\u{e9}\n");
     assert_eq!(message, "100%25 sure: %C3%A9t%C3%A9%0A");
+}
+
+proptest! {
+    /// What lets `GrpcCall` answer a call's deadline before anything downstream does: no
+    /// timer set from the `grpc-timeout` of an attempt (sent at any time during the call,
+    /// with the time left then) fires before the call's `expiry`, which is less than one
+    /// unit of the call's timeout before its deadline (at it, below 100 ms).
+    #[test]
+    fn no_timer_from_an_attempts_grpc_timeout_fires_before_the_calls_expiry(
+        timeout_ns in 0u64..=20 * 365 * 86_400 * 1_000_000_000,
+        sent_ppm in 0u64..=1_000_000,
+    ) {
+        let timeout = Duration::from_nanos(timeout_ns);
+        let CallDeadline { at, expiry } = CallDeadline::after(timeout);
+        prop_assert!(expiry <= at);
+        let early = at.duration_since(expiry);
+        let unit = [1, 1_000, 1_000_000, 1_000_000_000, 60_000_000_000, 3_600_000_000_000]
+            .into_iter()
+            .map(Duration::from_nanos)
+            .find(|unit| timeout.as_nanos() / unit.as_nanos() <= 99_999_999)
+            .expect("20 years fit in 8 digits of hours");
+        prop_assert_eq!(early, unit - Duration::from_nanos(1));
+        if timeout < Duration::from_millis(100) {
+            prop_assert_eq!(expiry, at);
+        }
+        // An attempt sent `sent_ppm` millionths into the call.
+        let since_start = u128::from(timeout_ns) * u128::from(sent_ppm) / 1_000_000;
+        let left = timeout - Duration::from_nanos(u64::try_from(since_start).expect("<= timeout"));
+        let sent = at - left;
+        let given = parse_timeout(&format_timeout(left)).expect("what the stack writes, it reads");
+        prop_assert!(sent + given >= expiry, "{left:?} written as {:?}", format_timeout(left));
+    }
 }

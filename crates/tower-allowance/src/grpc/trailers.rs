@@ -89,6 +89,11 @@ impl TrailersLayer {
     pub fn new(allowance: Allowance) -> Self {
         Self { allowance }
     }
+
+    /// The allowance fed.
+    pub(super) fn allowance(&self) -> &Allowance {
+        &self.allowance
+    }
 }
 
 impl<S> Layer<S> for TrailersLayer {
