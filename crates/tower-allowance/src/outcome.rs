@@ -87,7 +87,7 @@ impl Outcome {
     /// ```
     pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Self {
         #[cfg(feature = "tonic")]
-        let tonic = abandoned_status(e);
+        let tonic = crate::body::impl_tonic::abandoned(e).and_then(|r| r.parse().ok());
         #[cfg(not(feature = "tonic"))]
         let tonic = None;
         if let Some(a) = find::<Abandoned>(e) {
@@ -105,20 +105,4 @@ impl Outcome {
     pub fn is_completed(&self) -> bool {
         matches!(self, Self::Completed)
     }
-}
-
-/// The reason a `tonic::Status` (anywhere in `e`'s `source()` chain) names in
-/// `x-allowance-abandoned`: the metadata entry `grpc::GrpcLayer` adds to the answer to a
-/// call it gave up on, or refused (`grpc::X_ALLOWANCE_ABANDONED`, not named here: the
-/// `tonic` feature goes without `grpc`).
-#[cfg(feature = "tonic")]
-fn abandoned_status(e: &(dyn std::error::Error + 'static)) -> Option<AbandonReason> {
-    let status = find::<tonic::Status>(e)?;
-    status
-        .metadata()
-        .get("x-allowance-abandoned")?
-        .to_str()
-        .ok()?
-        .parse()
-        .ok()
 }

@@ -47,7 +47,7 @@ mod impl_axum;
 #[cfg(feature = "hyper")]
 mod impl_hyper;
 #[cfg(feature = "tonic")]
-mod impl_tonic;
+pub(crate) mod impl_tonic;
 mod replay;
 mod replayable;
 
