@@ -165,12 +165,15 @@
 //!
 //! # Files
 //!
-//! In the order they build on each other (each file's code names only files above it):
-//! `codes.rs` ([`Code`]); `status.rs` (what a response's head or trailers say:
-//! [`GrpcStatus`], [`GrpcResponse`], [`Pushback`]); `classify.rs` ([`GrpcClassifier`]);
-//! `body.rs` ([`WatchTrailers`], [`OnTrailers`]); `deadline.rs` (`grpc-timeout` read and
-//! written); `trailers.rs` ([`TrailersLayer`], [`FeedAllowance`]); `call.rs` ([`GrpcCall`]:
-//! the call's deadline, the stack's refusals as gRPC answers); `layer.rs` ([`GrpcLayer`]).
+//! In the order they build on each other (each file's code names only the files before it,
+//! and the header names defined here): `codes.rs` ([`Code`]); `status.rs` (what a
+//! response's head or trailers say: [`GrpcStatus`], [`GrpcResponse`], [`Pushback`]);
+//! `classify.rs` ([`GrpcClassifier`]); `body.rs` ([`WatchTrailers`], [`OnTrailers`]);
+//! `deadline.rs` (`grpc-timeout` read and written, and the instant the call's deadline is
+//! due); `trailers.rs` ([`TrailersLayer`], [`FeedAllowance`]); `call.rs` ([`GrpcCall`]: the
+//! call's deadline, the stack's refusals as gRPC answers); `layer.rs` ([`GrpcLayer`]);
+//! `tests.rs` (unit tests of the private parts; the public API's are in the repository's
+//! `tests/tests/grpc.rs` and `grpc_tonic.rs`).
 //!
 //! [`AbandonReason`]: crate::error::AbandonReason
 //! [`AbandonReason::Deadline`]: crate::error::AbandonReason::Deadline
