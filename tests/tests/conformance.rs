@@ -211,13 +211,15 @@ fn differential(functions: bool) {
                     };
                     let now = tokio::time::Instant::now();
                     let want = memory
-                        .try_apply(now, params, &op)
+                        .try_apply(now, params, &op.into())
                         .expect("sync")
-                        .expect("memory");
-                    let got = redis
-                        .try_apply(now, params, &op)
+                        .expect("memory")
+                        .into();
+                    let got: Reply = redis
+                        .try_apply(now, params, &op.into())
                         .expect("sync")
-                        .expect("redis");
+                        .expect("redis")
+                        .into();
                     prop_assert_eq!(got, want, "op #{} {:?}", i, op);
                     if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
                         last = Some(reservation);

@@ -56,6 +56,8 @@ enum Answer {
     Refuse(Code, Option<&'static str>),
     /// The same, after this many milliseconds (unary calls).
     Slow(u64, Code, Option<&'static str>),
+    /// OK, after this many milliseconds (unary calls).
+    Late(u64),
 }
 
 impl Answer {
@@ -150,7 +152,7 @@ impl UnaryService<Msg> for Svc {
     fn call(&mut self, request: tonic::Request<Msg>) -> Self::Future {
         let answer = self.arrive(UNARY, &request.metadata().clone().into_headers(), 1);
         Box::pin(async move {
-            if let Answer::Slow(ms, ..) = answer {
+            if let Answer::Slow(ms, ..) | Answer::Late(ms) = answer {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
             match answer.status() {
@@ -414,6 +416,32 @@ async fn a_queued_call_pushed_past_its_deadline_fails_when_it_is_pushed() {
     assert_eq!(first.map(|m| m.n).ok(), Some(1));
     let arrivals = rig.arrivals_ms();
     assert!(arrivals.len() == 2 && arrivals[1] >= 3200, "{arrivals:?}");
+}
+
+/// A call whose deadline passes while its attempt is in flight (the server answers after
+/// 2 s, the call has 1 s) ends at its deadline as DEADLINE_EXCEEDED, marked `deadline`,
+/// whichever timer fires first: the stack's own, tonic's (in `Channel`) on the
+/// `grpc-timeout` the attempt was sent with, or the server's on the same value.
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_deadline_passes_in_flight_ends_as_deadline_exceeded() {
+    let rig = Rig::start(|_, _| Answer::Late(2000)).await;
+    let allowance = allowance(10);
+    let mut client = rig.client(&allowance, retry_all());
+    let status = unary(&mut client, timed(1, 1000))
+        .await
+        .expect_err("past its deadline");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(abandoned(&status), Some("deadline"));
+    assert_eq!(
+        Outcome::of_error(&status),
+        Outcome::Abandoned(AbandonReason::Deadline)
+    );
+    assert_eq!(rig.elapsed_ms(), 1000, "ended at the deadline");
+    let timeouts: Vec<_> = rig.seen().into_iter().map(|s| s.grpc_timeout).collect();
+    assert_eq!(timeouts, [Some("1000000u".to_owned())], "one attempt");
+    let abandoned = allowance.snapshot().abandoned;
+    assert_eq!(abandoned.get(AbandonReason::Deadline), 1, "counted once");
+    assert_eq!(abandoned.total(), 1);
 }
 
 // === the stack's own refusals ===

@@ -101,7 +101,8 @@ fn redis_store() {
 }
 
 fn admit<S: Store>(store: &S, config: &AllowanceConfig, req: AdmitRequest) -> Admission {
-    match store.try_apply(Instant::now(), config.params(), &Op::Admit(req)) {
+    let reply = store.try_apply(Instant::now(), config.params(), &Op::Admit(req).into());
+    match reply.map(|r| r.map(Reply::from)) {
         Some(Ok(Reply::Admit(a))) => a,
         other => panic!("admit answered {other:?}"),
     }
@@ -530,13 +531,15 @@ fn redis_script_decides_several_limits_exactly_as_the_memory_store() {
                     };
                     let now = Instant::now();
                     let want = memory
-                        .try_apply(now, params, &op)
+                        .try_apply(now, params, &op.into())
                         .expect("sync")
-                        .expect("memory");
-                    let got = redis
-                        .try_apply(now, params, &op)
+                        .expect("memory")
+                        .into();
+                    let got: Reply = redis
+                        .try_apply(now, params, &op.into())
                         .expect("sync")
-                        .expect("redis");
+                        .expect("redis")
+                        .into();
                     prop_assert_eq!(got, want, "op #{} {:?}", i, op);
                     if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
                         last = Some(reservation);

@@ -34,8 +34,8 @@ use std::{
 
 use tokio::time::Instant;
 use tower_allowance::{
-    store::{Op, Params, Reply},
-    store::{Store, StoreError, StoreFuture, Watcher},
+    rule,
+    store::{Op, Params, Reply, Store, StoreError, StoreFuture, Watcher},
 };
 
 use allowance_testkit::{figures::Releases, scenario::CancelFraction};
@@ -164,7 +164,7 @@ impl ReleaseCounts {
     }
 
     fn record(&self, reply: &Reply) {
-        if let Reply::Release { released } = reply {
+        if let rule::Reply::Release { released } = reply.rule() {
             self.made.fetch_add(1, Ordering::Relaxed);
             if *released {
                 self.taken_back.fetch_add(1, Ordering::Relaxed);
@@ -190,7 +190,7 @@ impl<S: Store> CountReleases<S> {
 
 impl<S: Store> Store for CountReleases<S> {
     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        let release = matches!(op, Op::Release(_));
+        let release = matches!(op.rule(), rule::Op::Release(_));
         let fut = self.inner.apply(params, op);
         if !release {
             return fut;
@@ -212,7 +212,7 @@ impl<S: Store> Store for CountReleases<S> {
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
         let reply = self.inner.try_apply(now, params, op);
-        if let (Op::Release(_), Some(Ok(reply))) = (op, &reply) {
+        if let (rule::Op::Release(_), Some(Ok(reply))) = (op.rule(), &reply) {
             self.counts.record(reply);
         }
         reply

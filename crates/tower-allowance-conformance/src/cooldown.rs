@@ -16,8 +16,8 @@ use tower::ServiceExt;
 use tower_allowance::{
     error::AbandonReason,
     retry::RetryConfig,
-    rule::{Admission, AdmitRequest, ClosedBy},
-    store::{Op, Reply, Store},
+    rule::{Admission, AdmitRequest, ClosedBy, Op, Reply},
+    store::Store,
     AcquireOptions, AdaptiveRate, Deadline, Outcome,
 };
 

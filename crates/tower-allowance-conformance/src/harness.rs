@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use tower::service_fn;
 use tower_allowance::{
     error::AbandonReason,
-    rule::{Admission, AdmitRequest, StoreState},
-    store::{Event, Op, Params, Reply, Store, StoreError, StoreFuture, Watcher},
+    rule::{Admission, AdmitRequest, Event, Op, Reply, StoreState},
+    store::{self, Params, Store, StoreError, StoreFuture, Watcher},
     AcquireOptions, Allowance, AllowanceConfig,
 };
 
@@ -68,10 +68,12 @@ impl Direct {
     /// Applies `op` as the allowance does: synchronously when the store can, else through
     /// its future.
     pub(crate) async fn apply(&self, op: Op) -> Result<Reply, StoreError> {
-        match self.store.try_apply(Instant::now(), &self.params, &op) {
+        let op = store::Op::from(op);
+        let reply = match self.store.try_apply(Instant::now(), &self.params, &op) {
             Some(result) => result,
             None => self.store.apply(&self.params, op).await,
-        }
+        };
+        reply.map(Reply::from)
     }
 
     /// The rule's answer to an admission (a reserved slot is the caller's: nothing waits on
@@ -105,7 +107,7 @@ impl Direct {
             "the allowance gave the store a watcher"
         );
         for w in watchers.iter() {
-            w.notify(event);
+            w.notify(event.into());
         }
     }
 }
@@ -119,7 +121,7 @@ struct Tapped {
 }
 
 impl Store for Tapped {
-    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+    fn apply(&self, params: &Params, op: store::Op) -> StoreFuture<store::Reply> {
         self.store.apply(params, op)
     }
 
@@ -127,8 +129,8 @@ impl Store for Tapped {
         &self,
         now: Instant,
         params: &Params,
-        op: &Op,
-    ) -> Option<Result<Reply, StoreError>> {
+        op: &store::Op,
+    ) -> Option<Result<store::Reply, StoreError>> {
         self.store.try_apply(now, params, op)
     }
 

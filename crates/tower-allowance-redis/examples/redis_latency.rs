@@ -48,7 +48,7 @@ async fn main() -> Result<(), BoxError> {
     for _ in 0..500 {
         redis::cmd("PING").query_async::<String>(&mut ping).await?;
         store
-            .apply(config.params(), Op::Admit(AdmitRequest::first()))
+            .apply(config.params(), Op::Admit(AdmitRequest::first()).into())
             .await?;
     }
     // Interleaved, so both see the same machine load.
@@ -60,10 +60,10 @@ async fn main() -> Result<(), BoxError> {
         pings.push(t.elapsed());
         let t = Instant::now();
         let decision = store
-            .apply(config.params(), Op::Admit(AdmitRequest::first()))
+            .apply(config.params(), Op::Admit(AdmitRequest::first()).into())
             .await?;
         admits.push(t.elapsed());
-        assert!(matches!(decision, Reply::Admit(Admission::Admitted)));
+        assert!(matches!(decision.into(), Reply::Admit(Admission::Admitted)));
     }
     let rt = store.round_trips() - rt_before;
     let (ping_p50, p99) = percentiles(pings);
@@ -88,7 +88,7 @@ async fn main() -> Result<(), BoxError> {
                 "PING" => drop(redis::cmd("PING").query_async::<String>(&mut ping).await?),
                 "admit" => drop(
                     store
-                        .apply(config.params(), Op::Admit(AdmitRequest::first()))
+                        .apply(config.params(), Op::Admit(AdmitRequest::first()).into())
                         .await?,
                 ),
                 _ => allowance.acquire().await?,
@@ -127,7 +127,7 @@ async fn main() -> Result<(), BoxError> {
         tasks.spawn(async move {
             for _ in 0..PER_TASK {
                 store
-                    .apply(config.params(), Op::Admit(AdmitRequest::first()))
+                    .apply(config.params(), Op::Admit(AdmitRequest::first()).into())
                     .await?;
             }
             Ok::<_, BoxError>(())

@@ -174,14 +174,25 @@ mod tests {
     fn configurations_that_differ_are_described_apart() {
         let four = AllowanceConfig::per_second(4, 4).expect("valid");
         let forty = AllowanceConfig::per_second(40, 4).expect("valid");
-        assert_ne!(describe(four.params()), describe(forty.params()));
-        let budget = four.clone().with_retry_budget(RetryBudgetConfig::fixed(10));
-        assert_ne!(describe(four.params()), describe(budget.params()));
-        assert_eq!(
-            describe(four.params()),
-            describe(AllowanceConfig::per_second(4, 4).expect("valid").params())
+        assert_ne!(
+            describe(four.params().rule()),
+            describe(forty.params().rule())
         );
-        assert!(describe(budget.params()).contains("retry budget fixed 10"));
+        let budget = four.clone().with_retry_budget(RetryBudgetConfig::fixed(10));
+        assert_ne!(
+            describe(four.params().rule()),
+            describe(budget.params().rule())
+        );
+        assert_eq!(
+            describe(four.params().rule()),
+            describe(
+                AllowanceConfig::per_second(4, 4)
+                    .expect("valid")
+                    .params()
+                    .rule()
+            )
+        );
+        assert!(describe(budget.params().rule()).contains("retry budget fixed 10"));
         assert_eq!(key("odds-api"), "ta:{odds-api}:cfg");
     }
 }

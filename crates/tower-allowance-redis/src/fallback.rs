@@ -52,9 +52,10 @@ impl Fallback {
             return;
         }
         if let Ok(local_params) = fallback_config(params, NonZeroU32::MIN) {
+            let op = (*op).into();
             let _ = self
                 .local
-                .try_apply(Instant::now(), local_params.params(), op);
+                .try_apply(Instant::now(), local_params.params(), &op);
         }
     }
 
@@ -74,9 +75,9 @@ impl Fallback {
         };
         let reply = self
             .local
-            .try_apply(Instant::now(), local_params.params(), op)?;
+            .try_apply(Instant::now(), local_params.params(), &(*op).into())?;
         // The fallback's events are its own: other processes cannot hear them.
-        Some(reply.map(strip_event))
+        Some(reply.map(|reply| strip_event(reply.into())))
     }
 }
 
@@ -153,14 +154,14 @@ mod tests {
         let config = AllowanceConfig::per_second(10, 6)
             .expect("valid")
             .with_retry_budget(RetryBudgetConfig::fixed(9));
-        let local = fallback_config(config.params(), n).expect("valid");
+        let local = fallback_config(config.params().rule(), n).expect("valid");
         assert_eq!(local.interval(), Duration::from_millis(400));
         assert_eq!(local.burst(), 1);
         assert_eq!(local.retry_budget(), &RetryBudgetConfig::fixed(0));
 
         let budget = ReplenishingBudget::new(Duration::from_secs(10), 8, 0.2).expect("valid");
         let config = config.with_retry_budget(RetryBudgetConfig::Replenishing(budget));
-        let local = fallback_config(config.params(), n).expect("valid");
+        let local = fallback_config(config.params().rule(), n).expect("valid");
         let RetryBudgetConfig::Replenishing(r) = local.retry_budget() else {
             panic!("still replenishing");
         };

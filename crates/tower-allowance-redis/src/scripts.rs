@@ -513,7 +513,7 @@ mod tests {
         let config = tower_allowance::AllowanceConfig::per_second(3, 2)
             .expect("valid")
             .exact();
-        let a = argv(&Op::Clear, config.params(), 1000, "ta:{x}:ev", None);
+        let a = argv(&Op::Clear, config.params().rule(), 1000, "ta:{x}:ev", None);
         assert_eq!(a.len(), 4);
         assert_eq!(a[3], Arg::Channel("ta:{x}:ev"));
         let Arg::Params(text) = &a[2] else {
@@ -528,7 +528,7 @@ mod tests {
         assert_eq!(v[26], 1000, "the idle TTL last: {text}");
         let admit = argv(
             &Op::Admit(AdmitRequest::first()),
-            config.params(),
+            config.params().rule(),
             1000,
             "c",
             None,
@@ -539,14 +539,20 @@ mod tests {
     #[test]
     fn argv_has_the_clock_second_in_every_build() {
         let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
-        let none = argv(&Op::Clear, config.params(), 1000, "c", None);
-        let at = argv(&Op::Clear, config.params(), 1000, "c", Some(42));
+        let none = argv(&Op::Clear, config.params().rule(), 1000, "c", None);
+        let at = argv(&Op::Clear, config.params().rule(), 1000, "c", Some(42));
         assert_eq!(none[1], Arg::None);
         assert_eq!(at[1], Arg::N(42));
         assert_eq!(none.len(), at.len());
         assert_eq!(none[2..], at[2..]);
         // Lua's doubles: a clock beyond 2^53 is clamped like every other argument.
-        let far = argv(&Op::Clear, config.params(), 1000, "c", Some(u64::MAX));
+        let far = argv(
+            &Op::Clear,
+            config.params().rule(),
+            1000,
+            "c",
+            Some(u64::MAX),
+        );
         assert_eq!(far[1], Arg::N(MAX_EXACT));
     }
 

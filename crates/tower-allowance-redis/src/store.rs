@@ -20,7 +20,7 @@ use redis::{ErrorKind, ServerErrorKind};
 use tokio::time::Instant;
 use tower_allowance::{
     rule::{Event, Op, Params, Reply},
-    store::{Store, StoreError, StoreErrorKind, StoreFuture, Watcher},
+    store::{self, Store, StoreError, StoreErrorKind, StoreFuture, Watcher},
 };
 
 use crate::{
@@ -310,7 +310,7 @@ impl RedisStore {
     }
 
     /// Runs one operation: Redis when it is expected to answer, else the failure policy.
-    fn decide(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+    fn decide(&self, params: &Params, op: Op) -> StoreFuture<store::Reply> {
         self.ensure_subscribed();
         if let Some(fallback) = &self.inner.fallback {
             // The local fallback hears of every cooldown, closure and clearing too, so that
@@ -335,7 +335,7 @@ impl RedisStore {
                 }
                 Check::Open => Err(inner.circuit.open_error()),
             };
-            inner.settle(&params, &op, result)
+            inner.settle(&params, &op, result).map(store::Reply::from)
         })
     }
 
@@ -361,21 +361,26 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        self.decide(params, op)
+    fn apply(&self, params: &store::Params, op: store::Op) -> StoreFuture<store::Reply> {
+        self.decide(params.rule(), op.into())
     }
 
     #[cfg(feature = "test-util")]
     fn try_apply(
         &self,
         _now: Instant,
-        params: &Params,
-        op: &Op,
-    ) -> Option<Result<Reply, StoreError>> {
+        params: &store::Params,
+        op: &store::Op,
+    ) -> Option<Result<store::Reply, StoreError>> {
         // Following tokio's clock (tests): a blocking call, so that a paused runtime cannot
         // auto-advance while it is in flight.
+        let (params, op) = (params.rule(), op.rule());
         let result = self.inner.test.eval_blocking(&self.inner, params, op)?;
-        Some(self.inner.settle(params, op, result))
+        Some(
+            self.inner
+                .settle(params, op, result)
+                .map(store::Reply::from),
+        )
     }
 
     /// The allowance's name: `Allowance::with_store(config, store)` logs and counts under it.
@@ -585,7 +590,7 @@ impl Listener for Inner {
     fn deliver(&self, event: Option<Event>) {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         watchers.retain(|w| match event {
-            Some(e) => w.notify(e),
+            Some(e) => w.notify(e.into()),
             None => w.resync(),
         });
     }

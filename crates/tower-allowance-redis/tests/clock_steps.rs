@@ -127,11 +127,12 @@ fn reservations_across_a_backward_step_are_released_or_lost_boundedly() {
         let mut rule_state = State::default();
         let mut now_us: u64 = 0;
         let mut apply = |op: Op, now_us: u64| {
-            let got = store
-                .try_apply(Instant::now(), params, &op)
+            let got: Reply = store
+                .try_apply(Instant::now(), params, &op.into())
                 .expect("answered synchronously")
-                .expect("redis");
-            let want = rule::apply(&mut rule_state, now_us, params, &op);
+                .expect("redis")
+                .into();
+            let want = rule::apply(&mut rule_state, now_us, params.rule(), &op);
             assert_eq!(got, want, "{op:?} at {now_us} µs");
             got
         };

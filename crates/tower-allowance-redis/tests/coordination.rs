@@ -38,22 +38,18 @@ async fn connect(redis: &TestRedis, name: &str) -> RedisStore {
 }
 
 async fn admit(store: &RedisStore, config: &AllowanceConfig, req: AdmitRequest) -> Admission {
-    match store
-        .apply(config.params(), Op::Admit(req))
-        .await
-        .expect("redis")
-    {
+    let reply = store.apply(config.params(), Op::Admit(req).into()).await;
+    match reply.expect("redis").into() {
         Reply::Admit(a) => a,
         other => panic!("{other:?}"),
     }
 }
 
 async fn state(store: &RedisStore, config: &AllowanceConfig) -> StoreState {
-    match store
-        .apply(config.params(), Op::Read { deposits: 0 })
-        .await
-        .expect("redis")
-    {
+    let reply = store
+        .apply(config.params(), Op::Read { deposits: 0 }.into())
+        .await;
+    match reply.expect("redis").into() {
         Reply::State(s) => s,
         other => panic!("{other:?}"),
     }
@@ -332,7 +328,8 @@ async fn every_key_has_a_ttl_and_there_are_two_keys() {
             config.params(),
             Op::Defer {
                 delay_us: Some(60_000_000),
-            },
+            }
+            .into(),
         )
         .await
         .expect("redis");
@@ -353,7 +350,7 @@ async fn every_key_has_a_ttl_and_there_are_two_keys() {
     let budget = ReplenishingBudget::new(Duration::from_secs(30), 1, 0.1).expect("valid");
     let config = config.with_retry_budget(RetryBudgetConfig::Replenishing(budget));
     budget_store
-        .apply(config.params(), Op::Read { deposits: 1 })
+        .apply(config.params(), Op::Read { deposits: 1 }.into())
         .await
         .expect("redis");
     let ttl = parse_int(&redis.command(&["PTTL", budget_store.key()]).await);

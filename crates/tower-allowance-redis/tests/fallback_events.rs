@@ -30,10 +30,8 @@ fn options(policy: FailurePolicy) -> RedisStoreOptions {
 }
 
 async fn admit(store: &RedisStore, config: &AllowanceConfig) -> Result<Admission, StoreError> {
-    match store
-        .apply(config.params(), Op::Admit(AdmitRequest::first()))
-        .await?
-    {
+    let op = Op::Admit(AdmitRequest::first()).into();
+    match store.apply(config.params(), op).await?.into() {
         Reply::Admit(a) => Ok(a),
         other => panic!("{other:?}"),
     }
@@ -42,7 +40,7 @@ async fn admit(store: &RedisStore, config: &AllowanceConfig) -> Result<Admission
 async fn until_redis_answers(store: &RedisStore, config: &AllowanceConfig) {
     let started = Instant::now();
     loop {
-        let read = store.apply(config.params(), Op::Read { deposits: 0 }).await;
+        let read = (store.apply(config.params(), Op::Read { deposits: 0 }.into())).await;
         if read.is_ok() && !store.is_degraded() {
             return;
         }

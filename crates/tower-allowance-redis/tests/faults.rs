@@ -52,10 +52,11 @@ fn call_error(e: &StoreError) -> CallErrorKind {
 }
 
 async fn admit(store: &RedisStore, config: &AllowanceConfig) -> Result<Admission, StoreError> {
-    match store
-        .apply(config.params(), Op::Admit(AdmitRequest::first()))
-        .await?
-    {
+    match Reply::from(
+        store
+            .apply(config.params(), Op::Admit(AdmitRequest::first()).into())
+            .await?,
+    ) {
         Reply::Admit(a) => Ok(a),
         other => panic!("{other:?}"),
     }
@@ -65,7 +66,9 @@ async fn admit(store: &RedisStore, config: &AllowanceConfig) -> Result<Admission
 async fn until_redis_answers(store: &RedisStore, config: &AllowanceConfig) -> Duration {
     let started = Instant::now();
     loop {
-        let read = store.apply(config.params(), Op::Read { deposits: 0 }).await;
+        let read = store
+            .apply(config.params(), Op::Read { deposits: 0 }.into())
+            .await;
         if read.is_ok() && !store.is_degraded() {
             return started.elapsed();
         }
@@ -425,10 +428,10 @@ async fn fallback_honours(cooldown: Op) {
         .expect("connect");
     let config = AllowanceConfig::per_second(100, 10).expect("valid");
     let deferred = store
-        .apply(config.params(), cooldown)
+        .apply(config.params(), cooldown.into())
         .await
         .expect("redis is up");
-    assert!(matches!(deferred, Reply::Defer(d) if d.extended));
+    assert!(matches!(deferred.into(), Reply::Defer(d) if d.extended));
     redis.kill();
     match admit(&store, &config).await.expect("fallback") {
         Admission::Reserved { wait, .. } => {

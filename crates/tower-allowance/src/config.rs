@@ -25,8 +25,8 @@ use crate::{
     classify::{ReadWith, StatusClassifier},
     error::ConfigError,
     rule::{self, BudgetParams, LimitParams, Unit, BUDGET_SLOTS, MAX_LIMITS},
-    store::Params,
     signals::{Dialect, ReadContext},
+    store::Params,
 };
 
 // The per-request retry rules an allowance carries (public as `retry::RetryConfig`).
@@ -535,8 +535,7 @@ impl AllowanceConfig {
         }
         params.limit_count = self.limits.len();
         params.budget = self.retry_budget.params();
-        params.max_cooldown_us =
-            rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
+        params.max_cooldown_us = rule::micros_ceil(self.max_cooldown).unwrap_or(rule::MAX_DELAY_US);
         #[cfg(any(test, feature = "adaptive"))]
         self.derive_adaptive();
     }

@@ -57,10 +57,10 @@
 //! | --- | --- | --- | --- |
 //! | `hyper` | yes | [`Replayable`](body::Replayable) for hyper's `Incoming`, so a proxy can forward a hyper server's request body: sent once, never retried (it cannot be rebuilt) | `hyper` without features (the types only) |
 //! | `axum` | | [`Replayable`](body::Replayable) for axum's `Body` | `axum-core` (not the router) |
-//! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` | `tonic` without default features (no transport, codegen or router) |
+//! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` (`GrpcLayer` over a `Channel` needs `grpc` too); `Outcome::of_error` reads a `tonic::Status` | `tonic` without default features (no transport, codegen or router) |
 //! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`] and the store's [`State`](store::State) | `serde`, `humantime-serde` |
 //! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
-//! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; add `tonic` for the `Channel`'s body) |
+//! | `grpc` | | `grpc`: gRPC status and `grpc-retry-pushback-ms` classification, trailers watching, `GrpcLayer` for a tonic `Channel` | nothing (works on `http`/`http-body` types; a tonic `Channel` needs `tonic` too, for its body) |
 //! | `keyed` | | `keyed`: one allowance per key (API key, tenant), created on first use, evicted when settled, store names derived from the key under a secret | `blake3` |
 //! | `dialects` | | providers' rate-limit headers beyond `Retry-After`/`retry-after-ms` in `signals`: the IETF `RateLimit` fields, GitHub, OpenAI, Anthropic, and the odds seed's `X-RateLimit-*`; they also fill `Snapshot::rate_limit` and the advertised policy an adaptive rate follows | `sfv` (RFC 9651 structured fields) |
 //! | `cost` | | `cost`: `CostLayer`, which sets each request's [`Cost`] from a header, the body size or a function (without it, insert [`Cost`] yourself) | nothing |

@@ -90,7 +90,7 @@ impl Outcome {
     /// ```
     pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Self {
         #[cfg(feature = "tonic")]
-        let tonic = crate::body::impl_tonic::abandoned_status(e);
+        let tonic = crate::body::impl_tonic::abandoned(e).and_then(|r| r.parse().ok());
         #[cfg(not(feature = "tonic"))]
         let tonic = None;
         if let Some(a) = find::<Abandoned>(e) {

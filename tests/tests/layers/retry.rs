@@ -189,7 +189,8 @@ async fn over_admission_a_retry_keeps_its_place_ahead_of_later_arrivals() {
                 let throttle = first.swap(false, std::sync::atomic::Ordering::SeqCst);
                 async move {
                     let ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
-                    (log.lock().unwrap_or_else(PoisonError::into_inner)).push((ms, req.into_body()));
+                    (log.lock().unwrap_or_else(PoisonError::into_inner))
+                        .push((ms, req.into_body()));
                     let mut res = Response::new(String::new());
                     if throttle {
                         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -202,7 +203,11 @@ async fn over_admission_a_retry_keeps_its_place_ahead_of_later_arrivals() {
         }));
         let policy = RetryPolicy::new(allowance.clone())
             .with_config(RetryConfig::default().with_jitter_seed(1));
-        let policy = if over { policy.over_admission() } else { policy };
+        let policy = if over {
+            policy.over_admission()
+        } else {
+            policy
+        };
         let stack = Svc::new(Retry::new(
             policy,
             tower_allowance::cooldown::CooldownLayer::new(allowance.clone())

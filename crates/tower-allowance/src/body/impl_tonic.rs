@@ -14,17 +14,16 @@ impl Replayable for tonic::body::Body {
     }
 }
 
-/// The reason a `tonic::Status` (anywhere in `e`'s `source()` chain) names in
-/// `x-allowance-abandoned`, the metadata entry `GrpcLayer` adds to an abandoned call's answer.
-pub(crate) fn abandoned_status(
-    e: &(dyn std::error::Error + 'static),
-) -> Option<crate::error::AbandonReason> {
-    let status = crate::error::find::<tonic::Status>(e)?;
+/// What the first `tonic::Status` in `e`'s `source()` chain (`e` included) names in its
+/// `x-allowance-abandoned` metadata: the reason `GrpcLayer` gave up on a call, for
+/// `Outcome::of_error` to parse. (The chain is walked here rather than with `error::find`, so
+/// that `body` stays a leaf module: no circle through `error`.)
+pub(crate) fn abandoned<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    let status = std::iter::successors(Some(e), |e| e.source())
+        .find_map(|e| e.downcast_ref::<tonic::Status>())?;
     status
         .metadata()
         .get("x-allowance-abandoned")?
         .to_str()
-        .ok()?
-        .parse()
         .ok()
 }

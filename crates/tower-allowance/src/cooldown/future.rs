@@ -16,8 +16,7 @@ use crate::{
     extensions::Attempt,
     rule::{self, Op},
     shared::{Answer, Applying},
-    signals,
-    BoxError,
+    signals, BoxError,
 };
 
 pin_project! {

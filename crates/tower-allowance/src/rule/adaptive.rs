@@ -50,21 +50,25 @@ pub(crate) fn adaptive_rate(state: &State, now: u64, params: &Params) -> Option<
 
 /// After a cut the adaptive rate grows by its value at the cut every this long (100 s: 1% per
 /// second).
-pub(crate) const ADDITIVE_INCREASE_PERIOD_US: u64 = 100_000_000;
+pub const ADDITIVE_INCREASE_PERIOD_US: u64 = 100_000_000;
 
 /// A cut keeps this many thousandths of the rate (0.85).
-pub(crate) const CUT_PER_MILLE: u64 = 850;
+pub const CUT_PER_MILLE: u64 = 850;
 
 /// A cut within [`FAST_CUT_WINDOW_US`] of the previous one keeps this many thousandths (0.7):
 /// throttling that persists after a cut means the limit dropped, and it is found faster.
-pub(crate) const FAST_CUT_PER_MILLE: u64 = 700;
+pub const FAST_CUT_PER_MILLE: u64 = 700;
 
 /// See [`FAST_CUT_PER_MILLE`] (2.5 s).
-pub(crate) const FAST_CUT_WINDOW_US: u64 = 2_500_000;
+pub const FAST_CUT_WINDOW_US: u64 = 2_500_000;
 
 /// The limits as they stand at `now`: the configured ones, with the main limit's interval
 /// from the adaptive rate when it adapts.
-pub(crate) fn effective_limits(state: &State, now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
+pub(crate) fn effective_limits(
+    state: &State,
+    now: u64,
+    params: &Params,
+) -> [LimitParams; MAX_LIMITS] {
     let mut limits = params.limits;
     // The rate when the next slot falls: after the last one reserved. A schedule reserved
     // ahead (one slot per waiting worker) is spaced by the rate as it will then be, so a
@@ -139,7 +143,7 @@ pub(crate) fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64
 /// A request sent this long after a cut still belongs to the cut's round (100 ms: the cut's
 /// event reaches every holder well within it, and a timer firing late on a slot due at the
 /// cut is within it too).
-pub(crate) const ROUND_GRACE_US: u64 = 100_000;
+pub const ROUND_GRACE_US: u64 = 100_000;
 
 /// A server advertised its rate: the adaptive rate is capped at it from now on and, when
 /// configured to adopt it, restarts from it. Returns the adaptive rate now (0: not adaptive).
@@ -159,7 +163,7 @@ pub(crate) fn advertise(state: &mut State, now: u64, params: &Params, rate_milli
 }
 
 /// A slow start doubles the adaptive rate this often (one second).
-pub(crate) const SLOW_START_DOUBLING_US: u64 = 1_000_000;
+pub const SLOW_START_DOUBLING_US: u64 = 1_000_000;
 
 /// A re-timing of the main limit's pending schedule, published when a throttling response
 /// cuts the adaptive rate: every slot after `from` keeps its place in the queue, and the
@@ -240,6 +244,7 @@ impl Stretch {
     }
 
     /// `(from, start, base, cap, new)`, for stores that carry it over the wire.
+    #[cfg(any(test, feature = "rule"))]
     pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
         (self.from, self.start, self.base, self.cap, self.new)
     }

@@ -7,22 +7,26 @@
 use super::{LimitParams, Params, State, MAX_LIMITS};
 
 /// Never adapts.
-pub fn adaptive_rate(_state: &State, _now: u64, _params: &Params) -> Option<u64> {
+pub(crate) fn adaptive_rate(_state: &State, _now: u64, _params: &Params) -> Option<u64> {
     None
 }
 
 /// The configured limits.
-pub fn effective_limits(_state: &State, _now: u64, params: &Params) -> [LimitParams; MAX_LIMITS] {
+pub(crate) fn effective_limits(
+    _state: &State,
+    _now: u64,
+    params: &Params,
+) -> [LimitParams; MAX_LIMITS] {
     params.limits
 }
 
 /// Nothing to cut.
-pub fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) -> Stretch {
+pub(crate) fn cut_rate(_state: &mut State, _now: u64, _params: &Params, _age_us: u64) -> Stretch {
     Stretch::NONE
 }
 
 /// Nothing to cap or adopt: 0, "not adaptive".
-pub fn advertise(_state: &mut State, _now: u64, _params: &Params, _rate_milli: u64) -> u64 {
+pub(crate) fn advertise(_state: &mut State, _now: u64, _params: &Params, _rate_milli: u64) -> u64 {
     0
 }
 
@@ -36,11 +40,13 @@ impl Stretch {
     pub const NONE: Self = Self;
 
     /// Always [`Stretch::NONE`].
+    #[cfg(any(test, feature = "rule"))]
     pub const fn from_parts(_from: u64, _start: u64, _base: u64, _cap: u64, _new: u64) -> Self {
         Self
     }
 
     /// Zeros.
+    #[cfg(any(test, feature = "rule"))]
     pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
         (0, 0, 0, 0, 0)
     }

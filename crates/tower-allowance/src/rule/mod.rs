@@ -115,24 +115,35 @@ mod wire;
 #[cfg(any(feature = "rule", test))]
 mod view;
 
-// What a store that mirrors the rule sees (feature `rule`): the values, their wire forms, and
-// the steps its own code reproduces or checks against.
-#[cfg(feature = "quota")]
-pub use self::probe::ProbeOutcome;
-#[cfg(any(feature = "rule", test))]
-pub use self::wire::{ReservationParts, EVENT_WORDS};
+// The values a store handles, and the steps the crate's own code calls by these paths.
 pub use self::{
     adaptive::Stretch,
     budget::BUDGET_SLOTS,
     clock::rebase,
-    cooldown::cooldown_shift,
-    gcra::schedule,
     ops::{
         Admission, AdmitRequest, Applied, ClosedBy, Deferred, Event, EventKind, Op, Reply,
         Reservation, StoreState,
     },
-    params::{AdaptiveParams, BudgetParams, LimitParams, Params, Unit},
+    params::{BudgetParams, LimitParams, Params, Unit},
     state::{is_settled, BudgetState, State},
+};
+// What only a store that mirrors the rule elsewhere needs (feature `rule`): the steps and
+// constants its own code reproduces or checks against, and the wire forms.
+#[cfg(all(feature = "rule", feature = "adaptive"))]
+pub use self::adaptive::{
+    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
+    ROUND_GRACE_US, SLOW_START_DOUBLING_US,
+};
+#[cfg(any(feature = "rule", feature = "adaptive", test))]
+pub use self::params::AdaptiveParams;
+#[cfg(feature = "quota")]
+pub use self::probe::ProbeOutcome;
+#[cfg(any(feature = "rule", test))]
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
+pub use self::{
+    cooldown::cooldown_shift,
+    gcra::schedule,
+    wire::{ReservationParts, EVENT_WORDS},
 };
 // The steps only `apply` and this crate's stores call.
 #[cfg(feature = "quota")]

@@ -244,7 +244,9 @@ pub enum EventKind {
     Cleared,
     /// The state was created: first use, or the store lost the previous one (a Redis
     /// `FLUSHALL`, a restart without persistence). Published by stores that can lose their
-    /// state, so every holder of a reservation in a lost one asks again at once.
+    /// state, so every holder of a reservation in a lost one asks again at once. (Only such
+    /// a store makes it: the memory store never loses its state.)
+    #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     Created,
 }
 
@@ -380,7 +382,10 @@ pub enum Op {
         /// The advertised rate, in thousandths per second.
         rate_milli: u64,
     },
-    /// Close the allowance for `delay_us` (`None`: until cleared).
+    /// Close the allowance for `delay_us` (`None`: until cleared). (Made by a store or tool
+    /// that mirrors the rule: the layers close only through `Defer`'s closure and the quota
+    /// probe.)
+    #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     Close {
         /// Microseconds, or `None` for until cleared.
         delay_us: Option<u64>,

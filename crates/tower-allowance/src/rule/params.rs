@@ -99,4 +99,3 @@ pub struct AdaptiveParams {
     /// Take the rate a server advertises (not only cap at it).
     pub(crate) adopt: bool,
 }
-

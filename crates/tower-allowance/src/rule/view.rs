@@ -1,6 +1,9 @@
 //! The rule's values read from outside (feature `rule`, outside semver; and the tests): the
 //! accessors a store that mirrors the rule needs, kept out of the default build.
 
+// Read only by the tests without the `rule` feature.
+#![cfg_attr(not(feature = "rule"), allow(dead_code))]
+
 use super::{
     apply, is_settled, AdaptiveParams, AdmitRequest, BudgetParams, LimitParams, Op, Params, Reply,
     Reservation, State, Unit, MAX_LIMITS,

@@ -1,6 +1,9 @@
 //! The wire forms of reservations and events, for stores that carry them between processes
 //! (the Redis crate; feature `rule`). In-process stores never encode them.
 
+// Read only by the tests without the `rule` feature.
+#![cfg_attr(not(feature = "rule"), allow(dead_code))]
+
 use super::{ClosedBy, Event, EventKind, Reservation, Stretch, MAX_LIMITS};
 
 /// Words in an encoded [`Event`]: generation, epoch, rebased, kind, and ten per kind.
@@ -87,7 +90,7 @@ impl Reservation {
 
 impl Event {
     /// Encodes the event as integers (for a store that publishes it, such as Redis).
-    pub fn to_words(&self) -> [u64; EVENT_WORDS] {
+    pub fn to_words(self) -> [u64; EVENT_WORDS] {
         let mut w = [0; EVENT_WORDS];
         w[0] = self.generation;
         w[1] = self.epoch;
