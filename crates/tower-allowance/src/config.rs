@@ -18,17 +18,20 @@
 //! # Ok::<(), tower_allowance::ConfigError>(())
 //! ```
 
-use std::{num::NonZeroU32, time::Duration};
+use std::time::Duration;
 
+pub use self::limit::Limit;
 use self::retry::RetryConfig;
 use crate::{
     classify::{ReadWith, StatusClassifier},
     error::ConfigError,
-    rule::{self, BudgetParams, LimitParams, Unit, BUDGET_SLOTS, MAX_LIMITS},
+    rule::{self, BudgetParams, BUDGET_SLOTS, MAX_LIMITS},
     signals::{Dialect, ReadContext},
     store::Params,
 };
 
+// One limit, and the headroom it keeps.
+mod limit;
 // The per-request retry rules an allowance carries (public as `retry::RetryConfig`).
 pub(crate) mod retry;
 // The feature-only setters and getters, in files the default build does not read.
@@ -45,212 +48,6 @@ mod dialects;
 pub(crate) const DEFAULT_MAX_WAITERS: usize = 1024;
 pub(crate) const DEFAULT_MAX_COOLDOWN: Duration = Duration::from_secs(3600);
 pub(crate) const DEFAULT_MAX_OUTAGE_WAIT: Duration = Duration::from_secs(60);
-
-/// The headroom of a limit with a burst above 1, in time: its bucket tolerates this much
-/// less (one interval less where the interval is shorter); see [Headroom](Limit#headroom).
-/// Delivery jitter is a time (a descheduled client, timers firing together, a new
-/// connection), not a share of the interval: measured against a strict bucket on a loaded
-/// 2-core machine, 10 ms is the least that passed every round (see `BENCHMARKS.md`, §12).
-const BURST_HEADROOM_US: u64 = 10_000;
-
-/// The most a burst of 1 lengthens its interval by (see [Headroom](Limit#headroom)).
-const HEADROOM_CAP_US: u64 = 1_000_000;
-
-/// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
-///
-/// # Headroom
-///
-/// A limit counting requests is kept a little under the number configured, by default, so
-/// that an allowance set exactly at a provider's documented limit draws no 429 from a strict
-/// token bucket: requests sent exactly one interval apart reach the server closer together
-/// or further apart (delivery jitter), and a bucket with no tolerance refuses the ones that
-/// arrive early. Jitter is a time, not a share of the interval (a client descheduled, timers
-/// firing together, a new connection's handshake), so with a burst above 1 the bucket
-/// tolerates 10 ms less (one interval less where the interval is shorter), which absorbs an
-/// arrival up to 10 ms early. The price, precisely: whenever the burst is whole (at the start,
-/// after a quiet spell), its last request waits 10 ms, and the schedule after it is 10 ms
-/// later than without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one
-/// every 50 ms; a run of 200 requests ends 10 ms later); no request of the burst is lost and
-/// the steady rate is the configured one. Only where the interval is 10 ms or less (rates of
-/// 100/s and more) is one token of the burst kept back. With a burst of 1 there is no burst
-/// to delay, and the interval is 50% longer instead, by at most a second (the price: a third
-/// of the throughput at rates of 1/s and more; measured on a loaded 2-core machine, 10%, 20%
-/// and 33% still drew 429s in most runs, see `BENCHMARKS.md`). Limits
-/// counting a cost keep their whole burst (a request may cost the burst), and so does an
-/// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
-/// (or [`AllowanceConfig::exact`] for the main limit) turns the headroom off.
-///
-/// ```
-/// use tower_allowance::Limit;
-///
-/// // 10,000 requests a day, all of them at once if need be (the last 10 ms later: headroom).
-/// let daily = Limit::per_day(10_000, 10_000)?;
-/// // 90,000 tokens a minute, charged by each request's cost.
-/// let tokens = Limit::per_minute(90_000, 90_000)?.counting_cost();
-/// # let _ = (daily, tokens);
-/// # Ok::<(), tower_allowance::ConfigError>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limit {
-    rate: NonZeroU32,
-    period: Duration,
-    burst: NonZeroU32,
-    params: LimitParams,
-    exact: bool,
-}
-
-impl Limit {
-    /// `rate` units per `period`, at most `burst` back to back, counting requests.
-    ///
-    /// # Errors
-    ///
-    /// A zero `rate`, `burst` or `period`, an interval below one microsecond, or a
-    /// `burst * interval` beyond [`MAX_DELAY`](crate::MAX_DELAY).
-    pub fn new(rate: u32, period: Duration, burst: u32) -> Result<Self, ConfigError> {
-        let rate = NonZeroU32::new(rate).ok_or(ConfigError::new("rate must be at least 1"))?;
-        let burst = NonZeroU32::new(burst).ok_or(ConfigError::new("burst must be at least 1"))?;
-        if period.is_zero() {
-            return Err(ConfigError::new("period must be longer than zero"));
-        }
-        if period > rule::MAX_DELAY {
-            return Err(ConfigError::new("period must not exceed MAX_DELAY"));
-        }
-        let period_us = u64::try_from(period.as_micros())
-            .map_err(|_| ConfigError::new("period must not exceed MAX_DELAY"))?;
-        let interval_us = period_us.div_ceil(u64::from(rate.get()));
-        if u128::from(rate.get()) > period.as_micros() || interval_us == 0 {
-            return Err(ConfigError::new(
-                "rate too high: the interval between tokens must be at least one microsecond",
-            ));
-        }
-        let tolerance_us = interval_us
-            .checked_mul(u64::from(burst.get()))
-            .filter(|t| *t <= rule::MAX_DELAY_US)
-            .ok_or(ConfigError::new(
-                "burst times the token interval must not exceed MAX_DELAY",
-            ))?;
-        Ok(Self {
-            rate,
-            period,
-            burst,
-            params: LimitParams {
-                interval_us,
-                tolerance_us,
-                unit: Unit::Requests,
-            },
-            exact: false,
-        })
-    }
-
-    /// Keeps the limit exactly as configured: the whole burst at once, the exact interval,
-    /// no headroom for delivery jitter (see [Headroom](Limit#headroom)). Right for a server
-    /// that tolerates some jitter itself, or for a limit set below the server's already.
-    ///
-    /// ```
-    /// use tokio::time::Instant;
-    /// use tower_allowance::{Allowance, AllowanceConfig, Limit};
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() -> Result<(), tower_allowance::BoxError> {
-    /// for (limit, fourth_after_ms) in [
-    ///     // 3 at once, the 4th 10 ms later (the headroom of a burst above 1).
-    ///     (Limit::per_minute(20, 4)?, 10),
-    ///     // 4 at once.
-    ///     (Limit::per_minute(20, 4)?.exact(), 0),
-    /// ] {
-    ///     let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?.with_limit(limit)?);
-    ///     let start = Instant::now();
-    ///     for _ in 0..4 {
-    ///         allowance.acquire().await?;
-    ///     }
-    ///     assert_eq!(start.elapsed().as_millis(), fourth_after_ms);
-    /// }
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn exact(self) -> Self {
-        Self {
-            exact: true,
-            ..self
-        }
-    }
-
-    /// What the rule decides with: the configured parameters, less the headroom (a burst
-    /// above 1 tolerates 10 ms less, or one interval where that is shorter; at burst 1, the
-    /// interval is half an interval longer, rounded up, at most a second).
-    fn rule_params(&self) -> LimitParams {
-        let (mut p, b) = (self.params, u64::from(self.burst.get()));
-        if !self.exact && p.unit == Unit::Requests {
-            if b > 1 {
-                p.tolerance_us -= p.interval_us.min(BURST_HEADROOM_US);
-            } else {
-                let longer = p.interval_us + p.interval_us.div_ceil(2).min(HEADROOM_CAP_US);
-                p.interval_us = longer.min(rule::MAX_DELAY_US.max(p.interval_us));
-                p.tolerance_us = p.interval_us;
-            }
-        }
-        p
-    }
-
-    /// `rate` per second.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limit::new`].
-    pub fn per_second(rate: u32, burst: u32) -> Result<Self, ConfigError> {
-        Self::new(rate, Duration::from_secs(1), burst)
-    }
-
-    /// `rate` per minute.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limit::new`].
-    pub fn per_minute(rate: u32, burst: u32) -> Result<Self, ConfigError> {
-        Self::new(rate, Duration::from_secs(60), burst)
-    }
-
-    /// `rate` per day.
-    ///
-    /// # Errors
-    ///
-    /// As [`Limit::new`].
-    pub fn per_day(rate: u32, burst: u32) -> Result<Self, ConfigError> {
-        Self::new(rate, Duration::from_secs(86_400), burst)
-    }
-
-    /// Charges each request its cost (see [`Cost`](crate::Cost)) instead of one.
-    pub fn counting_cost(mut self) -> Self {
-        self.params.unit = Unit::Cost;
-        self
-    }
-
-    /// Units per period.
-    pub fn rate(&self) -> u32 {
-        self.rate.get()
-    }
-
-    /// The period.
-    pub fn period(&self) -> Duration {
-        self.period
-    }
-
-    /// Units that may go back to back.
-    pub fn burst(&self) -> u32 {
-        self.burst.get()
-    }
-
-    /// Whether the limit counts each request's [`Cost`](crate::Cost) (set by
-    /// [`Limit::counting_cost`]) rather than one per request.
-    pub fn counts_cost(&self) -> bool {
-        self.params.unit == Unit::Cost
-    }
-
-    /// Time per unit: `period / rate`, rounded up to the microsecond.
-    pub fn interval(&self) -> Duration {
-        Duration::from_micros(self.params.interval_us)
-    }
-}
 
 /// What one allowance may spend: one or more token buckets, a wait-queue bound, a retry
 /// budget, and the bounds that keep a hostile server or a dead store from parking it.

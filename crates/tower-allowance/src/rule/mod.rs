@@ -33,12 +33,13 @@
 //!
 //! // Exact: the rule decides with the configured numbers (no headroom; see `Limit::exact`).
 //! let config = AllowanceConfig::per_second(2, 1)?.exact();
+//! let params = config.params().rule();
 //! let mut state = State::default();
-//! let first = rule::apply(&mut state, 0, config.params(), &Op::Admit(AdmitRequest::first()));
+//! let first = rule::apply(&mut state, 0, params, &Op::Admit(AdmitRequest::first()));
 //! assert!(matches!(first, Reply::Admit(Admission::Admitted)));
 //! // The burst is spent: the next caller is given a reserved slot one interval later.
 //! let Reply::Admit(Admission::Reserved { wait, .. }) =
-//!     rule::apply(&mut state, 0, config.params(), &Op::Admit(AdmitRequest::first()))
+//!     rule::apply(&mut state, 0, params, &Op::Admit(AdmitRequest::first()))
 //! else { unreachable!() };
 //! assert_eq!(wait, Duration::from_millis(500));
 //! # Ok::<(), tower_allowance::ConfigError>(())
