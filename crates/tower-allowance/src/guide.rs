@@ -238,9 +238,10 @@
 //! [`RetryBudgetConfig`](crate::RetryBudgetConfig) bounds the whole group, so that a
 //! throttled provider is not answered with a retry storm. Every retry, whichever process
 //! makes it, spends from one budget atomically with its admission; first attempts never
-//! spend. With `tower::retry::RetryLayer` and the policy alone (no admission layer under
-//! it), each retry still spends once; which refusals hold a retry back then is in the
-//! [`retry`](crate::retry) module's docs, "Budget and stack order".
+//! spend. The admission layer spends it, for each retry the policy marks: with
+//! `tower::retry::RetryLayer` and the policy alone (no admission layer under it), nothing
+//! spends it and attempts are bounded by `max_attempts` only (the [`retry`](crate::retry)
+//! module's docs, "Budget and stack order").
 //!
 //! - `Unlimited` (the default): only `max_attempts` limits retries.
 //! - [`Fixed`](crate::RetryBudgetConfig::fixed): so many retries for the whole run (a batch).
