@@ -151,7 +151,7 @@ impl AbandonReason {
 }
 
 /// The reason named by [`AbandonReason::as_str`]; any other string is a
-/// [`ConfigError`](crate::ConfigError) (a reason read from a file or a flag).
+/// [`ConfigError`] (a reason read from a file or a flag).
 impl std::str::FromStr for AbandonReason {
     type Err = crate::ConfigError;
 

@@ -18,7 +18,7 @@ const BURST_HEADROOM_US: u64 = 10_000;
 /// The most a burst of 1 lengthens its interval by (see [Headroom](Limit#headroom)).
 const HEADROOM_CAP_US: u64 = 1_000_000;
 
-/// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`]).
+/// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`](crate::AllowanceConfig::with_limit)).
 ///
 /// # Headroom
 ///
@@ -40,7 +40,7 @@ const HEADROOM_CAP_US: u64 = 1_000_000;
 /// and 33% still drew 429s in most runs, see `BENCHMARKS.md`). Limits
 /// counting a cost keep their whole burst (a request may cost the burst), and so does an
 /// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
-/// (or [`AllowanceConfig::exact`] for the main limit) turns the headroom off.
+/// (or [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) for the main limit) turns the headroom off.
 ///
 /// ```
 /// use tower_allowance::Limit;

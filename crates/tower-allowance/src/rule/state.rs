@@ -81,7 +81,7 @@ pub struct State {
 /// a replenishing budget, the probe count) only makes a fresh state stricter, or concerns
 /// holders of reservations, who are gone once nothing holds the allowance.
 ///
-/// Not a step of [`apply`]: a store answers it from the state it holds, for
+/// Not a step of [`apply`](super::apply): a store answers it from the state it holds, for
 /// [`Store::is_settled`](crate::store::Store::is_settled) (which the keyed registry asks
 /// before evicting an allowance whose state dies with its store). The Redis script has no
 /// twin: its state outlives the handle.
