@@ -231,3 +231,28 @@ async fn over_admission_a_retry_keeps_its_place_ahead_of_later_arrivals() {
         );
     }
 }
+
+/// An abandonment is counted where it is marked: a transport error the policy will not retry
+/// (here, a retry would pass the deadline) stays the request's answer, `Failed`, and is not
+/// counted as abandoned (a layer above that makes it a verdict of its own, gRPC's deadline,
+/// counts that one, once).
+#[tokio::test(start_paused = true)]
+async fn an_error_not_retried_is_not_counted_abandoned() {
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 10).expect("valid"));
+    let failing = Svc::new(service_fn(|_req: Request<String>| async {
+        Err::<Response<String>, BoxError>("connection reset".into())
+    }));
+    let policy = RetryPolicy::new(allowance.clone()).with_config(
+        RetryConfig::default()
+            .with_transport_errors(true)
+            .with_jitter_seed(1),
+    );
+    let stack = Retry::new(policy, AdmissionLayer::new(allowance.clone()).layer(failing));
+    let mut req = Request::new(String::new());
+    // Too close for any backoff: the retry would pass it.
+    req.extensions_mut()
+        .insert(tower_allowance::Deadline::after(Duration::from_micros(1)));
+    let result = stack.oneshot(req).await;
+    assert_eq!(Outcome::of(&result), Outcome::Failed);
+    assert_eq!(allowance.snapshot().abandoned.get(AbandonReason::Deadline), 0);
+}

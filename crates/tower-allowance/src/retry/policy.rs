@@ -318,9 +318,12 @@ impl<C: Classify> RetryPolicy<C> {
         };
         match plan {
             Plan::Final => None,
+            // Counted where it is marked: a response given up on. An error stays the request's
+            // answer (`Outcome::Failed`), and a layer above that turns it into a verdict of
+            // its own (gRPC's deadline) counts that one.
             Plan::Abandon(reason) => {
-                self.shared.allowance.shared.abandon(reason);
                 if let Ok(res) = result {
+                    self.shared.allowance.shared.abandon(reason);
                     res.extensions_mut().insert(Abandoned::new(reason));
                 }
                 None
