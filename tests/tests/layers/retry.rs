@@ -247,12 +247,18 @@ async fn an_error_not_retried_is_not_counted_abandoned() {
             .with_transport_errors(true)
             .with_jitter_seed(1),
     );
-    let stack = Retry::new(policy, AdmissionLayer::new(allowance.clone()).layer(failing));
+    let stack = Retry::new(
+        policy,
+        AdmissionLayer::new(allowance.clone()).layer(failing),
+    );
     let mut req = Request::new(String::new());
     // Too close for any backoff: the retry would pass it.
     req.extensions_mut()
         .insert(tower_allowance::Deadline::after(Duration::from_micros(1)));
     let result = stack.oneshot(req).await;
     assert_eq!(Outcome::of(&result), Outcome::Failed);
-    assert_eq!(allowance.snapshot().abandoned.get(AbandonReason::Deadline), 0);
+    assert_eq!(
+        allowance.snapshot().abandoned.get(AbandonReason::Deadline),
+        0
+    );
 }
