@@ -182,9 +182,6 @@ pub struct WorkerArgs {
     /// Workers across all processes.
     #[arg(long)]
     pub total_workers: usize,
-    /// The shared allowance's name in Redis.
-    #[arg(long, default_value = "sim")]
-    pub name: String,
     /// A PEM file of CA certificates to trust besides the system's roots.
     #[arg(long, value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
@@ -251,6 +248,11 @@ pub struct Workload {
     /// --redis names the seed nodes of a Redis Cluster (URLs separated by commas).
     #[arg(long)]
     pub redis_cluster: bool,
+    /// The allowance's name in Redis (letters, digits, `_.:-`; default: a fresh one per
+    /// run): runs given one name share one allowance, as the processes of a rolling deploy
+    /// do (the newest configuration on the name decides for all of them).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
     /// Run the workers in this many OS processes (the tool starts itself N times). With
     /// --redis they share one allowance; without, each process has its own, as separate
     /// services on one key would.
@@ -315,7 +317,7 @@ impl Workload {
         match &self.redis {
             Some(url) => StoreChoice::Redis {
                 url: url.clone(),
-                name: multi::run_name(),
+                name: self.name.clone().unwrap_or_else(multi::run_name),
             },
             None => StoreChoice::Memory,
         }
@@ -765,7 +767,11 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             let store = match secrets.redis_url.as_ref().or(args.workload.redis.as_ref()) {
                 Some(url) => StoreChoice::Redis {
                     url: url.clone(),
-                    name: args.name.clone(),
+                    name: args
+                        .workload
+                        .name
+                        .clone()
+                        .unwrap_or_else(|| "sim".to_owned()),
                 },
                 None => StoreChoice::Memory,
             };

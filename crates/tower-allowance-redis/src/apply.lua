@@ -22,8 +22,9 @@ local function arg(i) return tonumber(ARGS[5 + i]) end
 -- One call: the clock, the parameters and the state, then the rule.
 local function apply(keys, args)
   clock(args)
-  if not begin(keys, args) then
-    return redis.error_reply('ERR tower-allowance: unreadable parameters')
+  local ok, refusal = begin(keys, args)
+  if not ok then
+    return refusal or redis.error_reply('ERR tower-allowance: unreadable parameters')
   end
 
   rebase()

@@ -39,6 +39,8 @@ pub(crate) trait Listener: Send + Sync {
     fn listening(&self) -> bool;
     /// An event on its channel, or `None`: events may have been missed, resync.
     fn deliver(&self, event: Option<Event>);
+    /// A newer configuration took over the name (`VERSION;TEXT`, see `config_check`).
+    fn configured(&self, _config: &str) {}
 }
 
 /// The stores listening on one channel.
@@ -180,6 +182,19 @@ impl Events {
         }
     }
 
+    fn configured(&self, channel: &str, config: &str) {
+        let stores: Vec<Arc<dyn Listener>> = self
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(channel)
+            .map(|r| r.listeners.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        for store in stores {
+            store.configured(config);
+        }
+    }
+
     /// Forgets stores that are gone (their channels stay subscribed: a stray message for
     /// a channel nobody listens to is dropped).
     fn prune(&self) {
@@ -292,6 +307,8 @@ async fn run(events: Weak<Events>) {
                     let payload: String = msg.get_payload().unwrap_or_default();
                     if let Some(event) = parse_event(&payload) {
                         hub.dispatch(msg.get_channel_name(), event);
+                    } else if let Some(config) = payload.strip_prefix("k:") {
+                        hub.configured(msg.get_channel_name(), config);
                     }
                 }
             }

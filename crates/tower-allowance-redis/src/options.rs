@@ -77,6 +77,8 @@ pub struct RedisStoreOptions {
     pub(crate) failure_policy: FailurePolicy,
     #[cfg(feature = "tls")]
     pub(crate) tls: TlsOptions,
+    pub(crate) pin_config: bool,
+    pub(crate) reauth_interval: Option<Duration>,
 }
 
 /// The certificates of a `rediss://` connection (feature `tls`).
@@ -147,6 +149,8 @@ impl RedisStoreOptions {
             failure_policy: FailurePolicy::Report,
             #[cfg(feature = "tls")]
             tls: TlsOptions::default(),
+            pin_config: false,
+            reauth_interval: Some(Duration::from_secs(60)),
         }
     }
 
@@ -229,6 +233,42 @@ impl RedisStoreOptions {
         self
     }
 
+    /// Refuses to decide with another configuration (default off). Off, the newest
+    /// configuration on the allowance's name decides for every process on it: a process
+    /// started later with other limits takes over, and the processes started before decide
+    /// with its configuration from their next call on (logging it once at INFO), so that a
+    /// rolling deploy changes a limit without refusing anyone. Pinned, this process is
+    /// refused instead ([`CallErrorKind::ConfigMismatch`](crate::error::CallErrorKind::ConfigMismatch),
+    /// naming both configurations) once a newer, different one took over.
+    ///
+    /// ```
+    /// use tower_allowance_redis::RedisStoreOptions;
+    ///
+    /// let options = RedisStoreOptions::new().pin_config(true);
+    /// assert!(format!("{options:?}").contains("pin_config: true"));
+    /// ```
+    pub fn pin_config(mut self, pin: bool) -> Self {
+        self.pin_config = pin;
+        self
+    }
+
+    /// How often a fresh connection authenticates again while the store is in use (default
+    /// every 60 s; `None`: never): a password rotated on the server is then a WARN within
+    /// this long, naming the cause, not an outage at the next reconnect hours later. Cheap:
+    /// one connection, `AUTH` (from the URL) and `PING`, off the request path.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_allowance_redis::RedisStoreOptions;
+    ///
+    /// let options = RedisStoreOptions::new().reauth_interval(Some(Duration::from_secs(300)));
+    /// assert!(format!("{options:?}").contains("300s"));
+    /// ```
+    pub fn reauth_interval(mut self, interval: Option<Duration>) -> Self {
+        self.reauth_interval = interval;
+        self
+    }
+
     /// The per-call timeout.
     pub fn get_timeout(&self) -> Duration {
         self.timeout
@@ -258,6 +298,11 @@ mod serde_impl {
         probe_interval: Option<Duration>,
         #[serde(default, with = "humantime_serde")]
         idle_ttl: Option<Duration>,
+        #[serde(default)]
+        pin_config: bool,
+        /// `"0s"`: never.
+        #[serde(default, with = "humantime_serde")]
+        reauth_interval: Option<Duration>,
         #[serde(default)]
         failure_policy: Option<RawFailurePolicy>,
         #[serde(default)]
@@ -327,6 +372,10 @@ mod serde_impl {
                     options =
                         options.failure_policy(FailurePolicy::LocalFallback { expected_processes });
                 }
+            }
+            options = options.pin_config(raw.pin_config);
+            if let Some(d) = raw.reauth_interval {
+                options = options.reauth_interval(Some(d).filter(|d| !d.is_zero()));
             }
             if let Some(tls) = raw.tls {
                 options = with_tls(options, tls)?;

@@ -8,6 +8,7 @@
 //! | --- | --- |
 //! | (generated) | the constants, from `tower_allowance::rule` (their one source) |
 //! | `lua/now.lua` | `now`: from `TIME`, unless the clock argument gives one |
+//! | `lua/config.lua` | `config_check.rs`: the newest configuration on the name decides (field `k`) |
 //! | `lua/state.lua` | `rule/params.rs` and `rule/state.rs`: the parameters from `ARGV`, loading and saving the state hash, and the helpers over them |
 //! | `lua/budget.lua` | `rule/budget.rs`: the retry budget |
 //! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
@@ -61,6 +62,7 @@ impl ApplyScript {
             &constants(),
             [
                 include_str!("lua/now.lua"),
+                include_str!("lua/config.lua"),
                 include_str!("lua/state.lua"),
                 include_str!("lua/budget.lua"),
                 include_str!("lua/clock.lua"),
@@ -238,6 +240,12 @@ fn params_text(params: &Params, idle_ms: u64) -> String {
         let _ = write!(text, "{}", exact(n));
     }
     text
+}
+
+/// [`params_text`] with the default idle TTL, for the tests of `config_check`.
+#[cfg(test)]
+pub(crate) fn params_text_for_tests(params: &Params) -> String {
+    params_text(params, 3_600_000)
 }
 
 /// `ARGV` for `op`: the operation code, the clock (`clock_us`, or "none": the server's `TIME`),
@@ -564,6 +572,7 @@ mod tests {
         };
         let files = [
             "lua/now.lua",
+            "lua/config.lua",
             "lua/state.lua",
             "lua/budget.lua",
             "lua/clock.lua",

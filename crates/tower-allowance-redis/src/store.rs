@@ -26,7 +26,7 @@ use tower_allowance::{
 use crate::{
     access,
     circuit::{Check, Circuit},
-    config_check::ConfigCheck,
+    config_check::{self, ConfigCheck},
     error::{CallError, CallErrorKind, ConnectError, ConnectErrorKind, InvalidName, RedisCause},
     events::Listener,
     fallback::Fallback,
@@ -224,7 +224,7 @@ impl RedisStore {
                 watchers: Mutex::new(Vec::new()),
                 subscribed: AtomicBool::new(false),
                 gate: Gate::new(),
-                config_check: ConfigCheck::new(name),
+                config_check: ConfigCheck::new(options.pin_config),
                 #[cfg(feature = "test-util")]
                 test: test_clock::TestClock::default(),
                 link,
@@ -323,13 +323,9 @@ impl RedisStore {
             let result = match inner.circuit.check() {
                 Check::Closed | Check::Probe => {
                     inner.until_listening().await;
-                    let now_us = inner.circuit.now_us();
-                    let checked = inner
-                        .config_check
-                        .run(&inner.link, &inner.name, now_us, &params, &op)
-                        .await;
-                    match checked {
-                        Ok(()) => inner.eval(&params, &op).await,
+                    let version = inner.config_check.version(&inner.link, &inner.name).await;
+                    match version {
+                        Ok(v) => inner.eval(&params, &op, Some(v)).await,
                         Err(e) => Err(e),
                     }
                 }
@@ -441,14 +437,22 @@ impl Inner {
     /// good. When the script is missing (`SCRIPT FLUSH`, ...) `redis`
     /// loads it and retries; should it vanish again in between, `EVAL` with the source settles
     /// it. All within one timeout.
-    async fn eval(&self, params: &Params, op: &Op) -> Result<Reply, CallError> {
-        let argv = scripts::argv(
+    async fn eval(
+        &self,
+        params: &Params,
+        op: &Op,
+        version: Option<u64>,
+    ) -> Result<Reply, CallError> {
+        let mut argv = scripts::argv(
             op,
             params,
             millis(self.link.options.idle_ttl),
             &self.channel,
             self.script_clock(),
         );
+        if let (Some(v), Some(scripts::Arg::Params(text))) = (version, argv.get_mut(2)) {
+            self.config_check.append(text, v);
+        }
         let mut conn = self.link.connection();
         let call = async {
             if let Some(reply) = self.call_function(&mut conn, &argv).await {
@@ -472,7 +476,9 @@ impl Inner {
         };
         let reply = with_timeout(self.link.options.timeout, call)
             .await?
-            .map_err(|e| self.call_error(e))?;
+            .map_err(|e| {
+                config_check::mismatch(&e, params, &self.name).unwrap_or_else(|| self.call_error(e))
+            })?;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
     }
@@ -584,6 +590,10 @@ impl Listener for Inner {
     /// catch up.
     fn listening(&self) -> bool {
         self.gate.open()
+    }
+
+    fn configured(&self, config: &str) {
+        self.config_check.heard(&self.name, config);
     }
 
     /// Delivers an event to every watcher; forgets watchers whose allowance is gone.

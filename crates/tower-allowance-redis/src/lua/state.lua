@@ -84,9 +84,11 @@ local function begin(keys, args)
   key = keys[1]
   OP = tonumber(args[1])
   ARGS = args
-  P = params(args[3])
-  if not P then return false end
   channel = args[4]
+  local text, refusal = adopt(key, args[3], channel)
+  if not text then return false, refusal end
+  P = params(text)
+  if not P then return false end
   local base, adaptive
   if P.ad_on == 1 then
     local raw = redis.call('HMGET', key, 'b', 'a')
