@@ -240,9 +240,11 @@ pub enum CallErrorKind {
     UnrepresentableDelay,
     /// The local fallback allowance could not be built for this configuration.
     Fallback,
-    /// Another process uses this allowance name with another configuration (limits, retry
-    /// budget, longest cooldown, adaptive rate): the source names both. Refused, so that two
-    /// configurations never spend one allowance at two rates.
+    /// This process pins its configuration
+    /// ([`RedisStoreOptions::pin_config`](crate::RedisStoreOptions::pin_config)) and a newer,
+    /// different one decides for the name (limits, retry budget, longest cooldown, adaptive
+    /// rate): the source names both, in the units configured. (Unpinned, a process adopts the
+    /// newest configuration instead.)
     ConfigMismatch,
 }
 
@@ -342,7 +344,7 @@ impl fmt::Display for CallError {
                 f.write_str("cannot build the local fallback allowance")
             }
             (CallErrorKind::ConfigMismatch, _) => {
-                f.write_str("another process uses this allowance name with another configuration")
+                f.write_str("a newer configuration decides for this allowance name, and this process pins its own")
             }
         }
     }

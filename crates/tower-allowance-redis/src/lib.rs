@@ -121,13 +121,19 @@
 //! One HASH per allowance, `ta:{name}:s`, holding the token bucket's theoretical arrival
 //! time, the cooldown deadline and the retry budget, packed in four fields (`b`, `u`, `q`,
 //! `a`: each a group of little-endian doubles, exact integers below 2^53), so that an
-//! admission reads one field and writes one; and `ta:{name}:cfg`, the configuration
-//! every process of the allowance must share (its limits, retry budget, longest cooldown,
-//! adaptive rate): a process deciding with another one is refused
-//! ([`CallErrorKind::ConfigMismatch`](error::CallErrorKind::ConfigMismatch), naming both),
-//! so that two configurations never spend one name at two rates. To change the configuration
-//! in place, `Allowance::clear()` (it deletes the key; the next process to decide sets its
-//! own; the others learn of it at their next check, every half `idle_ttl`), or use a new name.
+//! admission reads one field and writes one; and `k`, the configuration in force on the
+//! name (its limits, retry budget, longest cooldown, adaptive rate) with its version (the
+//! server's time when the process that brought it first decided). **The newest
+//! configuration decides for every process on the name**: a process started later with other
+//! limits (a rolling deploy, a provider's new tier, a downgrade too) takes the name over in
+//! the atomic call of its first decision; the processes started before decide with it from
+//! their next call on, in the same call, and log it once at INFO. Nobody is refused, and no
+//! two limits are spent at once. A process that must not follow another configuration sets
+//! [`RedisStoreOptions::pin_config`] and is refused instead
+//! ([`CallErrorKind::ConfigMismatch`](error::CallErrorKind::ConfigMismatch), naming both in
+//! the units configured). `Allowance::clear()` resets the state and keeps the configuration in
+//! force. A process restarted with an old configuration is the newest too: roll back by
+//! deploying the old configuration, not by keeping old processes running.
 //!
 //! A retry budget lives in the hash as long as the key: a **fixed budget** (one batch's
 //! retries) is spent across every run that uses the name until the key expires, `idle_ttl`

@@ -182,7 +182,7 @@ impl RedisStoreOptions {
     /// replenishing budget's window, plus this. A fixed budget's spend count is forgotten
     /// after this long without any admission: until then the next run on the same name
     /// starts with what the last one left (call `Allowance::clear()` before a batch to give
-    /// it the whole budget). The configuration check repeats every half of it.
+    /// it the whole budget).
     pub fn idle_ttl(mut self, ttl: Duration) -> Self {
         self.idle_ttl = ttl;
         self

@@ -356,19 +356,21 @@ async fn every_key_has_a_ttl_and_there_are_two_keys() {
     let ttl = parse_int(&redis.command(&["PTTL", budget_store.key()]).await);
     assert!(ttl > 29_000 && ttl <= 30_000, "30 s window: PTTL {ttl}");
 
-    // Nothing else was written for either allowance, whatever the traffic: the state, and
-    // the configuration every process of the name shares (with a TTL too).
+    // Nothing else was written for either allowance, whatever the traffic: the state, with
+    // the configuration in force inside it.
     for _ in 0..20 {
         admit(&store, &config, AdmitRequest::retry()).await;
     }
     let keys = redis.command(&["KEYS", &format!("ta:{{{name}}}*")]).await;
     assert!(
-        keys.starts_with("*2\r\n") && keys.contains("}:s") && keys.contains("}:cfg"),
-        "the state and the configuration: {keys}"
+        keys.starts_with("*1\r\n") && keys.contains("}:s"),
+        "the state alone, the configuration in force inside it (field k): {keys}"
     );
-    let cfg = format!("ta:{{{name}}}:cfg");
-    let ttl = parse_int(&redis.command(&["PTTL", &cfg]).await);
-    assert!(ttl > 0, "the configuration expires too: PTTL {ttl}");
+    let k = redis.command(&["HEXISTS", store.key(), "k"]).await;
+    assert_eq!(
+        k, ":1",
+        "the configuration lives (and expires) with the state"
+    );
 }
 
 fn parse_int(reply: &str) -> i64 {
