@@ -373,6 +373,40 @@ pub async fn connect_redis(
     Ok(store)
 }
 
+/// [`connect_redis`], waiting out an unreachable Redis as the run's outage policy says: under
+/// `wait:D` a process started while Redis is paused (or restarting) keeps trying for up to D,
+/// as its admissions would, rather than exiting; a refusal (a wrong password, a missing
+/// permission) fails at once.
+///
+/// # Errors
+///
+/// As [`connect_redis`], once the policy's wait is over (at once under `fail-fast`).
+pub async fn connect_waiting(
+    url: &str,
+    name: &str,
+    options: RedisStoreOptions,
+    policy: OnStoreOutage,
+) -> Result<RedisStore, BoxError> {
+    let deadline = match policy {
+        OnStoreOutage::Wait(d) => tokio::time::Instant::now() + d,
+        _ => tokio::time::Instant::now(),
+    };
+    loop {
+        match connect_redis(url, name, options.clone()).await {
+            Err(e) if unreachable(&*e) && tokio::time::Instant::now() < deadline => {
+                tracing::warn!(allowance = name, error = %e, "redis is unreachable; waiting for it");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+fn unreachable(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<tower_allowance_redis::error::ConnectError>()
+        .is_some_and(|c| c.kind() == tower_allowance_redis::error::ConnectErrorKind::Unreachable)
+}
+
 /// Where a run's allowances live.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum StoreChoice {
@@ -465,7 +499,7 @@ impl Allowances {
                         }
                         _ => RedisStoreOptions::new(),
                     };
-                    let store = connect_redis(url, &name, options).await?;
+                    let store = connect_waiting(url, &name, options, s.on_store_outage).await?;
                     this.stores.push((store.clone(), store.round_trips()));
                     Some(store)
                 }

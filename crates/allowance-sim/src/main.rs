@@ -1,6 +1,9 @@
 //! The `allowance-sim` command line: see `allowance-sim --help` (exit codes included).
 
-use std::{io::IsTerminal, process::ExitCode};
+use std::{
+    io::{IsTerminal, Write as _},
+    process::ExitCode,
+};
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -20,7 +23,12 @@ fn main() -> ExitCode {
     let result = allowance_sim::cli::execute(cli, &mut out);
     if let Err(e) = &result {
         // The whole chain: "redis refused" alone does not say WRONGPASS from NOPERM.
-        eprintln!("allowance-sim: {}", allowance_sim::cli::error_chain(&**e));
+        // A closed stderr is no reason to panic (exit 101 instead of the documented code).
+        let _ = writeln!(
+            std::io::stderr(),
+            "allowance-sim: {}",
+            allowance_sim::cli::error_chain(&**e)
+        );
     }
     ExitCode::from(allowance_sim::cli::exit_status(&result))
 }

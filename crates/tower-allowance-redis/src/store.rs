@@ -550,6 +550,15 @@ impl Inner {
     /// Functions before Redis 7, an ACL), the script (a second).
     async fn preload(&self, timeout: Duration) -> Result<(), CallError> {
         let mut conn = self.link.connection();
+        // An authenticated cheap command first, uncounted: a server that wants a password
+        // the URL does not give answers NOAUTH here, a refusal, rather than dropping the
+        // connection on the library's ~17 KB (which would read as an outage, and be masked
+        // by the local fallback).
+        let mut raw = self.link.conn.clone();
+        let ping = redis::cmd("PING");
+        with_timeout(timeout, ping.query_async::<String>(&mut raw))
+            .await?
+            .map_err(CallError::redis)?;
         let load = async {
             match self
                 .script

@@ -203,3 +203,33 @@ async fn a_restart_with_another_password_fails_every_caller_at_once() {
     // A reconnection or two (50-500 ms of backoff) and one probe interval (500 ms).
     assert!(took <= slack(2_000 * MS), "refused after {took:?}");
 }
+
+/// A free port on the loopback.
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    l.local_addr().expect("addr").port()
+}
+
+/// A server that wants a password the URL does not give: refused at connect (NOAUTH, from
+/// the authenticated cheap command the store sends first), never an outage, and never masked
+/// by the local fallback.
+#[tokio::test]
+async fn a_missing_password_is_refused_under_the_local_fallback_too() {
+    let port = free_port();
+    let _server = Server::start(port, "wanted").await;
+    let url = format!("redis://127.0.0.1:{port}/");
+    let options = RedisStoreOptions::new().failure_policy(
+        tower_allowance_redis::FailurePolicy::LocalFallback {
+            expected_processes: std::num::NonZeroU32::MIN,
+        },
+    );
+    let err = RedisStore::connect(&url, &unique_name("noauth"), options)
+        .await
+        .expect_err("no password");
+    assert_eq!(err.kind(), ConnectErrorKind::Refused, "{err:?}");
+    let chain = format!("{err} {:?}", err.source());
+    assert!(
+        chain.contains("NOAUTH") || chain.contains("Authentication"),
+        "{chain}"
+    );
+}
