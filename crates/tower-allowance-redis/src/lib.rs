@@ -152,7 +152,11 @@
 //! [`ConnectErrorKind::MissingPermission`](error::ConnectErrorKind::MissingPermission)
 //! naming the missing one and that fix; the first decision tries `FCALL` (or `EVALSHA`) and the keys. A
 //! password changed under a running store fails every caller at once with the refusal, until
-//! Redis accepts a call again. The `{name}` hash tag keeps every key of
+//! Redis accepts a call again. A server that wants a password the URL does not give is
+//! refused at connect (an authenticated `PING` goes first), never taken for an outage. A
+//! password rotated on the server while the connection lives is a WARN within
+//! [`RedisStoreOptions::reauth_interval`] (a fresh connection authenticates every minute), not
+//! an outage at the next reconnect. The `{name}` hash tag keeps every key of
 //! an allowance in one Redis Cluster slot; names are restricted by [`validate_name`] so that
 //! no name can break out of its tag. Every write sets a TTL covering what the key must
 //! remember plus an idle margin ([`RedisStoreOptions::idle_ttl`]); nothing grows per client.
@@ -204,6 +208,7 @@ mod fallback;
 mod gate;
 mod link;
 mod options;
+mod reauth;
 mod scripts;
 #[cfg(feature = "serde")]
 mod spec;

@@ -4,7 +4,7 @@
 use std::{
     future::Future,
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     time::Duration,
@@ -31,6 +31,8 @@ pub(crate) struct Link {
     pub(crate) redacted: String,
     pub(crate) options: RedisStoreOptions,
     pub(crate) round_trips: AtomicU64,
+    /// Whether the periodic re-authentication runs (`reauth`).
+    pub(crate) reauth_started: AtomicBool,
 }
 
 impl Link {
@@ -46,6 +48,7 @@ impl Link {
             events: Events::new(events, options.connect_timeout),
             redacted,
             round_trips: AtomicU64::new(0),
+            reauth_started: AtomicBool::new(false),
             options,
         }
     }

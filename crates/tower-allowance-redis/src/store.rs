@@ -353,6 +353,7 @@ impl RedisStore {
             return;
         }
         self.inner.link.events.register(&self.inner, &handle);
+        crate::reauth::start(&self.inner.link, &handle);
     }
 }
 

@@ -233,3 +233,88 @@ async fn a_missing_password_is_refused_under_the_local_fallback_too() {
         "{chain}"
     );
 }
+
+/// What the store logs, for the tests that read it.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
+    }
+}
+
+/// A password rotated on the server leaves the live connection authenticated: the periodic
+/// re-authentication on a fresh connection turns it into a WARN within an interval or two,
+/// while calls still go through (not an outage at the next reconnect, hours later).
+#[tokio::test]
+async fn a_rotated_password_is_warned_at_rotation_time() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    // The current-thread runtime runs the re-authentication task on this thread.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let port = free_port();
+    let _server = Server::start(port, "before").await;
+    let url = format!("redis://:before@127.0.0.1:{port}/");
+    let options = RedisStoreOptions::new().reauth_interval(Some(100 * MS));
+    let store = RedisStore::connect(&url, &unique_name("rotate"), options)
+        .await
+        .expect("connect");
+    let allowance = Allowance::with_store(
+        AllowanceConfig::per_second(1_000, 100).expect("valid"),
+        store,
+    );
+    allowance.acquire().await.expect("up");
+    tokio::time::sleep(300 * MS).await;
+    assert!(!logs.text().contains("credentials"), "{}", logs.text());
+
+    let admin = redis::Client::open(url.as_str()).expect("url");
+    let mut conn = admin
+        .get_multiplexed_async_connection()
+        .await
+        .expect("admin");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("after")
+        .query_async(&mut conn)
+        .await
+        .expect("rotated");
+    let started = Instant::now();
+    while !logs.text().contains("refuses this process's credentials") {
+        assert!(
+            started.elapsed() < slack(2_000 * MS),
+            "never warned: {}",
+            logs.text()
+        );
+        tokio::time::sleep(50 * MS).await;
+    }
+    assert!(logs.text().contains("WARN"), "{}", logs.text());
+    allowance
+        .acquire()
+        .await
+        .expect("the live connection still works");
+}
