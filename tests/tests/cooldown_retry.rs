@@ -144,6 +144,41 @@ async fn an_unrepresentable_delay_closes_the_allowance_instead_of_shortening() {
     assert_eq!(state.closed, Some(Some(max)), "closed again");
 }
 
+// A valid `Retry-After: 7200` (a daily quota's reset two hours ahead) beyond max_cooldown
+// (1 h by default) is never shortened: the allowance closes until the server's time, callers
+// are refused at once naming the reopening time, and it reopens by itself then, not after
+// max_cooldown while the server still refuses.
+#[tokio::test(start_paused = true)]
+async fn a_valid_long_retry_after_is_honoured_in_full() {
+    let allowance = Allowance::new(AllowanceConfig::per_second(2, 2).expect("valid"));
+    assert_eq!(allowance.config().max_cooldown(), Duration::from_secs(3600));
+    let res = observe(&allowance, response_with(429, &[("retry-after", "7200")]))
+        .await
+        .expect("passed through");
+    assert_eq!(res.status(), 429);
+    let closed_at = Instant::now();
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(state.closed, Some(Some(Duration::from_secs(7200))));
+    let err = allowance.acquire().await.expect_err("closed");
+    assert_eq!(err.abandon_reason(), Some(AbandonReason::CooldownTooLong));
+    let e = err.into_box();
+    let exhausted = e.downcast_ref::<Exhausted>().expect("typed");
+    assert_eq!(
+        exhausted.until(),
+        Some(closed_at + Duration::from_secs(7200))
+    );
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(
+        allowance.acquire().await.is_err(),
+        "still closed past max_cooldown"
+    );
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    allowance
+        .acquire()
+        .await
+        .expect("reopened at the server's time");
+}
+
 // The same on a 200 whose rate-limit headers say "spent until" an unrepresentable reset
 // (an epoch in milliseconds where seconds were expected, say): the caller gets its 200, the
 // allowance closes for max_cooldown, and every caller refused meanwhile says why, whatever

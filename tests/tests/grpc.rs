@@ -554,14 +554,14 @@ async fn a_full_queue_and_a_closure_answer_with_the_wait_left() -> Result<(), Bo
         "{headers:?}"
     );
 
-    // A wait beyond max_cooldown closes the allowance (for max_cooldown, 10 s):
-    // RESOURCE_EXHAUSTED, with the time until it reopens.
+    // A wait beyond max_cooldown closes the allowance (until the server's time, 60 s: never
+    // shortened to max_cooldown): RESOURCE_EXHAUSTED, relaying the time until it reopens.
     allowance.extend_cooldown(Duration::from_secs(60)).await?;
     tokio::time::advance(Duration::from_millis(250)).await;
     let closed = stack.oneshot(call()).await?;
     let headers = closed.headers();
     assert_eq!(headers["grpc-status"], "8");
-    assert_eq!(headers["grpc-retry-pushback-ms"], "9750");
+    assert_eq!(headers["grpc-retry-pushback-ms"], "59750");
     assert_eq!(headers[X_ALLOWANCE_ABANDONED], "cooldown_too_long");
     assert_eq!(seen.lock().expect("not poisoned").len(), 1, "one call sent");
     Ok(())

@@ -394,7 +394,11 @@ pub async fn connect_waiting(
     loop {
         match connect_redis(url, name, options.clone()).await {
             Err(e) if unreachable(&*e) && tokio::time::Instant::now() < deadline => {
-                tracing::warn!(allowance = name, error = %e, "redis is unreachable; waiting for it");
+                use std::io::Write as _;
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "redis is unreachable ({e}); waiting for it"
+                );
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             other => return other,

@@ -28,11 +28,16 @@ local function cooldown_shift(until_us)
   return shift
 end
 
--- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}. Too long
--- (or -1, unrepresentable): closed for exactly max_cooldown, never until cleared.
+-- {extended, blocked for, closed (0/1), closed for or -1, has event, event...}. Too long:
+-- closed until the server's time (a delay stated validly, up to a year, is never shortened);
+-- one that cannot be trusted (-1, unrepresentable, or beyond a year) for exactly
+-- max_cooldown; never until cleared.
+local MAX_STATED_DELAY_US = 365 * 86400 * 1000000
 local function extend_cooldown(delay)
   if delay < 0 or delay > P.max_cd then
-    local ev = close(P.max_cd, 2)
+    local closed_for = P.max_cd
+    if delay >= 0 and delay <= MAX_STATED_DELAY_US then closed_for = delay end
+    local ev = close(closed_for, 2)
     local closed_for = -1
     if s.cl ~= FOREVER then closed_for = sat_sub(s.cl, now) end
     return {0, sat_sub(s.bu, now), 1, closed_for, 1, unpack(ev)}

@@ -152,8 +152,9 @@ impl Allowance {
     /// The deadline only ever moves later; a shorter delay than the current one changes
     /// nothing. Callers already holding reserved slots move back by the added time, in the
     /// same order; those whose deadline that passes fail promptly. A delay beyond
-    /// [`max_cooldown`](AllowanceConfig::with_max_cooldown) closes the allowance instead, for
-    /// `max_cooldown` (then it reopens by itself).
+    /// [`max_cooldown`](AllowanceConfig::with_max_cooldown) closes the allowance instead, until
+    /// the delay's end (never shortened; beyond a year, which cannot be trusted, for
+    /// `max_cooldown`), then it reopens by itself.
     ///
     /// # Errors
     ///

@@ -13,11 +13,16 @@ pub(crate) fn closed(closed_until: u64, closed_by: u64, now: u64) -> Option<Admi
     })
 }
 
+/// The longest delay a server can state validly (a year): no local cap shortens one up to
+/// this; a longer one (or an unrepresentable one) cannot be trusted. `lua/cooldown.lua` too.
+const MAX_STATED_DELAY_US: u64 = 365 * 86_400 * 1_000_000;
+
 /// Raises the cooldown to `now + delay` (max semantics) and translates pending reservations
-/// past it (see the module docs); a delay beyond `max_cooldown` (or unrepresentable: `None`)
-/// closes the allowance instead, for exactly `max_cooldown` from now. Never until cleared:
-/// one bad header must not become an outage. It reopens by itself, metered (the schedule is
-/// the rule's as ever), and a server that asks again closes it again.
+/// past it (see the module docs); a delay beyond `max_cooldown` closes the allowance instead,
+/// until the server's time (`now + delay`: never shortened), or, for one that cannot be
+/// trusted (unrepresentable: `None`, or beyond a year), for exactly `max_cooldown`. Never
+/// until cleared: one bad header must not become an outage. It reopens by itself, metered
+/// (the schedule is the rule's as ever), and a server that asks again closes it again.
 pub(crate) fn extend_cooldown(
     state: &mut State,
     now: u64,
@@ -26,12 +31,9 @@ pub(crate) fn extend_cooldown(
 ) -> Deferred {
     let too_long = delay_us.is_none_or(|d| d > params.max_cooldown_us);
     if too_long {
-        let event = close(
-            state,
-            now,
-            Some(params.max_cooldown_us),
-            ClosedBy::ServerDelay,
-        );
+        let stated = delay_us.filter(|d| *d <= MAX_STATED_DELAY_US);
+        let closed_for = stated.unwrap_or(params.max_cooldown_us);
+        let event = close(state, now, Some(closed_for), ClosedBy::ServerDelay);
         return Deferred {
             extended: false,
             blocked_for: us(state.blocked_until.saturating_sub(now)),

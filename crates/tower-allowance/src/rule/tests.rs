@@ -213,16 +213,22 @@ fn a_delay_beyond_max_cooldown_closes_the_allowance() {
     let p = *config.rule_params();
     let mut s = State::default();
     assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
-    // Closed for exactly max_cooldown, however much longer the server asked for.
-    let d = defer_at(&mut s, 0, &p, 3_600_000_001);
-    assert_eq!(d.closed, Some(Some(Duration::from_secs(3600))));
+    // A valid delay beyond max_cooldown closes it until the server's time, never shorter
+    // (a Retry-After of 7,200 s under a 1 h max_cooldown).
+    let d = defer_at(&mut s, 0, &p, 7_200_000_000);
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(7200))));
     assert_eq!(
         admit_at(&mut s, 10, &p, FIRST),
         Admission::Closed {
-            until: Some(Duration::from_micros(3_599_999_990)),
+            until: Some(Duration::from_micros(7_199_999_990)),
             by: ClosedBy::ServerDelay
         }
     );
+    let mut s = State::default();
+    assert_eq!(admit_at(&mut s, 0, &p, FIRST), Admission::Admitted);
+    // Beyond a year it cannot be trusted: closed for max_cooldown.
+    let d = defer_at(&mut s, 0, &p, 366 * 86_400 * 1_000_000);
+    assert_eq!(d.closed, Some(Some(Duration::from_secs(3600))));
     // An unrepresentable delay too: for max_cooldown from now (never until cleared).
     let d = match apply(&mut s, 20, &p, &Op::Defer { delay_us: None }) {
         Reply::Defer(d) => d,
@@ -1161,7 +1167,7 @@ fn settled_only_once_a_closure_ends_or_is_cleared() {
         .with_max_cooldown(Duration::from_secs(60))
         .expect("valid")
         .rule_params();
-    // A 429 asking for longer than max_cooldown closes for max_cooldown.
+    // A 429 asking for longer than max_cooldown closes until the server's time.
     let mut s = State::default();
     let _ = apply(
         &mut s,
@@ -1172,8 +1178,8 @@ fn settled_only_once_a_closure_ends_or_is_cleared() {
             age_us: 0,
         },
     );
-    assert!(!is_settled(&s, 59_999_999, &p));
-    assert!(is_settled(&s, 60_000_000, &p));
+    assert!(!is_settled(&s, 599_999_999, &p));
+    assert!(is_settled(&s, 600_000_000, &p));
     // An unrepresentable one: for max_cooldown too.
     let mut s = State::default();
     let _ = apply(
