@@ -126,7 +126,8 @@ pub(crate) async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
         until: Some(d),
         by: ClosedBy::ServerDelay,
     };
-    // The burst spent, a caller waits for its slot when a server asks for an hour.
+    // The burst spent, a caller waits for its slot when a server asks for 400 days (beyond
+    // a year: a delay that cannot be trusted, bounded by max_cooldown).
     for _ in 0..2 {
         assert_eq!(
             direct.admit(AdmitRequest::first()).await,
@@ -136,7 +137,7 @@ pub(crate) async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
     let later = Instant::now() + Duration::from_secs(10);
     let waiter = tokio::spawn(a.acquire_owned(AcquireOptions::new().deadline(later)));
     tokio::task::yield_now().await;
-    let raised = raise(&a, &direct, Duration::from_secs(3_600)).await;
+    let raised = raise(&a, &direct, Duration::from_secs(400 * 86_400)).await;
     assert!(raised.changed);
     assert_eq!(
         (raised.state.closed, raised.state.closed_by),
@@ -207,4 +208,8 @@ pub(crate) async fn absurd_delay_closes_for_max_cooldown<S: Store>(store: S) {
         direct.admit(AdmitRequest::first()).await,
         Admission::Admitted | Admission::Reserved { .. }
     ));
+    // A valid delay beyond max_cooldown (an hour, stated): closed until its end, never
+    // shortened to max_cooldown.
+    let raised = raise(&a, &direct, Duration::from_secs(3_600)).await;
+    assert_eq!(raised.state.closed, Some(Some(Duration::from_secs(3_600))));
 }
