@@ -120,18 +120,17 @@ async fn metrics_endpoint_counts_what_the_upstream_saw() {
     let now = total(&samples, admissions, &[("waited", "false")]);
     let waited = total(&samples, admissions, &[("waited", "true")]);
     assert_eq!(now + waited, log.len() as u64, "{text}\n{log:?}");
-    // Those that waited went after the cooldown the first 429 raised (1 s); those that did
-    // not went in the first wave, with the 429s. The 500 ms line between them has half a
-    // second of margin on either side: the first wave goes within milliseconds of the 429,
-    // the rest at least 1 s after it (load only delays them further).
-    let first_429 = log
-        .iter()
-        .find(|r| r.status == 429)
-        .map(|r| r.at_ms)
-        .expect("a 429");
-    let late = log.iter().filter(|r| r.at_ms > first_429 + 500).count() as u64;
-    assert_eq!(waited, late, "{text}\n{log:?}");
-    assert!(waited > 0, "some admissions waited: {log:?}");
+    // Counts and order, nothing that load can move: the burst's first admissions went at
+    // once (a full bucket admits without waiting, however loaded the machine), at most the
+    // burst of them; everything the upstream saw after the cooldown the first 429 raised
+    // (1 s) had waited for it, and an admission of the first wave may have waited too (the
+    // burst's headroom, a few ms), so the waits are at least the late ones.
+    let first_429 = log.iter().position(|r| r.status == 429).expect("a 429");
+    let cooldown_end = log[first_429].at_ms + 1_000;
+    let late = log.iter().filter(|r| r.at_ms >= cooldown_end).count() as u64;
+    assert!((1..=4).contains(&now), "{text}\n{log:?}");
+    assert!(waited >= late, "{text}\n{log:?}");
+    assert!(late > 0, "some went after the cooldown: {log:?}");
     // The waits histogram has one sample per admission that waited, each at least the
     // cooldown's remainder (the slots were reserved before the 429s and moved by 1 s).
     assert_eq!(
