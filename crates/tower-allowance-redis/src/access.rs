@@ -120,11 +120,22 @@ pub(crate) fn user_of(client: Option<&redis::Client>) -> String {
 pub(crate) fn no_evalsha(e: &RedisError, name: &str, user: &str) -> Option<MissingPermission> {
     is_no_perm(e).then(|| {
         let keys = format!("ta:{{{name}}}:*");
-        MissingPermission::new(
-            format!("FCALL or EVALSHA with the keys {keys}"),
-            format!("ACL SETUSER {user} +evalsha +eval +fcall ~{keys}"),
-            said(e),
-        )
+        // Redis says which: "No permissions to access a key", or "... to run the 'fcall'
+        // command".
+        let what = said(e).to_ascii_lowercase();
+        if what.contains("key") {
+            MissingPermission::new(
+                format!("access the allowance's keys {keys}"),
+                format!("ACL SETUSER {user} ~{keys} (or ~ta:*)"),
+                said(e),
+            )
+        } else {
+            MissingPermission::new(
+                "run FCALL or EVALSHA".to_owned(),
+                format!("ACL SETUSER {user} +fcall +evalsha +eval"),
+                said(e),
+            )
+        }
     })
 }
 

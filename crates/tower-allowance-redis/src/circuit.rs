@@ -37,6 +37,8 @@ pub(crate) struct Circuit {
     /// The last refusal (a changed password, a revoked permission), until a call succeeds:
     /// calls skipped meanwhile fail with it at once, not as an outage to wait out.
     refusal: Mutex<Option<String>>,
+    /// Whether a configuration refusal was logged since the last success.
+    mismatch: AtomicBool,
 }
 
 // === impl Circuit ===
@@ -49,6 +51,7 @@ impl Circuit {
             closed_until_us: AtomicU64::new(0),
             degraded: AtomicBool::new(false),
             refusal: Mutex::new(None),
+            mismatch: AtomicBool::new(false),
         }
     }
 
@@ -103,6 +106,7 @@ impl Circuit {
     }
 
     pub(crate) fn succeeded(&self, name: &str) {
+        self.mismatch.store(false, Ordering::Relaxed);
         if self.closed_until_us.load(Ordering::Acquire) != 0 {
             self.closed_until_us.store(0, Ordering::Release);
             *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = None;
@@ -118,6 +122,18 @@ impl Circuit {
     /// A call failed with `error`; `policy` names what callers get meanwhile, for the log.
     pub(crate) fn failed(&self, error: &CallError, name: &str, policy: &'static str) {
         if error.kind() == CallErrorKind::Unavailable {
+            return;
+        }
+        if error.kind() == CallErrorKind::ConfigMismatch {
+            // Not a failure of redis: logged as what it is, once per run of refusals.
+            if !self.mismatch.swap(true, Ordering::AcqRel) {
+                tracing::error!(
+                    allowance = name,
+                    error = %std::error::Error::source(error)
+                        .map_or_else(|| error.to_string(), ToString::to_string),
+                    "configuration refused: every call of this process is refused until it                      runs the configuration in force"
+                );
+            }
             return;
         }
         let next = self.now_us().saturating_add(self.probe_us);
@@ -145,7 +161,8 @@ impl Circuit {
                 );
             }
         }
-        if !self.degraded.swap(true, Ordering::AcqRel) {
+        // A refusal was logged as what it is above; the outage's policy is for outages.
+        if !self.degraded.swap(true, Ordering::AcqRel) && error.kind() != CallErrorKind::Refused {
             tracing::warn!(
                 allowance = name,
                 error = %error,

@@ -105,11 +105,18 @@ async fn each_missing_permission_fails_connect_naming_it_and_the_fix() {
             }
             cause = c.source();
         };
-        assert!(m.permission().contains("EVALSHA"), "{who}: {m}");
-        assert!(
-            m.fix().contains(&format!("ACL SETUSER {who} +evalsha")),
-            "{who}: {m}"
-        );
+        // Each named as what it is: the command, or the key pattern.
+        let (permission, fix) = if who == "noeval" {
+            (
+                "FCALL or EVALSHA".to_owned(),
+                format!("ACL SETUSER {who} +fcall"),
+            )
+        } else {
+            let keys = format!("ta:{{{name}}}:*");
+            (keys.clone(), format!("ACL SETUSER {who} ~{keys}"))
+        };
+        assert!(m.permission().contains(&permission), "{who}: {m}");
+        assert!(m.fix().contains(&fix), "{who}: {m}");
     }
     // Everything granted: connects.
     let url = user(&redis, "all", &[]).await;
