@@ -701,3 +701,54 @@ async fn successes_replenish_a_replenishing_budget() {
         Some(0)
     );
 }
+
+// Each answer says why it waited: the response's attempt record carries how long the request
+// queued for admission (over all its attempts) and how many attempts it took; an answer that
+// went at once carries none (the fast path allocates nothing).
+#[tokio::test(start_paused = true)]
+async fn each_answer_says_how_long_it_queued_and_how_many_attempts_it_took() {
+    use std::sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    };
+    use tower_allowance::Attempt;
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid").exact());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    // The second call is answered 429 with Retry-After: 3; every other 200.
+    let svc = tower::service_fn(move |_req: Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut res = Response::new(String::new());
+            if n == 1 {
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                res.headers_mut()
+                    .insert("retry-after", http::HeaderValue::from_static("3"));
+            }
+            Ok::<_, Infallible>(res)
+        }
+    });
+    let stack = ServiceBuilder::new().layer(allowance.layer()).service(svc);
+    let first = stack
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .expect("ok");
+    assert_eq!(first.extensions().get::<Attempt>(), None, "went at once");
+    // Queues 1 s for the rate's next token, is throttled (3 s), and is retried once the
+    // cooldown ends: 4 s queued over 2 attempts.
+    let started = Instant::now();
+    let second = stack
+        .oneshot(Request::new(String::new()))
+        .await
+        .expect("ok");
+    assert_eq!(second.status(), StatusCode::OK);
+    let record = second
+        .extensions()
+        .get::<Attempt>()
+        .copied()
+        .expect("a record");
+    assert_eq!(record.number(), 2);
+    assert_eq!(record.queued(), started.elapsed());
+    assert!(record.queued() >= Duration::from_secs(4), "{record:?}");
+}

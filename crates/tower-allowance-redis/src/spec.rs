@@ -71,13 +71,57 @@ pub struct RedisSpec {
 }
 
 impl RedisSpec {
+    /// Redis at `url` (which may carry a password: it is never printed), with the default
+    /// options: what `{ url = "..." }` says in a file.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_allowance::{AllowanceConfig, AllowanceSpec};
+    /// use tower_allowance_redis::{RedisSpec, RedisStoreOptions, StoreSpec};
+    ///
+    /// let redis = RedisSpec::url("redis://127.0.0.1:6379/")
+    ///     .with_options(RedisStoreOptions::new().timeout(Duration::from_millis(100)));
+    /// let spec = AllowanceSpec::new(AllowanceConfig::per_second(5, 5)?, StoreSpec::Redis(redis));
+    /// assert!(!format!("{spec:?}").contains("6379"));
+    /// # Ok::<(), tower_allowance::BoxError>(())
+    /// ```
+    pub fn url(url: impl Into<String>) -> Self {
+        Self {
+            url: Some(url.into()),
+            url_env: None,
+            options: RedisStoreOptions::new(),
+        }
+    }
+
+    /// Redis at the URL the environment variable `var` holds when the store is opened:
+    /// what `{ url_env = "..." }` says in a file.
+    ///
+    /// ```
+    /// use tower_allowance_redis::RedisSpec;
+    ///
+    /// let redis = RedisSpec::url_env("ALLOWANCE_REDIS_URL");
+    /// assert!(format!("{redis:?}").contains("ALLOWANCE_REDIS_URL"));
+    /// ```
+    pub fn url_env(var: impl Into<String>) -> Self {
+        Self {
+            url: None,
+            url_env: Some(var.into()),
+            options: RedisStoreOptions::new(),
+        }
+    }
+
+    /// The same Redis, opened with `options`.
+    pub fn with_options(self, options: RedisStoreOptions) -> Self {
+        Self { options, ..self }
+    }
+
     /// The options the store is opened with.
     pub fn options(&self) -> &RedisStoreOptions {
         &self.options
     }
 
     /// The URL: `url`, or the value of the variable `url_env` names.
-    fn url(&self) -> Result<String, ConnectError> {
+    fn resolve_url(&self) -> Result<String, ConnectError> {
         let invalid = |why: String| ConnectError::new(ConnectErrorKind::InvalidUrl, why);
         match (&self.url, &self.url_env) {
             (Some(url), None) => Ok(url.clone()),
@@ -117,7 +161,7 @@ impl OpenStore for StoreSpec {
                     Ok(Arc::new(tower_allowance::store::MemoryStore::new()) as Arc<dyn Store>)
                 }
                 StoreSpec::Redis(redis) => {
-                    let url = redis.url()?;
+                    let url = redis.resolve_url()?;
                     let store = RedisStore::connect(&url, &name, redis.options).await?;
                     Ok(Arc::new(store) as Arc<dyn Store>)
                 }

@@ -59,6 +59,7 @@ fn far_future(now: Instant) -> Instant {
 /// | not before | `RetryPolicy`, when an admission layer under it waits out the server's delay for a retry (the slot's floor) | the admission layer (it reserves the retry's slot no earlier) |
 /// | last | [`Prepare`](crate::retry::Prepare), for a request no retry will follow, and why | the cooldown layer (a throttling answer to it is marked abandoned, with that reason, not passed off as final) |
 /// | sent | the admission layer, in the response's record, when it carries one or the rate is adaptive | the cooldown layer (an adaptive rate cuts once per round of sends) |
+/// | [`queued`](Self::queued) | the admission layer (adding each attempt's wait for its slot), `RetryPolicy` (carrying it to the retry) | the caller, from the response: why the answer waited |
 ///
 /// The request's body for a retry travels apart (a [`Replay`](crate::body::Replay), typed by
 /// the body), and so does how a response was read (a
@@ -79,6 +80,7 @@ pub struct Attempt {
     pub(crate) not_before: Option<Instant>,
     pub(crate) last: Option<AbandonReason>,
     pub(crate) sent: Option<Instant>,
+    pub(crate) queued: Duration,
 }
 
 impl Default for Attempt {
@@ -89,6 +91,7 @@ impl Default for Attempt {
             not_before: None,
             last: None,
             sent: None,
+            queued: Duration::ZERO,
         }
     }
 }
@@ -102,6 +105,14 @@ impl Attempt {
     /// Whether this attempt is a retry.
     pub fn is_retry(&self) -> bool {
         self.number > 1
+    }
+
+    /// Why the answer waited: how long the request queued for admission, over all its
+    /// attempts so far. A response carries the record when its request waited for a slot
+    /// (a cooldown or the rate held it), was retried, or the rate is adaptive; none (the
+    /// default, zero) when every attempt went at once.
+    pub fn queued(&self) -> Duration {
+        self.queued
     }
 
     /// The record a request carries, if any.

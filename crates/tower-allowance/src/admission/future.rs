@@ -75,6 +75,7 @@ pin_project! {
         service: S,
         request: Option<Request<B>>,
         shared: Arc<Shared>,
+        since: Instant,
     }
 }
 
@@ -102,12 +103,22 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
 
 /// The record the response will carry: the request's, or (for an adaptive rate, which
 /// cuts once per round of sends) a new one, with when the attempt was sent.
-fn record_for<B>(shared: &Shared, req: &Request<B>, sent: Instant) -> Option<Attempt> {
+fn record_for<B>(
+    shared: &Shared,
+    req: &Request<B>,
+    sent: Instant,
+    waited: Duration,
+) -> Option<Attempt> {
     let record = Attempt::of(req.extensions());
     let adaptive = shared.config().rule_params().adaptive().is_some();
-    (record.is_some() || adaptive).then(|| Attempt {
-        sent: Some(sent),
-        ..record.unwrap_or_default()
+    (record.is_some() || adaptive || !waited.is_zero()).then(|| {
+        let record = record.unwrap_or_default();
+        let queued = record.queued.saturating_add(waited);
+        Attempt {
+            sent: Some(sent),
+            queued,
+            ..record
+        }
     })
 }
 
@@ -146,7 +157,7 @@ where
             Begin::Ready(Ok(())) => match service.poll_ready(cx) {
                 Poll::Ready(ready) => {
                     ready.map_err(Into::into)?;
-                    let record = record_for(&shared, &request, now);
+                    let record = record_for(&shared, &request, now, Duration::ZERO);
                     let future = service.call(request);
                     return Ok(State::Called { future, record });
                 }
@@ -163,6 +174,7 @@ where
             service,
             request: Some(request),
             shared,
+            since: now,
         };
         Ok(State::Waiting {
             waiting: Box::pin(waiting),
@@ -202,7 +214,8 @@ where
         let Some(request) = this.request.take() else {
             return Poll::Pending;
         };
-        let record = record_for(this.shared, &request, Instant::now());
+        let now = Instant::now();
+        let record = record_for(this.shared, &request, now, now - *this.since);
         let future = this.service.call(request);
         Poll::Ready(Ok(State::Called { future, record }))
     }

@@ -75,6 +75,59 @@ impl<S> AllowanceSpec<S> {
     pub fn store(&self) -> &S {
         &self.store
     }
+
+    /// The spec with its configuration adjusted in code: a file gives the limits, the code
+    /// adds what a file cannot say (a classifier closure, a headroom chosen at run time).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_allowance::AllowanceSpec;
+    ///
+    /// let spec: AllowanceSpec = serde_json::from_str(r#"{ "rate": 5, "burst": 5 }"#)?;
+    /// let spec = spec.map_config(|c| c.with_max_waiters(100));
+    /// let spec = spec.try_map_config(|c| c.with_max_cooldown(Duration::from_secs(86_400)))?;
+    /// assert_eq!(spec.config().max_cooldown(), Duration::from_secs(86_400));
+    /// # Ok::<(), tower_allowance::BoxError>(())
+    /// ```
+    pub fn map_config(self, f: impl FnOnce(AllowanceConfig) -> AllowanceConfig) -> Self {
+        Self {
+            config: f(self.config),
+            store: self.store,
+        }
+    }
+
+    /// [`map_config`](Self::map_config) with a step that may fail (most of
+    /// [`AllowanceConfig`]'s `with_` methods check what they are given).
+    ///
+    /// # Errors
+    ///
+    /// `f`'s.
+    pub fn try_map_config<E>(
+        self,
+        f: impl FnOnce(AllowanceConfig) -> Result<AllowanceConfig, E>,
+    ) -> Result<Self, E> {
+        Ok(Self {
+            config: f(self.config)?,
+            store: self.store,
+        })
+    }
+
+    /// The same configuration, kept in another store (one built in code, say).
+    ///
+    /// ```
+    /// use tower_allowance::{AllowanceConfig, AllowanceSpec, MemorySpec};
+    ///
+    /// let spec = AllowanceSpec::new(AllowanceConfig::per_second(5, 5)?, ());
+    /// let spec: AllowanceSpec<MemorySpec> = spec.with_store(MemorySpec::default());
+    /// assert_eq!(spec.config().limits().len(), 1);
+    /// # Ok::<(), tower_allowance::BoxError>(())
+    /// ```
+    pub fn with_store<T>(self, store: T) -> AllowanceSpec<T> {
+        AllowanceSpec {
+            config: self.config,
+            store,
+        }
+    }
 }
 
 impl<S: OpenStore> AllowanceSpec<S> {

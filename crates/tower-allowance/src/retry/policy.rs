@@ -331,6 +331,10 @@ impl<C: Classify> RetryPolicy<C> {
             Plan::Retry { sleep, not_before } => {
                 // Kept for when the retry is refused (tower drops the result when a retry is
                 // scheduled; nobody observes its stand-in). Nothing stale is kept for an error.
+                let queued = result
+                    .as_ref()
+                    .ok()
+                    .and_then(|r| Attempt::of(r.extensions()));
                 let kept = std::mem::replace(result, Err("response kept for a retry".into()));
                 self.stash.put(kept.ok());
                 let over = self.shared.over_admission;
@@ -342,6 +346,7 @@ impl<C: Classify> RetryPolicy<C> {
                         .and_then(|d| Instant::now().checked_add(d)),
                     last: None,
                     sent: None,
+                    queued: queued.map_or(Duration::ZERO, |a| a.queued),
                 };
                 extensions.insert(record);
                 // ... or the policy does.
