@@ -4,16 +4,16 @@
 -- first checked its configuration; PINNED: 1 when it refuses to decide with another one).
 -- The configuration in force is kept in the state hash, field `k`, as `VERSION;TEXT`.
 --
--- `adopt` returns the parameters text to decide with: the caller's when it is the newest
+-- `adopt` (given the stored field, read with the state's in one `HMGET`) returns the
+-- parameters text to decide with: the caller's when it is the newest
 -- (then it is stored, and a takeover published on the channel as `k:VERSION:TEXT`, so that
 -- every process logs it once), else the stored one; or nil and an error reply for a pinned
 -- caller whose configuration is older and different. A text without the block (the test
 -- clock's calls, an older client) decides with its own and touches nothing.
-local function adopt(key, full, chan)
+local function adopt(key, full, chan, stored)
   local text, v, pinned = string.match(full, '^([^;]*);(%d+),([01])$')
   if not text then return full end
   v = tonumber(v)
-  local stored = redis.call('HGET', key, 'k')
   if stored then
     local sv, st = string.match(stored, '^(%d+);(.*)$')
     sv = tonumber(sv)

@@ -85,17 +85,13 @@ local function begin(keys, args)
   OP = tonumber(args[1])
   ARGS = args
   channel = args[4]
-  local text, refusal = adopt(key, args[3], channel)
+  -- The common fields, the adaptive rate's and the configuration in force, in one read.
+  local raw = redis.call('HMGET', key, 'b', 'a', 'k')
+  local text, refusal = adopt(key, args[3], channel, raw[3])
   if not text then return false, refusal end
   P = params(text)
   if not P then return false end
-  local base, adaptive
-  if P.ad_on == 1 then
-    local raw = redis.call('HMGET', key, 'b', 'a')
-    base, adaptive = raw[1], raw[2]
-  else
-    base = redis.call('HGET', key, 'b')
-  end
+  local base, adaptive = raw[1], raw[2]
   -- The common fields, unrolled (the one group every call loads).
   local bu, ep, ru, cl, cb, sn, rb, ex, gn, t1, t2, t3, t4 = 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
   if base then
