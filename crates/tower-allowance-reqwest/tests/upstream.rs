@@ -140,3 +140,41 @@ async fn a_deadline_in_the_chain_extensions_is_honoured() {
     upstream.shutdown().await;
     assert_eq!(log.len(), 1, "{log:?}");
 }
+
+/// Each answer says why it waited, through the middleware too: a response that queued for
+/// its slot carries the attempt record (`Attempt::queued`, `Attempt::number`) in its
+/// extensions; one that went at once carries none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_says_how_long_it_queued() {
+    let upstream = Upstream::start(UpstreamConfig::new(100, 100))
+        .await
+        .expect("binds");
+    // One request a second, no burst: the second waits about a second for its slot.
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1).expect("valid").exact());
+    let client: ClientWithMiddleware = ClientBuilder::new(reqwest::Client::new())
+        .with(AllowanceMiddleware::new(allowance))
+        .build();
+    let url = format!("{}{}", upstream.url(), snapshot_path("q"));
+    let get = || client.get(&url).header(API_KEY_HEADER, DEFAULT_KEY).send();
+    let first = get().await.expect("ok");
+    assert!(first
+        .extensions()
+        .get::<tower_allowance::Attempt>()
+        .is_none());
+    let second = get().await.expect("ok");
+    let record = second
+        .extensions()
+        .get::<tower_allowance::Attempt>()
+        .copied()
+        .expect("a record: it waited");
+    upstream.shutdown().await;
+    assert_eq!(record.number(), 1);
+    // Load only delays the first request's end, shortening the second's wait: a lower bound
+    // with 300 ms of margin under the second.
+    assert!(record.queued() >= Duration::from_millis(700), "{record:?}");
+    // A timer fires late under load: the upper bound has 5 s of slack (tests/README.md).
+    assert!(
+        record.queued() <= Duration::from_millis(6_000),
+        "{record:?}"
+    );
+}
