@@ -50,6 +50,10 @@ use crate::{
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "read once from a file; boxing would change the public variant (with `tls` the options are ~220 bytes)"
+)]
 pub enum StoreSpec {
     /// This process's memory (`store = "memory"`).
     #[default]
