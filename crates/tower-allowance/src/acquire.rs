@@ -29,7 +29,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 
 use crate::{
     error::{AbandonReason, AcquireError, Exhausted, Overloaded, StoreUnavailable},
-    rule::{Admission, AdmitRequest, Op, Reply},
+    rule::{Admission, AdmitRequest, Reply},
     shared::{holders::Check, Answer, Applying, Shared},
     store::{StoreError, WrongReply},
     AcquireOptions, OutagePolicy,
@@ -45,6 +45,9 @@ pub(crate) enum Begin {
     Ask(Answer, Asked),
     /// The store did not answer: wait until the instant, then ask again.
     Outage(Instant),
+    /// Queued in its class until its turn (feature `shares`).
+    #[cfg(feature = "shares")]
+    Queued,
 }
 
 /// What was asked, for when the answer comes.
@@ -65,10 +68,41 @@ pub(crate) struct Progress {
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
+    /// Where it stands with the class queues.
+    #[cfg(feature = "shares")]
+    pub(crate) turn: crate::shared::classes::Turn,
 }
 
 /// Makes the first step of an admission at `now`.
 pub(crate) fn begin(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &mut Progress,
+    now: Instant,
+) -> Begin {
+    let step = first_step(shared, options, progress, now);
+    ended(shared, options, progress, now, step)
+}
+
+/// An admission that ends hands its class's turn on (feature `shares`).
+#[cfg_attr(not(feature = "shares"), allow(unused_variables))]
+fn ended(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &mut Progress,
+    now: Instant,
+    step: Begin,
+) -> Begin {
+    #[cfg(feature = "shares")]
+    if let Begin::Ready(result) = &step {
+        let waited = progress.started.map(|s| now.saturating_duration_since(s));
+        let waited = result.is_ok().then(|| waited.unwrap_or_default());
+        crate::shared::classes::end(shared, options, progress, waited);
+    }
+    step
+}
+
+fn first_step(
     shared: &Shared,
     options: &AcquireOptions,
     progress: &mut Progress,
@@ -81,6 +115,10 @@ pub(crate) fn begin(
         }));
     }
     let started = *progress.started.get_or_insert(now);
+    #[cfg(feature = "shares")]
+    if let Some(step) = crate::shared::classes::before(shared, options, progress) {
+        return step;
+    }
     let overloaded = shared.holders().waiting()
         >= shared.config().max_waiters() + usize::from(progress.in_outage);
     if let Some(Some((id, at))) = (!overloaded).then(|| shared.holders().take_spare(now, options)) {
@@ -115,7 +153,11 @@ pub(crate) fn begin(
         deposits,
         overloaded,
     };
-    match shared.apply(now, Op::Admit(req)) {
+    #[cfg(feature = "shares")]
+    let op = crate::shared::classes::op(shared, options, req);
+    #[cfg(not(feature = "shares"))]
+    let op = crate::rule::Op::Admit(req);
+    match shared.apply(now, op) {
         Applying::Done(result) => decide(shared, options, progress, now, result, asked),
         Applying::Pending(fut) => Begin::Ask(fut, asked),
     }
@@ -132,6 +174,8 @@ fn decide(
 ) -> Begin {
     let admission = match result {
         Ok(Reply::Admit(admission)) => admission,
+        #[cfg(feature = "shares")]
+        Ok(Reply::Share(reply)) => crate::shared::classes::replied(shared, &reply),
         Ok(_) => return fail_store(shared, progress, StoreError::protocol(WrongReply)),
         Err(e) => {
             shared.restore_deposits(asked.deposits);
@@ -242,6 +286,7 @@ pin_project! {
         Asking { fut: Answer, asked: Asked },
         Holding { id: u64, #[pin] sleep: Sleep },
         Outage { #[pin] sleep: Sleep },
+        Queued { #[pin] sleep: Sleep },
         Done,
     }
 }
@@ -266,6 +311,8 @@ pin_project! {
                 }
             }
             end_outage(this.shared, this.progress);
+            #[cfg(feature = "shares")]
+            crate::shared::classes::end(this.shared, this.options, this.progress, None);
         }
     }
 }
@@ -296,6 +343,13 @@ impl<H: Deref<Target = Shared>> Admit<H> {
             Begin::Outage(at) => State::Outage {
                 sleep: sleep_until(at),
             },
+            #[cfg(feature = "shares")]
+            Begin::Queued => State::Queued {
+                sleep: sleep_until(crate::shared::classes::queued_until(
+                    &options,
+                    Instant::now(),
+                )),
+            },
             // Decided already: the caller returns the result without resuming.
             Begin::Ready(_) => State::Done,
         };
@@ -307,7 +361,11 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
-    fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
+    fn step(
+        mut state: Pin<&mut State>,
+        step: Begin,
+        #[cfg_attr(not(feature = "shares"), allow(unused_variables))] options: &AcquireOptions,
+    ) -> Option<Result<(), AcquireError>> {
         match step {
             Begin::Ready(result) => {
                 state.set(State::Done);
@@ -330,6 +388,16 @@ impl<H: Deref<Target = Shared>> Admit<H> {
                 });
                 None
             }
+            #[cfg(feature = "shares")]
+            Begin::Queued => {
+                if !matches!(state.as_ref().get_ref(), State::Queued { .. }) {
+                    let until = crate::shared::classes::queued_until(options, Instant::now());
+                    state.set(State::Queued {
+                        sleep: sleep_until(until),
+                    });
+                }
+                None
+            }
         }
     }
 }
@@ -348,7 +416,8 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                 }
                 StateProj::Asking { fut, asked } => {
                     let (result, now) = (ready!(Pin::new(fut).poll(cx)), Instant::now());
-                    decide(shared, this.options, this.progress, now, result, *asked)
+                    let step = decide(shared, this.options, this.progress, now, result, *asked);
+                    ended(shared, this.options, this.progress, now, step)
                 }
                 StateProj::Holding { id, mut sleep } => {
                     let id = *id;
@@ -361,8 +430,15 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();
-                            shared.admitted(Instant::now(), Some(waited), this.options.retry);
-                            Begin::Ready(Ok(()))
+                            let now = Instant::now();
+                            shared.admitted(now, Some(waited), this.options.retry);
+                            ended(
+                                shared,
+                                this.options,
+                                this.progress,
+                                now,
+                                Begin::Ready(Ok(())),
+                            )
                         }
                         Check::Closed(e) => {
                             shared.holders().remove(id);
@@ -391,9 +467,21 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     let now = Instant::now();
                     begin(shared, this.options, this.progress, now)
                 }
+                StateProj::Queued { sleep } => {
+                    #[cfg(feature = "shares")]
+                    if !crate::shared::classes::poll_turn(shared, this.progress, cx.waker()) {
+                        ready!(sleep.poll(cx));
+                    }
+                    #[cfg(not(feature = "shares"))]
+                    let _ = sleep;
+                    let now = Instant::now();
+                    begin(shared, this.options, this.progress, now)
+                }
                 StateProj::Done => panic!("Acquire polled after completion"),
             };
-            if let Some(result) = Self::step(this.state.as_mut(), next) {
+            if let Some(result) = Self::step(this.state.as_mut(), next, this.options) {
+                #[cfg(feature = "shares")]
+                crate::shared::classes::end(shared, this.options, this.progress, None);
                 return Poll::Ready(result);
             }
         }
@@ -435,6 +523,7 @@ impl std::fmt::Debug for Acquire<'_> {
             State::Asking { .. } => "asking the store",
             State::Holding { .. } => "holding a reserved slot",
             State::Outage { .. } => "waiting for the store",
+            State::Queued { .. } => "queued in its class",
             State::Done => "done",
         };
         f.debug_struct("Acquire")

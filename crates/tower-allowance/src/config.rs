@@ -87,6 +87,8 @@ pub struct AllowanceConfig {
     retry: RetryConfig,
     max_date_skew: Duration,
     params: Params,
+    #[cfg(feature = "shares")]
+    pub(crate) classes: crate::shares::Classes,
 }
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
@@ -145,6 +147,8 @@ impl AllowanceConfig {
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
                 adaptive: None,
             }),
+            #[cfg(feature = "shares")]
+            classes: crate::shares::Classes::default(),
         };
         config.derive();
         Ok(config)

@@ -97,6 +97,10 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
         not_before: record
             .and_then(|a| a.not_before)
             .map(|at| at.saturating_duration_since(now)),
+        #[cfg(feature = "shares")]
+        class: ext
+            .get::<crate::shares::Class>()
+            .map(crate::shares::Class::key),
     }
 }
 

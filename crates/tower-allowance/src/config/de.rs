@@ -83,6 +83,9 @@ pub(crate) struct RawAllowanceConfig<S = NoStore> {
     retry: Option<RetryConfig>,
     #[serde(default = "no_store")]
     store: Option<S>,
+    #[cfg(feature = "shares")]
+    #[serde(default)]
+    classes: std::collections::BTreeMap<String, crate::shares::Share>,
 }
 
 #[derive(serde::Deserialize)]
@@ -243,6 +246,12 @@ pub(crate) fn split<S>(
     }
     if let Some(retry) = raw.retry {
         config = config.with_retry(retry);
+    }
+    #[cfg(feature = "shares")]
+    for (name, share) in raw.classes {
+        config = config
+            .with_class(&name, share)
+            .map_err(|e| e.at("classes"))?;
     }
     Ok((config, raw.store))
 }

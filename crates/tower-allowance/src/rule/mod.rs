@@ -108,6 +108,8 @@ mod params;
 mod probe;
 #[cfg(feature = "serde")]
 mod ser;
+#[cfg(feature = "shares")]
+mod shares;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
@@ -139,6 +141,10 @@ pub use self::adaptive::{
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
+#[cfg(feature = "shares")]
+pub use self::shares::{
+    step as share_step, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES, SHARE_SCALE,
+};
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
@@ -245,6 +251,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
+        #[cfg(feature = "shares")]
+        Op::Share(req) => Reply::Share(shares::admit_share(state, now, params, &req)),
     }
 }
 

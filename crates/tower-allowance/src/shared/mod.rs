@@ -22,6 +22,8 @@ use crate::{
     AllowanceConfig,
 };
 
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
 pub(crate) mod holders;
 pub(crate) mod metrics;
 #[cfg(feature = "quota")]
@@ -50,6 +52,8 @@ pub(crate) struct Shared {
     /// The quota probe, when configured.
     #[cfg(feature = "quota")]
     quota: Option<crate::quota::QuotaGuard>,
+    #[cfg(feature = "shares")]
+    classes: Option<classes::Gate>,
 }
 
 impl fmt::Debug for Shared {
@@ -112,6 +116,8 @@ impl Shared {
         #[cfg(feature = "metrics")]
         let store: Box<dyn Store> = Box::new(timed::Timed::new(store, stats.metrics.clone()));
         let holders = Arc::new(Holders::new(*config.rule_params()));
+        #[cfg(feature = "shares")]
+        let gate = (!config.classes.is_empty()).then(classes::Gate::default);
         let shared = Arc::new(Self {
             name,
             config,
@@ -124,6 +130,8 @@ impl Shared {
             warned_date: AtomicBool::new(false),
             #[cfg(feature = "quota")]
             quota,
+            #[cfg(feature = "shares")]
+            classes: gate,
         });
         // Only once the allowance exists: a store drops a watcher whose allowance is not
         // alive, and an event (or the subscription's first catch-up) can arrive from another
@@ -149,6 +157,11 @@ impl Shared {
     }
 
     /// This process's holders of reserved slots.
+    #[cfg(feature = "shares")]
+    pub(crate) fn classes(&self) -> Option<&classes::Gate> {
+        self.classes.as_ref()
+    }
+
     pub(crate) fn holders(&self) -> &Holders {
         &self.holders
     }

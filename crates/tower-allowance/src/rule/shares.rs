@@ -1,0 +1,255 @@
+//! Shares of one allowance (feature `shares`): classes of callers, their weighted fair share
+//! and a strict priority, decided next to the bucket.
+//!
+//! Each class keeps a **virtual finish time** (self-clocked fair queueing): an admission of
+//! class `c`, of cost `k` and weight `w`, starts at `max(finish[c], vtime)` and finishes
+//! `k * SHARE_SCALE / w` later; `vtime` is the latest start admitted. Who asks next is chosen
+//! by each process from these tags (the smallest next finish among the classes it has
+//! waiting: `shared/classes.rs`), so while several classes wait, admissions go to them in
+//! proportion to their weights; a class with nothing waiting falls behind `vtime`, takes no
+//! credit for its idle time, and gets its share back at its next request.
+//!
+//! The share decides who gets the next slot, never how many slots there are: the bucket is
+//! the one of [`admit`]. A **high** class's request (within its lead, below) does not queue
+//! behind the reservations already made: it takes the slot after the one being served,
+//! `t0 + cost * interval`, and every pending reservation moves one slot later (a
+//! [`EventKind::Cooldown`] event of that shift, no cooldown raised). The bucket's bound holds:
+//! any window holding the inserted slot holds, besides it, only slots the same window one
+//! shift earlier held before.
+//!
+//! Starvation bound: a high class jumps the queue only while its finish time is less than
+//! [`HIGH_LEAD`] of its own admissions ahead of `vtime`; beyond that it queues and shares by
+//! weight like any class, so while others wait it takes at most its weighted share plus
+//! [`HIGH_LEAD`] admissions.
+
+use super::{
+    admit, closed, effective_limits, remaining, schedule, spend, us, Admission, AdmitRequest,
+    Event, EventKind, Params, Reservation, State, Stretch, MAX_LIMITS, SLOT_GRANULARITY_US,
+};
+
+/// The most classes one allowance has.
+pub const MAX_CLASSES: usize = 8;
+
+/// Virtual time one unit of cost takes at weight 1.
+pub const SHARE_SCALE: u64 = 1_000_000;
+
+/// How many of its own admissions a high class may run ahead of the virtual time and still
+/// jump the queue (its starvation bound on the others).
+pub const HIGH_LEAD: u64 = 8;
+
+/// The classes' virtual times, kept next to the bucket (Redis: hash field `c`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct ClassState {
+    /// The latest virtual start admitted.
+    pub(crate) vtime: u64,
+    /// Each class's virtual finish time.
+    pub(crate) finish: [u64; MAX_CLASSES],
+}
+
+impl ClassState {
+    /// The virtual time: the latest start admitted.
+    pub fn vtime(&self) -> u64 {
+        self.vtime
+    }
+
+    /// Class `class`'s virtual finish time (0 for an index beyond [`MAX_CLASSES`]).
+    pub fn finish(&self, class: usize) -> u64 {
+        self.finish.get(class).copied().unwrap_or(0)
+    }
+
+    /// From its parts (a mirroring store's decoded reply).
+    pub fn from_parts(vtime: u64, finish: [u64; MAX_CLASSES]) -> Self {
+        Self { vtime, finish }
+    }
+
+    /// Where a request of `class` (cost `cost`, weight `weight`) would start.
+    pub fn start(&self, class: usize) -> u64 {
+        self.finish(class).max(self.vtime)
+    }
+
+    /// Whether a high request of `class` may jump the queue now (within [`HIGH_LEAD`]).
+    pub fn may_jump(&self, class: usize, weight: u32) -> bool {
+        self.finish(class).saturating_sub(self.vtime) < HIGH_LEAD * step(1, weight)
+    }
+
+    /// Records an admission of `class`: its finish moves on by the cost over the weight.
+    pub fn admit(&mut self, class: usize, cost: u32, weight: u32) {
+        let start = self.start(class);
+        if let Some(f) = self.finish.get_mut(class) {
+            *f = start.saturating_add(step(cost, weight));
+        }
+        self.vtime = self.vtime.max(start);
+    }
+
+    /// Each tag the later of the two (what a process learns from a reply).
+    pub fn merge(&mut self, other: &Self) {
+        self.vtime = self.vtime.max(other.vtime);
+        for (a, b) in self.finish.iter_mut().zip(other.finish) {
+            *a = (*a).max(b);
+        }
+    }
+}
+
+/// Virtual time a request of `cost` at `weight` takes.
+pub fn step(cost: u32, weight: u32) -> u64 {
+    u64::from(cost.max(1)) * SHARE_SCALE / u64::from(weight.max(1))
+}
+
+/// An admission for a class: [`Op::Share`](super::Op::Share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareRequest {
+    pub(crate) admit: AdmitRequest,
+    pub(crate) class: u8,
+    pub(crate) weight: u32,
+    pub(crate) high: bool,
+}
+
+impl ShareRequest {
+    /// `admit` for class index `class` (below [`MAX_CLASSES`]) of weight `weight`.
+    pub fn new(admit: AdmitRequest, class: u8, weight: u32) -> Self {
+        Self {
+            admit,
+            class,
+            weight: weight.max(1),
+            high: false,
+        }
+    }
+
+    /// A class of strict priority.
+    pub fn high(mut self, high: bool) -> Self {
+        self.high = high;
+        self
+    }
+
+    /// The admission asked for.
+    pub fn admit_request(&self) -> &AdmitRequest {
+        &self.admit
+    }
+
+    /// The class index.
+    pub fn class(&self) -> u8 {
+        self.class
+    }
+
+    /// The class's weight.
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// Whether the class has strict priority.
+    pub fn is_high(&self) -> bool {
+        self.high
+    }
+}
+
+/// The answer to [`Op::Share`](super::Op::Share).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShareReply {
+    /// The admission, as for [`Op::Admit`](super::Op::Admit).
+    pub admission: Admission,
+    /// When a high request jumped the queue: the pending schedule's move, which every holder
+    /// applies.
+    pub event: Option<Event>,
+    /// The classes' virtual times after the admission.
+    pub classes: ClassState,
+}
+
+/// Decides one admission of a class: a high one within its lead first tries to jump the
+/// queue, any other is [`admit`]; an admission moves its class's virtual finish time.
+pub(crate) fn admit_share(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    req: &ShareRequest,
+) -> ShareReply {
+    let class = usize::from(req.class).min(MAX_CLASSES - 1);
+    let jumped = if req.high && state.classes.may_jump(class, req.weight) {
+        jump(state, now, params, &req.admit)
+    } else {
+        None
+    };
+    let (admission, event) = match jumped {
+        Some((admission, event)) => (admission, Some(event)),
+        None => (admit(state, now, params, &req.admit), None),
+    };
+    if matches!(admission, Admission::Admitted | Admission::Reserved { .. }) {
+        state.classes.admit(class, req.admit.cost, req.weight);
+    }
+    ShareReply {
+        admission,
+        event,
+        classes: state.classes,
+    }
+}
+
+/// The slot after the one being served, for a request the plain schedule would put later:
+/// every pending reservation moves by the request's own increment. `None`: nothing to jump
+/// (the plain schedule is as early), or something [`admit`] answers (closed, budget spent,
+/// too costly, beyond the request's `max_wait`).
+fn jump(
+    state: &mut State,
+    now: u64,
+    params: &Params,
+    req: &AdmitRequest,
+) -> Option<(Admission, Event)> {
+    if closed(state.closed_until, state.closed_by, now).is_some()
+        || (req.retry && remaining(&mut state.budget, now, &params.budget) < 1)
+    {
+        return None;
+    }
+    let natural = now.max(state.blocked_until);
+    let t0 = natural.max(now.saturating_add(req.not_before_us));
+    let n = params.limit_count;
+    let limits = effective_limits(state, now, params);
+    let (at, _) = schedule(&state.tat[..n], &limits[..n], now, t0, req.cost)?;
+    let mut shift = [0u64; MAX_LIMITS];
+    for (s, limit) in shift.iter_mut().zip(&limits[..n]) {
+        *s = limit.units(req.cost).saturating_mul(limit.interval_us);
+    }
+    let d = shift.iter().copied().max().unwrap_or(0);
+    let front = t0
+        .saturating_add(d)
+        .div_ceil(SLOT_GRANULARITY_US)
+        .saturating_mul(SLOT_GRANULARITY_US);
+    if at <= front || front - now > req.max_wait_us {
+        return None;
+    }
+    for (t, s) in state.tat[..n].iter_mut().zip(shift) {
+        *t = t.saturating_add(s);
+    }
+    state.reserved_until = state.reserved_until.saturating_add(d).max(front);
+    state.epoch += 1;
+    let budget_slot = if req.retry {
+        spend(&mut state.budget, now, &params.budget)
+    } else {
+        0
+    };
+    let event = Event {
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind: EventKind::Cooldown {
+            until: state.blocked_until,
+            shift,
+            stretch: Stretch::NONE,
+        },
+    };
+    let reservation = Reservation {
+        slot: front,
+        tat: state.tat,
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        cost: req.cost,
+        retry: req.retry,
+        budget_slot,
+    };
+    Some((
+        Admission::Reserved {
+            wait: us(front - now),
+            reservation,
+        },
+        event,
+    ))
+}
