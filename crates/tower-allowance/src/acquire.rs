@@ -154,7 +154,7 @@ fn first_step(
         overloaded,
     };
     #[cfg(feature = "shares")]
-    let op = crate::shared::classes::op(shared, options, req);
+    let op = crate::shared::classes::op(shared, options, progress, req);
     #[cfg(not(feature = "shares"))]
     let op = crate::rule::Op::Admit(req);
     match shared.apply(now, op) {

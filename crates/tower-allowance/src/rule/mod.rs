@@ -142,6 +142,7 @@ pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
 #[cfg(feature = "shares")]
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::shares::{
     step as share_step, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES, SHARE_SCALE,
 };
@@ -220,7 +221,12 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     // back), which the store has lost.
     if state.generation == 0 && !matches!(op, Op::Read { .. }) {
         state.generation = now.max(1);
-        let first_use = matches!(op, Op::Admit(req) if req.known_generation == 0);
+        let first_use = match op {
+            Op::Admit(req) => req.known_generation == 0,
+            #[cfg(feature = "shares")]
+            Op::Share(req) => req.admit.known_generation == 0,
+            _ => false,
+        };
         if !first_use {
             recreated(state, now, params);
         }

@@ -1,9 +1,11 @@
 //! Shares of one allowance (feature `shares`): classes of callers, their weighted fair share
 //! and a strict priority, decided next to the bucket.
 //!
-//! Each class keeps a **virtual finish time** (self-clocked fair queueing): an admission of
-//! class `c`, of cost `k` and weight `w`, starts at `max(finish[c], vtime)` and finishes
-//! `k * SHARE_SCALE / w` later; `vtime` is the latest start admitted. Who asks next is chosen
+//! Each class keeps a **virtual finish time** (start-time fair queueing): an admission of
+//! class `c`, of cost `k` and weight `w`, starts at `max(finish[c], s)` and finishes
+//! `k * SHARE_SCALE / w` later, where `s` is the start its process's class queue gave it when
+//! the class began waiting (the virtual time then), or `vtime` for one that did not queue;
+//! `vtime` is the latest start admitted. Who asks next is chosen
 //! by each process from these tags (the smallest next finish among the classes it has
 //! waiting: `shared/classes.rs`), so while several classes wait, admissions go to them in
 //! proportion to their weights; a class with nothing waiting falls behind `vtime`, takes no
@@ -23,9 +25,11 @@
 //! [`HIGH_LEAD`] admissions.
 
 use super::{
-    admit, closed, effective_limits, remaining, schedule, spend, us, Admission, AdmitRequest,
-    Event, EventKind, Params, Reservation, State, Stretch, MAX_LIMITS, SLOT_GRANULARITY_US,
+    admit, closed, deposit, effective_limits, remaining, spend, us, Admission, AdmitRequest, Event,
+    EventKind, Params, Reservation, State, Stretch, MAX_LIMITS, SLOT_GRANULARITY_US,
 };
+
+use super::gcra::schedule;
 
 /// The most classes one allowance has.
 pub const MAX_CLASSES: usize = 8;
@@ -47,6 +51,7 @@ pub struct ClassState {
     pub(crate) finish: [u64; MAX_CLASSES],
 }
 
+#[cfg_attr(not(feature = "rule"), allow(dead_code))]
 impl ClassState {
     /// The virtual time: the latest start admitted.
     pub fn vtime(&self) -> u64 {
@@ -73,13 +78,19 @@ impl ClassState {
         self.finish(class).saturating_sub(self.vtime) < HIGH_LEAD * step(1, weight)
     }
 
-    /// Records an admission of `class`: its finish moves on by the cost over the weight.
-    pub fn admit(&mut self, class: usize, cost: u32, weight: u32) {
-        let start = self.start(class);
+    /// Records an admission of `class` that started at `start` (0: arriving now; a process
+    /// that queued it passes the start its class's queue gave it): its finish moves on by the
+    /// cost over the weight, never back. Returns the start.
+    pub fn admit(&mut self, class: usize, start: u64, cost: u32, weight: u32) -> u64 {
+        let start = match start {
+            0 => self.start(class),
+            s => self.finish(class).max(s),
+        };
         if let Some(f) = self.finish.get_mut(class) {
             *f = start.saturating_add(step(cost, weight));
         }
         self.vtime = self.vtime.max(start);
+        start
     }
 
     /// Each tag the later of the two (what a process learns from a reply).
@@ -103,8 +114,10 @@ pub struct ShareRequest {
     pub(crate) class: u8,
     pub(crate) weight: u32,
     pub(crate) high: bool,
+    pub(crate) start: u64,
 }
 
+#[cfg_attr(not(feature = "rule"), allow(dead_code))]
 impl ShareRequest {
     /// `admit` for class index `class` (below [`MAX_CLASSES`]) of weight `weight`.
     pub fn new(admit: AdmitRequest, class: u8, weight: u32) -> Self {
@@ -113,7 +126,20 @@ impl ShareRequest {
             class,
             weight: weight.max(1),
             high: false,
+            start: 0,
         }
+    }
+
+    /// The virtual start its process's class queue gave it (0: none, it starts at the
+    /// virtual time): a class that waited keeps the place it queued at.
+    pub fn start(mut self, start: u64) -> Self {
+        self.start = start;
+        self
+    }
+
+    /// The virtual start asked for.
+    pub fn start_tag(&self) -> u64 {
+        self.start
     }
 
     /// A class of strict priority.
@@ -164,17 +190,28 @@ pub(crate) fn admit_share(
     req: &ShareRequest,
 ) -> ShareReply {
     let class = usize::from(req.class).min(MAX_CLASSES - 1);
+    // Deposits first (they record successes already made), once, whichever path admits.
+    deposit(&mut state.budget, now, &params.budget, req.admit.deposits);
+    let plain = AdmitRequest {
+        deposits: 0,
+        ..req.admit
+    };
     let jumped = if req.high && state.classes.may_jump(class, req.weight) {
-        jump(state, now, params, &req.admit)
+        if params.adaptive.is_some() && state.started_at == 0 {
+            state.started_at = now.max(1);
+        }
+        jump(state, now, params, &plain)
     } else {
         None
     };
     let (admission, event) = match jumped {
         Some((admission, event)) => (admission, Some(event)),
-        None => (admit(state, now, params, &req.admit), None),
+        None => (admit(state, now, params, &plain), None),
     };
     if matches!(admission, Admission::Admitted | Admission::Reserved { .. }) {
-        state.classes.admit(class, req.admit.cost, req.weight);
+        state
+            .classes
+            .admit(class, req.start, req.admit.cost, req.weight);
     }
     ShareReply {
         admission,

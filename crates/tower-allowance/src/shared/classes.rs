@@ -41,8 +41,8 @@ pub(crate) enum Turn {
     None,
     /// Queued as this ticket.
     Queued(u64),
-    /// Holding one of the process's turns.
-    Held(u8),
+    /// Holding one of the process's turns: class, virtual start.
+    Held(u8, u64),
     /// A high request within its lead: asks without a turn.
     Jump(u8),
 }
@@ -56,8 +56,10 @@ struct Waiter {
 #[derive(Default)]
 struct Queues {
     queues: [VecDeque<Waiter>; MAX_CLASSES],
-    /// Tickets granted a turn, not yet taken by their caller.
-    granted: Vec<(u64, u8)>,
+    /// Tickets granted a turn, not yet taken by their caller: ticket, class, virtual start.
+    granted: Vec<(u64, u8, u64)>,
+    /// Each waiting class's head's virtual start, fixed when the class began waiting.
+    head: [u64; MAX_CLASSES],
     in_flight: usize,
     next_ticket: u64,
     tags: ClassState,
@@ -101,7 +103,7 @@ impl Gate {
         let q = self.lock();
         let held = |i: usize| match q.in_flight {
             0 => 0,
-            _ => usize::from(q.granted.iter().any(|(_, c)| usize::from(*c) == i)),
+            _ => usize::from(q.granted.iter().any(|(_, c, _)| usize::from(*c) == i)),
         };
         (shared.config().classes.iter().enumerate())
             .map(|(i, (name, share))| ClassSnapshot {
@@ -126,7 +128,7 @@ impl Queues {
                     let front = self.queues[c].front()?;
                     let share = classes.iter().nth(c).map(|(_, s)| s).unwrap_or_default();
                     let first = share.is_high() && self.tags.may_jump(c, share.weight_of());
-                    let finish = self.tags.start(c) + share_step(front.cost, share.weight_of());
+                    let finish = self.head[c] + share_step(front.cost, share.weight_of());
                     Some((!first, finish, c))
                 })
                 .min();
@@ -134,8 +136,12 @@ impl Queues {
             let Some(mut w) = self.queues[c].pop_front() else {
                 return;
             };
+            let weight = classes.iter().nth(c).map_or(1, |(_, s)| s.weight_of());
+            let start = self.tags.admit(c, self.head[c].max(1), w.cost, weight);
+            // The class's next caller starts where this one finishes.
+            self.head[c] = self.tags.finish(c);
             self.in_flight += 1;
-            self.granted.push((w.ticket, c as u8));
+            self.granted.push((w.ticket, c as u8, start));
             wake.extend(w.waker.take());
         }
     }
@@ -166,12 +172,12 @@ pub(crate) fn before(
     let (c, name, share) = class_of(shared, options)?;
     let mut q = gate.lock();
     match progress.turn {
-        Turn::Held(_) | Turn::Jump(_) => None,
-        Turn::Queued(ticket) => match q.granted.iter().position(|(t, _)| *t == ticket) {
+        Turn::Held(..) | Turn::Jump(_) => None,
+        Turn::Queued(ticket) => match q.granted.iter().position(|(t, _, _)| *t == ticket) {
             Some(i) => {
-                q.granted.swap_remove(i);
+                let (_, _, start) = q.granted.swap_remove(i);
                 // The turn stays counted in flight until the admission ends.
-                progress.turn = Turn::Held(c);
+                progress.turn = Turn::Held(c, start);
                 None
             }
             None => Some(Begin::Queued),
@@ -185,8 +191,15 @@ pub(crate) fn before(
             let nobody = q.queues.iter().all(VecDeque::is_empty);
             if nobody && q.in_flight < LOOKAHEAD {
                 q.in_flight += 1;
-                progress.turn = Turn::Held(c);
+                let start = q
+                    .tags
+                    .admit(ci, 0, options.cost.unwrap_or(1), share.weight_of());
+                progress.turn = Turn::Held(c, start);
                 return None;
+            }
+            if q.queues[ci].is_empty() {
+                // The class begins waiting: its place is the virtual time now.
+                q.head[ci] = q.tags.start(ci);
             }
             let ticket = q.next_ticket;
             q.next_ticket += 1;
@@ -214,7 +227,7 @@ pub(crate) fn poll_turn(shared: &Shared, progress: &Progress, waker: &Waker) -> 
         return true;
     };
     let mut q = gate.lock();
-    if q.granted.iter().any(|(t, _)| *t == ticket) {
+    if q.granted.iter().any(|(t, _, _)| *t == ticket) {
         return true;
     }
     for queue in &mut q.queues {
@@ -228,11 +241,22 @@ pub(crate) fn poll_turn(shared: &Shared, progress: &Progress, waker: &Waker) -> 
 }
 
 /// The op asking for an admission: a class's share when the allowance has classes.
-pub(crate) fn op(shared: &Shared, options: &AcquireOptions, req: AdmitRequest) -> Op {
+pub(crate) fn op(
+    shared: &Shared,
+    options: &AcquireOptions,
+    progress: &Progress,
+    req: AdmitRequest,
+) -> Op {
+    let start = match progress.turn {
+        Turn::Held(_, start) => start,
+        _ => 0,
+    };
     match class_of(shared, options) {
-        Some((c, _, share)) => {
-            Op::Share(ShareRequest::new(req, c, share.weight_of()).high(share.is_high()))
-        }
+        Some((c, _, share)) => Op::Share(
+            ShareRequest::new(req, c, share.weight_of())
+                .high(share.is_high())
+                .start(start),
+        ),
         None => Op::Admit(req),
     }
 }
@@ -269,7 +293,7 @@ pub(crate) fn end(
         let class = match turn {
             Turn::None => None,
             Turn::Queued(ticket) => {
-                if let Some(i) = q.granted.iter().position(|(t, _)| *t == ticket) {
+                if let Some(i) = q.granted.iter().position(|(t, _, _)| *t == ticket) {
                     // Granted but never taken: hand the turn on.
                     q.granted.swap_remove(i);
                     q.in_flight = q.in_flight.saturating_sub(1);
@@ -280,7 +304,7 @@ pub(crate) fn end(
                 }
                 None
             }
-            Turn::Held(c) => {
+            Turn::Held(c, _) => {
                 q.in_flight = q.in_flight.saturating_sub(1);
                 Some(c)
             }
@@ -314,7 +338,7 @@ fn gauges(shared: &Shared, q: &Queues) {
         let held = q
             .granted
             .iter()
-            .filter(|(_, c)| usize::from(*c) == i)
+            .filter(|(_, c, _)| usize::from(*c) == i)
             .count();
         metrics::gauge!("allowance_class_waiting", "allowance" => shared.name().to_owned(), "class" => name.to_string())
             .set((q.queues[i].len() + held) as f64);
