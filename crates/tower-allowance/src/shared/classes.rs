@@ -265,7 +265,14 @@ pub(crate) fn op(
 /// holders; the admission.
 pub(crate) fn replied(shared: &Shared, reply: &ShareReply) -> Admission {
     if let Some(gate) = shared.classes() {
-        gate.lock().tags.merge(&reply.classes);
+        let mut q = gate.lock();
+        q.tags.merge(&reply.classes);
+        // A waiting class served meanwhile by other processes starts after that service.
+        for c in 0..MAX_CLASSES {
+            if !q.queues[c].is_empty() {
+                q.head[c] = q.head[c].max(reply.classes.finish(c));
+            }
+        }
     }
     if let Some(event) = reply.event {
         tracing::debug!(
