@@ -35,6 +35,9 @@ use crate::{
     AcquireOptions, OutagePolicy,
 };
 
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
+
 /// The first step of an admission, made synchronously where the store allows it.
 pub(crate) enum Begin {
     /// Decided: admitted now, or failed.
@@ -45,9 +48,6 @@ pub(crate) enum Begin {
     Ask(Answer, Asked),
     /// The store did not answer: wait until the instant, then ask again.
     Outage(Instant),
-    /// Queued in its class until its turn (feature `shares`).
-    #[cfg(feature = "shares")]
-    Queued,
 }
 
 /// What was asked, for when the answer comes.
@@ -61,48 +61,20 @@ pub(crate) struct Asked {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Progress {
     /// When the admission began (for the time waited).
-    started: Option<Instant>,
+    pub(crate) started: Option<Instant>,
     /// When the store first failed to answer this admission.
     outage_since: Option<Instant>,
     /// Calls that failed in a row.
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
-    /// Where it stands with the class queues.
+    /// Where it stands with the class queues (feature `shares`).
     #[cfg(feature = "shares")]
-    pub(crate) turn: crate::shared::classes::Turn,
+    pub(crate) turn: classes::Turn,
 }
 
 /// Makes the first step of an admission at `now`.
 pub(crate) fn begin(
-    shared: &Shared,
-    options: &AcquireOptions,
-    progress: &mut Progress,
-    now: Instant,
-) -> Begin {
-    let step = first_step(shared, options, progress, now);
-    ended(shared, options, progress, now, step)
-}
-
-/// An admission that ends hands its class's turn on (feature `shares`).
-#[cfg_attr(not(feature = "shares"), allow(unused_variables))]
-fn ended(
-    shared: &Shared,
-    options: &AcquireOptions,
-    progress: &mut Progress,
-    now: Instant,
-    step: Begin,
-) -> Begin {
-    #[cfg(feature = "shares")]
-    if let Begin::Ready(result) = &step {
-        let waited = progress.started.map(|s| now.saturating_duration_since(s));
-        let waited = result.is_ok().then(|| waited.unwrap_or_default());
-        crate::shared::classes::end(shared, options, progress, waited);
-    }
-    step
-}
-
-fn first_step(
     shared: &Shared,
     options: &AcquireOptions,
     progress: &mut Progress,
@@ -116,7 +88,7 @@ fn first_step(
     }
     let started = *progress.started.get_or_insert(now);
     #[cfg(feature = "shares")]
-    if let Some(step) = crate::shared::classes::before(shared, options, progress) {
+    if let Some(step) = classes::before(shared, options, progress, now) {
         return step;
     }
     let overloaded = shared.holders().waiting()
@@ -154,7 +126,7 @@ fn first_step(
         overloaded,
     };
     #[cfg(feature = "shares")]
-    let op = crate::shared::classes::op(shared, options, progress, req);
+    let op = classes::op(shared, options, progress, req);
     #[cfg(not(feature = "shares"))]
     let op = crate::rule::Op::Admit(req);
     match shared.apply(now, op) {
@@ -175,7 +147,7 @@ fn decide(
     let admission = match result {
         Ok(Reply::Admit(admission)) => admission,
         #[cfg(feature = "shares")]
-        Ok(Reply::Share(reply)) => crate::shared::classes::replied(shared, &reply),
+        Ok(Reply::Share(r)) => classes::replied(shared, progress, now, &r),
         Ok(_) => return fail_store(shared, progress, StoreError::protocol(WrongReply)),
         Err(e) => {
             shared.restore_deposits(asked.deposits);
@@ -286,7 +258,6 @@ pin_project! {
         Asking { fut: Answer, asked: Asked },
         Holding { id: u64, #[pin] sleep: Sleep },
         Outage { #[pin] sleep: Sleep },
-        Queued { #[pin] sleep: Sleep },
         Done,
     }
 }
@@ -312,7 +283,7 @@ pin_project! {
             }
             end_outage(this.shared, this.progress);
             #[cfg(feature = "shares")]
-            crate::shared::classes::end(this.shared, this.options, this.progress, None);
+            classes::end(this.shared, this.progress);
         }
     }
 }
@@ -343,13 +314,6 @@ impl<H: Deref<Target = Shared>> Admit<H> {
             Begin::Outage(at) => State::Outage {
                 sleep: sleep_until(at),
             },
-            #[cfg(feature = "shares")]
-            Begin::Queued => State::Queued {
-                sleep: sleep_until(crate::shared::classes::queued_until(
-                    &options,
-                    Instant::now(),
-                )),
-            },
             // Decided already: the caller returns the result without resuming.
             Begin::Ready(_) => State::Done,
         };
@@ -361,11 +325,7 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
-    fn step(
-        mut state: Pin<&mut State>,
-        step: Begin,
-        #[cfg_attr(not(feature = "shares"), allow(unused_variables))] options: &AcquireOptions,
-    ) -> Option<Result<(), AcquireError>> {
+    fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
         match step {
             Begin::Ready(result) => {
                 state.set(State::Done);
@@ -388,16 +348,6 @@ impl<H: Deref<Target = Shared>> Admit<H> {
                 });
                 None
             }
-            #[cfg(feature = "shares")]
-            Begin::Queued => {
-                if !matches!(state.as_ref().get_ref(), State::Queued { .. }) {
-                    let until = crate::shared::classes::queued_until(options, Instant::now());
-                    state.set(State::Queued {
-                        sleep: sleep_until(until),
-                    });
-                }
-                None
-            }
         }
     }
 }
@@ -416,8 +366,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                 }
                 StateProj::Asking { fut, asked } => {
                     let (result, now) = (ready!(Pin::new(fut).poll(cx)), Instant::now());
-                    let step = decide(shared, this.options, this.progress, now, result, *asked);
-                    ended(shared, this.options, this.progress, now, step)
+                    decide(shared, this.options, this.progress, now, result, *asked)
                 }
                 StateProj::Holding { id, mut sleep } => {
                     let id = *id;
@@ -430,15 +379,8 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();
-                            let now = Instant::now();
-                            shared.admitted(now, Some(waited), this.options.retry);
-                            ended(
-                                shared,
-                                this.options,
-                                this.progress,
-                                now,
-                                Begin::Ready(Ok(())),
-                            )
+                            shared.admitted(Instant::now(), Some(waited), this.options.retry);
+                            Begin::Ready(Ok(()))
                         }
                         Check::Closed(e) => {
                             shared.holders().remove(id);
@@ -463,25 +405,16 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     }
                 }
                 StateProj::Outage { sleep } => {
-                    ready!(sleep.poll(cx));
-                    let now = Instant::now();
-                    begin(shared, this.options, this.progress, now)
-                }
-                StateProj::Queued { sleep } => {
                     #[cfg(feature = "shares")]
-                    if !crate::shared::classes::poll_turn(shared, this.progress, cx.waker()) {
-                        ready!(sleep.poll(cx));
-                    }
+                    ready!(classes::wait(shared, this.progress, sleep, cx));
                     #[cfg(not(feature = "shares"))]
-                    let _ = sleep;
+                    ready!(sleep.poll(cx));
                     let now = Instant::now();
                     begin(shared, this.options, this.progress, now)
                 }
                 StateProj::Done => panic!("Acquire polled after completion"),
             };
-            if let Some(result) = Self::step(this.state.as_mut(), next, this.options) {
-                #[cfg(feature = "shares")]
-                crate::shared::classes::end(shared, this.options, this.progress, None);
+            if let Some(result) = Self::step(this.state.as_mut(), next) {
                 return Poll::Ready(result);
             }
         }
@@ -523,7 +456,6 @@ impl std::fmt::Debug for Acquire<'_> {
             State::Asking { .. } => "asking the store",
             State::Holding { .. } => "holding a reserved slot",
             State::Outage { .. } => "waiting for the store",
-            State::Queued { .. } => "queued in its class",
             State::Done => "done",
         };
         f.debug_struct("Acquire")

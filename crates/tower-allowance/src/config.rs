@@ -37,6 +37,8 @@ pub(crate) mod retry;
 // The feature-only setters and getters, in files the default build does not read.
 #[cfg(any(test, feature = "adaptive"))]
 pub(crate) mod adaptive;
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
 #[cfg(feature = "serde")]
 pub(crate) mod de;
 mod debug;
@@ -88,7 +90,7 @@ pub struct AllowanceConfig {
     max_date_skew: Duration,
     params: Params,
     #[cfg(feature = "shares")]
-    pub(crate) classes: crate::shares::Classes,
+    pub(crate) classes: classes::Classes,
 }
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
@@ -148,7 +150,7 @@ impl AllowanceConfig {
                 adaptive: None,
             }),
             #[cfg(feature = "shares")]
-            classes: crate::shares::Classes::default(),
+            classes: classes::Classes::default(),
         };
         config.derive();
         Ok(config)

@@ -134,7 +134,7 @@ pub struct AcquireOptions {
     pub(crate) cost: Option<u32>,
     pub(crate) not_before: Option<Duration>,
     #[cfg(feature = "shares")]
-    pub(crate) class: Option<crate::shares::ClassKey>,
+    pub(crate) class: Option<crate::rule::ClassKey>,
 }
 
 impl AcquireOptions {

@@ -98,9 +98,7 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
             .and_then(|a| a.not_before)
             .map(|at| at.saturating_duration_since(now)),
         #[cfg(feature = "shares")]
-        class: ext
-            .get::<crate::shares::Class>()
-            .map(crate::shares::Class::key),
+        class: crate::config::classes::Class::key_of(ext),
     }
 }
 
@@ -145,6 +143,8 @@ where
         let options = options_for(&request, now);
         let mut progress = Progress::default();
         let step = acquire::begin(&shared, &options, &mut progress, now);
+        #[cfg(feature = "shares")]
+        crate::acquire::classes::end_if_ready(&shared, &mut progress, &step);
         let admit = match step {
             // Admitted now: sent now if the inner service is ready now.
             Begin::Ready(Ok(())) => match service.poll_ready(cx) {

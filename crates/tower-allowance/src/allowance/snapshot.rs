@@ -47,7 +47,7 @@ pub struct Snapshot {
     pub adaptive_rate: Option<f64>,
     /// Each class of the allowance, in this process (feature `shares`; empty without classes).
     #[cfg(feature = "shares")]
-    pub classes: Vec<crate::shares::ClassSnapshot>,
+    pub classes: Vec<crate::shared::classes::ClassSnapshot>,
 }
 
 /// A closed allowance, in a [`Snapshot`].
@@ -94,10 +94,7 @@ impl Snapshot {
             retries_remaining: None,
             adaptive_rate: None,
             #[cfg(feature = "shares")]
-            classes: shared
-                .classes()
-                .map(|g| g.snapshot(shared))
-                .unwrap_or_default(),
+            classes: shared.class_snapshots(),
         }
     }
 }

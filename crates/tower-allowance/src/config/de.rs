@@ -85,7 +85,7 @@ pub(crate) struct RawAllowanceConfig<S = NoStore> {
     store: Option<S>,
     #[cfg(feature = "shares")]
     #[serde(default)]
-    classes: std::collections::BTreeMap<String, crate::shares::Share>,
+    classes: std::collections::BTreeMap<String, super::classes::Share>,
 }
 
 #[derive(serde::Deserialize)]
@@ -248,11 +248,7 @@ pub(crate) fn split<S>(
         config = config.with_retry(retry);
     }
     #[cfg(feature = "shares")]
-    for (name, share) in raw.classes {
-        config = config
-            .with_class(&name, share)
-            .map_err(|e| e.at("classes"))?;
-    }
+    let config = super::classes::with_classes(config, raw.classes)?;
     Ok((config, raw.store))
 }
 

@@ -142,10 +142,7 @@ pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
 #[cfg(feature = "shares")]
-#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
-pub use self::shares::{
-    step as share_step, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES, SHARE_SCALE,
-};
+pub use self::shares::*;
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
@@ -258,7 +255,7 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             Reply::State(read(state, now, params))
         }
         #[cfg(feature = "shares")]
-        Op::Share(req) => Reply::Share(shares::admit_share(state, now, params, &req)),
+        Op::Share(req) => Reply::Share(admit_share(state, now, params, &req)),
     }
 }
 

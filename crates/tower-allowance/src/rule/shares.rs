@@ -31,6 +31,20 @@ use super::{
 
 use super::gcra::schedule;
 
+/// A class's name as a 64-bit FNV-1a hash: what an admission's options carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassKey(u64);
+
+impl ClassKey {
+    pub(crate) fn of(name: &str) -> Self {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Self(h)
+    }
+}
+
 /// The most classes one allowance has.
 pub const MAX_CLASSES: usize = 8;
 
@@ -75,7 +89,7 @@ impl ClassState {
 
     /// Whether a high request of `class` may jump the queue now (within [`HIGH_LEAD`]).
     pub fn may_jump(&self, class: usize, weight: u32) -> bool {
-        self.finish(class).saturating_sub(self.vtime) < HIGH_LEAD * step(1, weight)
+        self.finish(class).saturating_sub(self.vtime) < HIGH_LEAD * share_step(1, weight)
     }
 
     /// Records an admission of `class` that started at `start` (0: arriving now; a process
@@ -87,7 +101,7 @@ impl ClassState {
             s => self.finish(class).max(s),
         };
         if let Some(f) = self.finish.get_mut(class) {
-            *f = start.saturating_add(step(cost, weight));
+            *f = start.saturating_add(share_step(cost, weight));
         }
         self.vtime = self.vtime.max(start);
         start
@@ -103,7 +117,7 @@ impl ClassState {
 }
 
 /// Virtual time a request of `cost` at `weight` takes.
-pub fn step(cost: u32, weight: u32) -> u64 {
+pub fn share_step(cost: u32, weight: u32) -> u64 {
     u64::from(cost.max(1)) * SHARE_SCALE / u64::from(weight.max(1))
 }
 

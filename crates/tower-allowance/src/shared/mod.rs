@@ -53,7 +53,7 @@ pub(crate) struct Shared {
     #[cfg(feature = "quota")]
     quota: Option<crate::quota::QuotaGuard>,
     #[cfg(feature = "shares")]
-    classes: Option<classes::Gate>,
+    classes: classes::Gate,
 }
 
 impl fmt::Debug for Shared {
@@ -116,8 +116,6 @@ impl Shared {
         #[cfg(feature = "metrics")]
         let store: Box<dyn Store> = Box::new(timed::Timed::new(store, stats.metrics.clone()));
         let holders = Arc::new(Holders::new(*config.rule_params()));
-        #[cfg(feature = "shares")]
-        let gate = (!config.classes.is_empty()).then(classes::Gate::default);
         let shared = Arc::new(Self {
             name,
             config,
@@ -131,7 +129,7 @@ impl Shared {
             #[cfg(feature = "quota")]
             quota,
             #[cfg(feature = "shares")]
-            classes: gate,
+            classes: classes::Gate::default(),
         });
         // Only once the allowance exists: a store drops a watcher whose allowance is not
         // alive, and an event (or the subscription's first catch-up) can arrive from another
@@ -157,11 +155,6 @@ impl Shared {
     }
 
     /// This process's holders of reserved slots.
-    #[cfg(feature = "shares")]
-    pub(crate) fn classes(&self) -> Option<&classes::Gate> {
-        self.classes.as_ref()
-    }
-
     pub(crate) fn holders(&self) -> &Holders {
         &self.holders
     }
