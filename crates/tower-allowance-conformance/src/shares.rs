@@ -39,7 +39,8 @@ pub(crate) async fn a_high_request_jumps_the_queue_by_one_slot<S: Store>(store: 
         }
     }
     // A high request takes the slot after the one being served (100 ms), and every pending
-    // slot moves one interval later: an event of that shift.
+    // slot moves two intervals later (one for it, one to keep the bucket's bound): an event
+    // of that shift.
     let reply = share(
         direct
             .apply(Op::Share(
@@ -53,7 +54,7 @@ pub(crate) async fn a_high_request_jumps_the_queue_by_one_slot<S: Store>(store: 
     }
     let event = reply.event.expect("the schedule moved");
     match event.kind() {
-        EventKind::Cooldown { shift, .. } => assert_eq!(shift[0], 100_000),
+        EventKind::Cooldown { shift, .. } => assert_eq!(shift[0], 200_000),
         other => panic!("a shift, got {other:?}"),
     }
     assert_eq!(
@@ -61,9 +62,9 @@ pub(crate) async fn a_high_request_jumps_the_queue_by_one_slot<S: Store>(store: 
         SHARE_SCALE,
         "its class finishes one step on"
     );
-    // The plain schedule goes on after the moved slots: 500 ms.
+    // The plain schedule goes on after the moved slots: 600 ms.
     match direct.admit(AdmitRequest::first()).await {
-        Admission::Reserved { wait, .. } => assert_eq!(wait, 500 * MS),
+        Admission::Reserved { wait, .. } => assert_eq!(wait, 600 * MS),
         other => panic!("reserved, got {other:?}"),
     }
     // A class without priority queues at the end, and its virtual start is the one asked.
@@ -75,11 +76,13 @@ pub(crate) async fn a_high_request_jumps_the_queue_by_one_slot<S: Store>(store: 
             .await,
     );
     match reply.admission {
-        Admission::Reserved { wait, .. } => assert_eq!(wait, 600 * MS),
+        Admission::Reserved { wait, .. } => assert_eq!(wait, 700 * MS),
         other => panic!("reserved, got {other:?}"),
     }
     assert_eq!(reply.classes.finish(2), 7 * SHARE_SCALE + SHARE_SCALE / 2);
     assert_eq!(reply.classes.vtime(), 7 * SHARE_SCALE);
+    // The jump moved its class on, not the virtual time.
+    assert_eq!(reply.classes.finish(1), SHARE_SCALE);
 }
 
 pub(crate) async fn classes_share_by_weight<S: Store>(store: S) {

@@ -1,6 +1,6 @@
 -- rule/shares.rs: the classes' virtual finish times next to the bucket (hash field `c`), and a
 -- high request that jumps the queue (the slot after the one being served; the pending
--- schedule moves one increment later).
+-- schedule moves two increments later).
 
 -- rule::share_step: virtual time a request of `cost` takes at `weight`.
 local function share_step(cost, weight)
@@ -20,18 +20,21 @@ local function jump(cost, retry, not_before, max_wait)
   local shift = {0, 0, 0, 0}
   local d = 0
   for l = 1, P.n do
-    shift[l] = units(l, cost) * iv[l]
-    d = max(d, shift[l])
+    local inc = units(l, cost) * iv[l]
+    d = max(d, inc)
+    shift[l] = 2 * inc
   end
   local front = ceil((t0 + d) / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
   if at <= front or front - now > max_wait then return nil end
   for l = 1, P.n do s[TAT[l]] = s[TAT[l]] + shift[l] end
-  s.ru = max(s.ru + d, front)
+  s.ru = max(s.ru + 2 * d, front)
   s.ep = s.ep + 1
   local budget_slot = 0
   if retry then budget_slot = spend() end
   local ev = event(1, s.bu, shift[1], shift[2], shift[3], shift[4])
-  return {1, front - now, front, s.t1, s.t2, s.t3, s.t4, s.gn, s.ep, s.rb, budget_slot}, ev
+  local tat = {0, 0, 0, 0}
+  for l = 1, P.n do tat[l] = front + tol[l] end
+  return {1, front - now, front, tat[1], tat[2], tat[3], tat[4], s.gn, s.ep, s.rb, budget_slot}, ev
 end
 
 -- rule::shares::admit_share: {vtime, finish 1..MAX_CLASSES, has event, event..., admission...}.
@@ -46,7 +49,9 @@ local function admit_share(cost, retry, not_before, max_wait, deposits, class, w
     reply, ev = jump(cost, retry, not_before, max_wait)
   end
   if not reply then reply = admit(cost, retry, not_before, max_wait, 0) end
-  if reply[1] == 0 or reply[1] == 1 then
+  if ev then
+    s[field] = max(f, s.vt) + share_step(cost, weight)
+  elseif reply[1] == 0 or reply[1] == 1 then
     if start == 0 then start = max(f, s.vt) else start = max(f, start) end
     s[field] = start + share_step(cost, weight)
     s.vt = max(s.vt, start)

@@ -182,8 +182,8 @@ pub(crate) fn replied(
             #[cfg(feature = "metrics")]
             if let Some((name, _)) = shared.config().classes.iter().nth(c) {
                 let (a, n) = (shared.name().to_owned(), name.to_string());
-                metrics::counter!("allowance_class_admitted_total", "allowance" => a.clone(), "class" => n.clone()).increment(1);
-                metrics::histogram!("allowance_class_wait_seconds", "allowance" => a, "class" => n)
+                metrics::counter!("tower_allowance_class_admitted_total", "allowance" => a.clone(), "class" => n.clone()).increment(1);
+                metrics::histogram!("tower_allowance_class_wait_seconds", "allowance" => a, "class" => n)
                     .record(waited.as_secs_f64());
             }
         }

@@ -14,10 +14,12 @@
 //! The share decides who gets the next slot, never how many slots there are: the bucket is
 //! the one of [`admit`]. A **high** class's request (within its lead, below) does not queue
 //! behind the reservations already made: it takes the slot after the one being served,
-//! `t0 + cost * interval`, and every pending reservation moves one slot later (a
+//! `t0 + cost * interval`, and every pending reservation moves two increments later (a
 //! [`EventKind::Cooldown`] event of that shift, no cooldown raised). The bucket's bound holds:
-//! any window holding the inserted slot holds, besides it, only slots the same window one
-//! shift earlier held before.
+//! the inserted slot is no earlier than the sent slots allow (they are all before `now`), and
+//! each pending one is, after the move, at least one increment beyond it and beyond every
+//! slot before it as the bucket requires (a property test checks it). The price: one slot of
+//! the bucket per jump.
 //!
 //! Starvation bound: a high class jumps the queue only while its finish time is less than
 //! [`HIGH_LEAD`] of its own admissions ahead of `vtime`; beyond that it queues and shares by
@@ -222,7 +224,12 @@ pub(crate) fn admit_share(
         Some((admission, event)) => (admission, Some(event)),
         None => (admit(state, now, params, &plain), None),
     };
-    if matches!(admission, Admission::Admitted | Admission::Reserved { .. }) {
+    if event.is_some() {
+        // A jump moves its class on, not the virtual time: a high class running ahead of the
+        // others reaches its lead and queues.
+        let start = state.classes.start(class);
+        state.classes.finish[class] = start.saturating_add(share_step(req.admit.cost, req.weight));
+    } else if matches!(admission, Admission::Admitted | Admission::Reserved { .. }) {
         state
             .classes
             .admit(class, req.start, req.admit.cost, req.weight);
@@ -254,11 +261,16 @@ fn jump(
     let n = params.limit_count;
     let limits = effective_limits(state, now, params);
     let (at, _) = schedule(&state.tat[..n], &limits[..n], now, t0, req.cost)?;
+    // The request's own increment `d` per limit; the pending schedule moves by twice that:
+    // the inserted slot may fall anywhere before the first pending one, and twice its
+    // increment keeps every pair of slots as far apart as the bucket requires.
     let mut shift = [0u64; MAX_LIMITS];
+    let mut d = 0;
     for (s, limit) in shift.iter_mut().zip(&limits[..n]) {
-        *s = limit.units(req.cost).saturating_mul(limit.interval_us);
+        let inc = limit.units(req.cost).saturating_mul(limit.interval_us);
+        d = d.max(inc);
+        *s = inc.saturating_mul(2);
     }
-    let d = shift.iter().copied().max().unwrap_or(0);
     let front = t0
         .saturating_add(d)
         .div_ceil(SLOT_GRANULARITY_US)
@@ -269,7 +281,7 @@ fn jump(
     for (t, s) in state.tat[..n].iter_mut().zip(shift) {
         *t = t.saturating_add(s);
     }
-    state.reserved_until = state.reserved_until.saturating_add(d).max(front);
+    state.reserved_until = state.reserved_until.saturating_add(2 * d).max(front);
     state.epoch += 1;
     let budget_slot = if req.retry {
         spend(&mut state.budget, now, &params.budget)
@@ -286,9 +298,15 @@ fn jump(
             stretch: Stretch::NONE,
         },
     };
+    // Its own arrival times: as if the bucket admitted it at `front` full, so a later shift
+    // moves it like the others (and a release finds it nowhere: a bounded loss).
+    let mut tat = [0; MAX_LIMITS];
+    for (t, limit) in tat.iter_mut().zip(&limits[..n]) {
+        *t = front.saturating_add(limit.tolerance_us);
+    }
     let reservation = Reservation {
         slot: front,
-        tat: state.tat,
+        tat,
         generation: state.generation,
         epoch: state.epoch,
         rebased: state.rebased,
@@ -303,4 +321,90 @@ fn jump(
         },
         event,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::rule::{apply, Applied, Op, Reply};
+
+    /// The slots of `admissions` (sorted, µs) never exceed the bucket: for any two, the
+    /// admissions between them (both included) fit `burst + span / interval`.
+    fn within_bucket(slots: &mut [u64], burst: u64, interval: u64) -> Result<(), String> {
+        slots.sort_unstable();
+        for i in 0..slots.len() {
+            for j in i..slots.len() {
+                let n = (j - i + 1) as u64;
+                if n > burst && (n - burst) * interval > slots[j] - slots[i] {
+                    return Err(format!(
+                        "{n} admissions in {} µs: {slots:?}",
+                        slots[j] - slots[i]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// Plain and high admissions at random times, the jumps' events applied to every
+        /// reservation still pending: never beyond the bucket, and a high request within its
+        /// lead waits at most one interval (plus the slot grid).
+        #[test]
+        fn jumps_never_exceed_the_bucket(ops in proptest::collection::vec((0u64..80_000, any::<bool>(), 1u32..3), 1..60)) {
+            let config = crate::AllowanceConfig::per_second(10, 2).expect("valid").exact();
+            let params = *config.rule_params();
+            let mut state = State::default();
+            let (mut now, mut sent, mut pending) = (1u64, Vec::new(), Vec::<Reservation>::new());
+            for (gap, high, class) in ops {
+                now += gap;
+                // Reservations whose slot came are sent.
+                pending.retain(|r| if r.slot <= now { sent.push(r.slot); false } else { true });
+                let req = ShareRequest::new(AdmitRequest::first(), class as u8, 1).high(high);
+                let may_jump = state.classes.may_jump(usize::from(req.class), 1);
+                let Reply::Share(reply) = apply(&mut state, now, &params, &Op::Share(req)) else {
+                    return Err(TestCaseError::fail("a share's reply"));
+                };
+
+                if let Some(event) = reply.event {
+                    for r in &mut pending {
+                        prop_assert!(matches!(r.apply(&event, &params), Applied::Moved(_)));
+                    }
+                }
+                match reply.admission {
+                    Admission::Admitted => sent.push(now),
+                    Admission::Reserved { wait, reservation } => {
+                        if high && may_jump {
+                            prop_assert!(wait.as_micros() <= 101_000, "{wait:?}");
+                        }
+                        pending.push(reservation);
+                    }
+                    other => return Err(TestCaseError::fail(format!("{other:?}"))),
+                }
+            }
+            sent.extend(pending.iter().map(|r| r.slot));
+            within_bucket(&mut sent, 2, 100_000).map_err(TestCaseError::fail)?;
+        }
+    }
+
+    #[test]
+    fn a_class_that_waited_keeps_its_place_and_the_virtual_time_never_goes_back() {
+        let mut tags = ClassState::default();
+        assert_eq!(tags.admit(0, 0, 1, 1), 0);
+        assert_eq!(tags.admit(0, 0, 1, 1), SHARE_SCALE);
+        // Class 1 began waiting at 0: it starts there, not at the virtual time.
+        assert_eq!(tags.admit(1, 1, 1, 2), 1);
+        assert_eq!(tags.finish(1), 1 + SHARE_SCALE / 2);
+        assert_eq!(tags.vtime(), SHARE_SCALE);
+        // Its next starts where it finished, even if asked earlier.
+        assert_eq!(tags.admit(1, 1, 1, 2), 1 + SHARE_SCALE / 2);
+        assert!(tags.may_jump(2, 1));
+        // Jumps move the class, not the virtual time: beyond its lead it queues.
+        for _ in 0..HIGH_LEAD {
+            tags.finish[2] = tags.start(2) + share_step(1, 1);
+        }
+        assert!(!tags.may_jump(2, 1), "beyond its lead a high class queues");
+    }
 }

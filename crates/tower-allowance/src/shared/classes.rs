@@ -145,7 +145,7 @@ pub(crate) fn gauges(shared: &Shared, q: &Queues) {
             .iter()
             .filter(|(_, c, _)| usize::from(*c) == i)
             .count();
-        metrics::gauge!("allowance_class_waiting", "allowance" => shared.name().to_owned(), "class" => name.to_string())
+        metrics::gauge!("tower_allowance_class_waiting", "allowance" => shared.name().to_owned(), "class" => name.to_string())
             .set((q.queues[i].len() + held) as f64);
     }
 }
