@@ -19,7 +19,7 @@ use proptest::{
 };
 use tower_allowance::{
     rule::AdmitRequest,
-    rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply},
+    rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply, ShareReply, ShareRequest},
     store::{MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };
@@ -126,6 +126,15 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (proptest::option::of(prop_oneof![Just(0u64), 0u64..3_000_000]), 0u64..2_000_000)
             .prop_map(|(delay_us, age_us)| Op::Throttle { delay_us, age_us }),
         1 => (0u64..60_000).prop_map(|rate_milli| Op::Advertise { rate_milli }),
+        4 => (
+            (any::<bool>(), 1u32..4, 0u64..3_000_000, 0u64..3),
+            (0u8..9, 1u32..5, any::<bool>(), prop_oneof![Just(0u64), 0u64..5_000_000]),
+        )
+            .prop_map(|((retry, cost, max_wait, deposits), (class, weight, high, start))| {
+                let mut r = if retry { AdmitRequest::retry() } else { AdmitRequest::first() };
+                r = r.cost(cost).max_wait(Duration::from_micros(max_wait)).deposits(deposits);
+                Op::Share(ShareRequest::new(r, class, weight).high(high).start(start))
+            }),
     ]
 }
 
@@ -222,6 +231,13 @@ fn differential(functions: bool) {
                         .into();
                     prop_assert_eq!(got, want, "op #{} {:?}", i, op);
                     if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
+                        last = Some(reservation);
+                    }
+                    if let Reply::Share(ShareReply {
+                        admission: Admission::Reserved { reservation, .. },
+                        ..
+                    }) = got
+                    {
                         last = Some(reservation);
                     }
                 }

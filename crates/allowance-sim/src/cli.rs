@@ -37,7 +37,7 @@ use allowance_testkit::{
 };
 
 use crate::{
-    adaptive,
+    adaptive, classes,
     live::{self, Share, StoreChoice, Target},
     multi, rate_chart, sweep, timeline,
 };
@@ -289,6 +289,9 @@ pub struct Workload {
     /// standard set) as the adaptive rate, not only cap at it.
     #[arg(long, requires = "adaptive")]
     pub adopt: bool,
+    /// Classes of callers sharing the allowance (`--class`, `--window`).
+    #[command(flatten)]
+    pub classes: crate::classes::ClassArgs,
 }
 
 impl Workload {
@@ -624,6 +627,20 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             }
             print_report(&report, &args.workload, what, &upstream, out)
         }
+        Command::Http(args) if !args.workload.classes.classes.is_empty() => {
+            let s = args.workload.scenario(RetryAfterMode::Absent);
+            let mut target = Target::new(args.url.clone());
+            for line in &args.headers {
+                target = target.header_line(line)?;
+            }
+            let store = args.workload.store();
+            let processes = args.workload.processes as usize;
+            classes_out(
+                &args.workload,
+                &classes::execute(&s, &args.workload.classes, &target, &store, processes)?,
+                out,
+            )
+        }
         Command::Http(args) => {
             args.workload.check()?;
             let s = args.workload.scenario(RetryAfterMode::Absent);
@@ -789,6 +806,28 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             Ok(())
         }
     }
+}
+
+/// Prints a class run's report (or a worker process's records).
+fn classes_out(
+    workload: &Workload,
+    outcome: &classes::ClassOutcome,
+    out: &mut dyn Write,
+) -> Result<(), BoxError> {
+    match outcome {
+        classes::ClassOutcome::Part(line) => writeln!(out, "{line}")?,
+        classes::ClassOutcome::Report(report) => {
+            if let Some(path) = &workload.timeline {
+                std::fs::write(path, classes::svg(report)?)?;
+            }
+            if workload.json {
+                writeln!(out, "{}", classes::json(report)?)?;
+            } else {
+                write!(out, "{}", classes::table(report))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs one of `allowance-sim adaptive`'s experiments (real-time runs spawn this executable

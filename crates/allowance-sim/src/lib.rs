@@ -32,6 +32,7 @@
 pub mod adaptive;
 pub mod cancel;
 pub mod chart;
+pub mod classes;
 pub mod cli;
 pub mod live;
 pub mod multi;

@@ -91,6 +91,7 @@ mod cooldown;
 mod harness;
 mod layers;
 mod shared;
+mod shares;
 
 /// Runs every check, each on a fresh store from `make`.
 ///
@@ -125,4 +126,6 @@ where
     bucket::headroom_keeps_a_token_of_a_short_interval(make().await).await;
     bucket::headroom_at_burst_one_lengthens_the_interval(make().await).await;
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
+    shares::a_high_request_jumps_the_queue_by_one_slot(make().await).await;
+    shares::classes_share_by_weight(make().await).await;
 }

@@ -34,7 +34,7 @@ local function apply(keys, args)
   local created = s.gn == 0 and OP ~= 8
   if created then
     s.gn = max(now, 1)
-    if OP ~= 1 or arg(5) ~= 0 then recreated() end
+    if (OP ~= 1 and OP ~= 11) or arg(5) ~= 0 then recreated() end
   end
   local reply
   local ev_at
@@ -66,6 +66,9 @@ local function apply(keys, args)
     if reply[5] == 1 then ev_at = 6 end
   elseif OP == 10 then
     reply = advertise(arg(0))
+  elseif OP == 11 then
+    reply = admit_share(arg(0), arg(1) == 1, arg(2), arg(3), arg(4), arg(6), arg(7), arg(8), arg(9))
+    if reply[MAX_CLASSES + 2] == 1 then ev_at = MAX_CLASSES + 3 end
   else
     return redis.error_reply('ERR tower-allowance: unknown operation')
   end

@@ -32,10 +32,11 @@ use std::time::Duration;
 
 use redis::Script;
 use tower_allowance::rule::{
-    Admission, AdmitRequest, BudgetParams, ClosedBy, Deferred, Event, Op, Params, ProbeOutcome,
-    Reply, Reservation, StoreState, Unit, ADDITIVE_INCREASE_PERIOD_US, BUDGET_SLOTS, CUT_PER_MILLE,
-    EVENT_WORDS, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US, FOREVER, MAX_DELAY_US, MAX_LIMITS,
-    PENDING_GRACE_US, ROUND_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
+    Admission, AdmitRequest, BudgetParams, ClassState, ClosedBy, Deferred, Event, Op, Params,
+    ProbeOutcome, Reply, Reservation, ShareReply, StoreState, Unit, ADDITIVE_INCREASE_PERIOD_US,
+    BUDGET_SLOTS, CUT_PER_MILLE, EVENT_WORDS, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US, FOREVER,
+    HIGH_LEAD, MAX_CLASSES, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US, ROUND_GRACE_US,
+    SHARE_SCALE, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
 };
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
@@ -70,6 +71,7 @@ impl ApplyScript {
                 include_str!("lua/cooldown.lua"),
                 include_str!("lua/gcra.lua"),
                 include_str!("lua/probe.lua"),
+                include_str!("lua/shares.lua"),
                 include_str!("apply.lua"),
             ],
         );
@@ -136,7 +138,9 @@ fn constants() -> String {
          local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
          local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
          local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n\
-         local ROUND_GRACE_US = {ROUND_GRACE_US}\n"
+         local ROUND_GRACE_US = {ROUND_GRACE_US}\n\
+         local MAX_CLASSES = {MAX_CLASSES}\nlocal SHARE_SCALE = {SHARE_SCALE}\n\
+         local HIGH_LEAD = {HIGH_LEAD}\n"
     )
 }
 
@@ -153,6 +157,7 @@ fn op_code(op: &Op) -> u64 {
         Op::Read { .. } => 8,
         Op::Throttle { .. } => 9,
         Op::Advertise { .. } => 10,
+        Op::Share(_) => 11,
     }
 }
 
@@ -292,6 +297,15 @@ pub(crate) fn argv<'a>(
             a.push(Arg::N(exact(age_us)));
         }
         Op::Advertise { rate_milli } => a.push(Arg::N(exact(rate_milli))),
+        Op::Share(req) => {
+            push_admit(&mut a, req.admit_request());
+            a.extend([
+                Arg::N(u64::from(req.class())),
+                Arg::N(u64::from(req.weight())),
+                Arg::N(u64::from(req.is_high())),
+                Arg::N(exact(req.start_tag())),
+            ]);
+        }
     }
     a
 }
@@ -405,6 +419,30 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             }
             _ => return Err(BadReply),
         },
+        Op::Share(req) => Reply::Share(decode_share(req.admit_request(), reply)?),
+    })
+}
+
+/// `{vtime, finish per class, has event, event..., admission...}`.
+fn decode_share(req: &AdmitRequest, reply: &[i64]) -> Result<ShareReply, BadReply> {
+    let (tags, rest) = reply.split_at_checked(1 + MAX_CLASSES).ok_or(BadReply)?;
+    let mut finish = [0; MAX_CLASSES];
+    for (f, v) in finish.iter_mut().zip(&tags[1..]) {
+        *f = n(*v)?;
+    }
+    let classes = ClassState::from_parts(n(tags[0])?, finish);
+    let (event, admission) = match rest {
+        [0, admission @ ..] => (None, admission),
+        [1, rest @ ..] if rest.len() > EVENT_WORDS => {
+            let (ev, admission) = rest.split_at(EVENT_WORDS);
+            (Some(event(ev)?), admission)
+        }
+        _ => return Err(BadReply),
+    };
+    Ok(ShareReply {
+        admission: decode_admit(req, admission)?,
+        event,
+        classes,
     })
 }
 
@@ -580,6 +618,7 @@ mod tests {
             "lua/cooldown.lua",
             "lua/gcra.lua",
             "lua/probe.lua",
+            "lua/shares.lua",
             "apply.lua",
         ]
         .map(read);

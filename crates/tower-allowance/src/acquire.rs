@@ -29,11 +29,14 @@ use tokio::time::{sleep_until, Instant, Sleep};
 
 use crate::{
     error::{AbandonReason, AcquireError, Exhausted, Overloaded, StoreUnavailable},
-    rule::{Admission, AdmitRequest, Op, Reply},
+    rule::{Admission, AdmitRequest, Reply},
     shared::{holders::Check, Answer, Applying, Shared},
     store::{StoreError, WrongReply},
     AcquireOptions, OutagePolicy,
 };
+
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
 
 /// The first step of an admission, made synchronously where the store allows it.
 pub(crate) enum Begin {
@@ -58,13 +61,16 @@ pub(crate) struct Asked {
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Progress {
     /// When the admission began (for the time waited).
-    started: Option<Instant>,
+    pub(crate) started: Option<Instant>,
     /// When the store first failed to answer this admission.
     outage_since: Option<Instant>,
     /// Calls that failed in a row.
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
+    /// Where it stands with the class queues (feature `shares`).
+    #[cfg(feature = "shares")]
+    pub(crate) turn: classes::Turn,
 }
 
 /// Makes the first step of an admission at `now`.
@@ -81,6 +87,10 @@ pub(crate) fn begin(
         }));
     }
     let started = *progress.started.get_or_insert(now);
+    #[cfg(feature = "shares")]
+    if let Some(step) = classes::before(shared, options, progress, now) {
+        return step;
+    }
     let overloaded = shared.holders().waiting()
         >= shared.config().max_waiters() + usize::from(progress.in_outage);
     if let Some(Some((id, at))) = (!overloaded).then(|| shared.holders().take_spare(now, options)) {
@@ -115,7 +125,11 @@ pub(crate) fn begin(
         deposits,
         overloaded,
     };
-    match shared.apply(now, Op::Admit(req)) {
+    #[cfg(feature = "shares")]
+    let op = classes::op(shared, options, progress, req);
+    #[cfg(not(feature = "shares"))]
+    let op = crate::rule::Op::Admit(req);
+    match shared.apply(now, op) {
         Applying::Done(result) => decide(shared, options, progress, now, result, asked),
         Applying::Pending(fut) => Begin::Ask(fut, asked),
     }
@@ -132,6 +146,8 @@ fn decide(
 ) -> Begin {
     let admission = match result {
         Ok(Reply::Admit(admission)) => admission,
+        #[cfg(feature = "shares")]
+        Ok(Reply::Share(r)) => classes::replied(shared, progress, now, &r),
         Ok(_) => return fail_store(shared, progress, StoreError::protocol(WrongReply)),
         Err(e) => {
             shared.restore_deposits(asked.deposits);
@@ -266,6 +282,8 @@ pin_project! {
                 }
             }
             end_outage(this.shared, this.progress);
+            #[cfg(feature = "shares")]
+            classes::end(this.shared, this.progress);
         }
     }
 }
@@ -387,6 +405,9 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     }
                 }
                 StateProj::Outage { sleep } => {
+                    #[cfg(feature = "shares")]
+                    ready!(classes::wait(shared, this.progress, sleep, cx));
+                    #[cfg(not(feature = "shares"))]
                     ready!(sleep.poll(cx));
                     let now = Instant::now();
                     begin(shared, this.options, this.progress, now)

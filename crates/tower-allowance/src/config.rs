@@ -37,6 +37,8 @@ pub(crate) mod retry;
 // The feature-only setters and getters, in files the default build does not read.
 #[cfg(any(test, feature = "adaptive"))]
 pub(crate) mod adaptive;
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
 #[cfg(feature = "serde")]
 pub(crate) mod de;
 mod debug;
@@ -87,6 +89,8 @@ pub struct AllowanceConfig {
     retry: RetryConfig,
     max_date_skew: Duration,
     params: Params,
+    #[cfg(feature = "shares")]
+    pub(crate) classes: classes::Classes,
 }
 
 /// What an admission does when the allowance's store does not answer (a Redis outage).
@@ -145,6 +149,8 @@ impl AllowanceConfig {
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
                 adaptive: None,
             }),
+            #[cfg(feature = "shares")]
+            classes: classes::Classes::default(),
         };
         config.derive();
         Ok(config)

@@ -144,6 +144,8 @@ pub struct AcquireOptions {
     pub(crate) retry: bool,
     pub(crate) cost: Option<u32>,
     pub(crate) not_before: Option<Duration>,
+    #[cfg(feature = "shares")]
+    pub(crate) class: Option<crate::rule::ClassKey>,
 }
 
 impl AcquireOptions {

@@ -21,10 +21,13 @@ for i = 0, BUDGET_SLOTS - 1 do
 end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
 local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
-local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a'}
+-- The classes' virtual times (rule/shares.rs): `vt`, then `c1` to `c8` (MAX_CLASSES).
+local CLASSES = {'vt'}
+for i = 1, MAX_CLASSES do CLASSES[#CLASSES + 1] = 'c' .. i end
+local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a', [CLASSES] = 'c'}
 -- (Built without globals: a library's load-time code under `FUNCTION LOAD` sees none.)
 local FORMAT = {}
-local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE}
+local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE, CLASSES}
 for g = 1, #GROUPS do
   local f = '<'
   for _ = 1, #GROUPS[g] do f = f .. 'd' end

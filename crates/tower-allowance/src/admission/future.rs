@@ -98,6 +98,8 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
         not_before: record
             .and_then(|a| a.not_before)
             .map(|at| at.saturating_duration_since(now)),
+        #[cfg(feature = "shares")]
+        class: crate::config::classes::Class::key_of(ext),
     }
 }
 
@@ -152,6 +154,8 @@ where
         let options = options_for(&request, now);
         let mut progress = Progress::default();
         let step = acquire::begin(&shared, &options, &mut progress, now);
+        #[cfg(feature = "shares")]
+        crate::acquire::classes::end_if_ready(&shared, &mut progress, &step);
         let admit = match step {
             // Admitted now: sent now if the inner service is ready now.
             Begin::Ready(Ok(())) => match service.poll_ready(cx) {

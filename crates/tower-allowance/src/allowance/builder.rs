@@ -20,7 +20,7 @@ use crate::{
 /// ```
 #[derive(Debug)]
 pub struct AllowanceBuilder {
-    config: AllowanceConfig,
+    pub(crate) config: AllowanceConfig,
     name: Option<Arc<str>>,
     store: Option<Box<dyn Store>>,
     #[cfg(feature = "quota")]

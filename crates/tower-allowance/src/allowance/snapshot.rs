@@ -45,6 +45,9 @@ pub struct Snapshot {
     /// adaptive, and in [`Allowance::snapshot`](crate::Allowance::snapshot) (only the store
     /// knows).
     pub adaptive_rate: Option<f64>,
+    /// Each class of the allowance, in this process (feature `shares`; empty without classes).
+    #[cfg(feature = "shares")]
+    pub classes: Vec<crate::shared::classes::ClassSnapshot>,
 }
 
 /// A closed allowance, in a [`Snapshot`].
@@ -90,6 +93,8 @@ impl Snapshot {
             rate_limit: s.last_observation(),
             retries_remaining: None,
             adaptive_rate: None,
+            #[cfg(feature = "shares")]
+            classes: shared.class_snapshots(),
         }
     }
 }

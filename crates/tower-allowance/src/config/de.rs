@@ -83,6 +83,9 @@ pub(crate) struct RawAllowanceConfig<S = NoStore> {
     retry: Option<RetryConfig>,
     #[serde(default = "no_store")]
     store: Option<S>,
+    #[cfg(feature = "shares")]
+    #[serde(default)]
+    classes: std::collections::BTreeMap<String, super::classes::Share>,
 }
 
 #[derive(serde::Deserialize)]
@@ -244,6 +247,8 @@ pub(crate) fn split<S>(
     if let Some(retry) = raw.retry {
         config = config.with_retry(retry);
     }
+    #[cfg(feature = "shares")]
+    let config = super::classes::with_classes(config, raw.classes)?;
     Ok((config, raw.store))
 }
 

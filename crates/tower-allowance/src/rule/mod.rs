@@ -108,6 +108,8 @@ mod params;
 mod probe;
 #[cfg(feature = "serde")]
 mod ser;
+#[cfg(feature = "shares")]
+mod shares;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
@@ -139,6 +141,8 @@ pub use self::adaptive::{
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
+#[cfg(feature = "shares")]
+pub use self::shares::*;
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
@@ -214,7 +218,12 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     // back), which the store has lost.
     if state.generation == 0 && !matches!(op, Op::Read { .. }) {
         state.generation = now.max(1);
-        let first_use = matches!(op, Op::Admit(req) if req.known_generation == 0);
+        let first_use = match op {
+            Op::Admit(req) => req.known_generation == 0,
+            #[cfg(feature = "shares")]
+            Op::Share(req) => req.admit.known_generation == 0,
+            _ => false,
+        };
         if !first_use {
             recreated(state, now, params);
         }
@@ -245,6 +254,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
+        #[cfg(feature = "shares")]
+        Op::Share(req) => Reply::Share(admit_share(state, now, params, &req)),
     }
 }
 

@@ -416,6 +416,9 @@ pub enum Op {
         /// Successes to record first.
         deposits: u64,
     },
+    /// Admit one attempt of a class (feature `shares`): a share of the same bucket.
+    #[cfg(feature = "shares")]
+    Share(super::ShareRequest),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -449,4 +452,7 @@ pub enum Reply {
     ProbeFinished(Option<Event>),
     /// To [`Op::Read`].
     State(StoreState),
+    /// To `Op::Share`.
+    #[cfg(feature = "shares")]
+    Share(super::ShareReply),
 }

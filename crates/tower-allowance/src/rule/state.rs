@@ -59,6 +59,10 @@ pub struct State {
     /// recreated (a Redis `FLUSHALL`, a restart without persistence) has another one, so the
     /// holders of reservations made in the old one know to ask again.
     pub(crate) generation: u64,
+    /// The classes' virtual times (feature `shares`).
+    #[cfg(feature = "shares")]
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub(crate) classes: super::ClassState,
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that

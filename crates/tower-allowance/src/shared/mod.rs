@@ -22,6 +22,8 @@ use crate::{
     AllowanceConfig,
 };
 
+#[cfg(feature = "shares")]
+pub(crate) mod classes;
 pub(crate) mod holders;
 pub(crate) mod metrics;
 #[cfg(feature = "quota")]
@@ -50,6 +52,8 @@ pub(crate) struct Shared {
     /// The quota probe, when configured.
     #[cfg(feature = "quota")]
     quota: Option<crate::quota::QuotaGuard>,
+    #[cfg(feature = "shares")]
+    classes: classes::Gate,
 }
 
 impl fmt::Debug for Shared {
@@ -124,6 +128,8 @@ impl Shared {
             warned_date: AtomicBool::new(false),
             #[cfg(feature = "quota")]
             quota,
+            #[cfg(feature = "shares")]
+            classes: classes::Gate::default(),
         });
         // Only once the allowance exists: a store drops a watcher whose allowance is not
         // alive, and an event (or the subscription's first catch-up) can arrive from another

@@ -1,0 +1,363 @@
+//! Shares of one allowance (feature `shares`): weighted fair shares and strict priority
+//! between classes of callers, and how classes combine with the other features. Virtual time.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+use tower_allowance::{
+    shares::{Class, Share},
+    AcquireOptions, Allowance, AllowanceConfig,
+};
+
+fn config(rate: u32, burst: u32) -> AllowanceConfig {
+    AllowanceConfig::per_second(rate, burst)
+        .expect("valid")
+        .exact()
+}
+
+fn ms(start: Instant) -> u64 {
+    start.elapsed().as_millis() as u64
+}
+
+type Log = Arc<Mutex<Vec<(String, u64)>>>;
+
+/// `workers` tasks of class `name`, each acquiring `jobs / workers` times in a row, logging
+/// (class, admitted at ms).
+fn spawn_class(
+    allowance: &Allowance,
+    name: &str,
+    workers: usize,
+    jobs: usize,
+    start: Instant,
+    log: &Log,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..workers)
+        .map(|w| {
+            let (allowance, log, name) = (allowance.clone(), log.clone(), name.to_owned());
+            let mine = (w..jobs).step_by(workers).count();
+            tokio::spawn(async move {
+                let class = Class::new(name.clone());
+                for _ in 0..mine {
+                    allowance
+                        .acquire_with(AcquireOptions::new().class(&class))
+                        .await
+                        .expect("admitted");
+                    log.lock().unwrap().push((name.clone(), ms(start)));
+                }
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn weights_share_the_admissions_while_classes_wait_and_a_dry_class_lends_at_once() {
+    // 20/s burst 4: a 3:2:1 backlog of 100 jobs each.
+    let allowance = Allowance::new(
+        config(20, 4)
+            .with_class("a", Share::weight(3).unwrap())
+            .unwrap()
+            .with_class("b", Share::weight(2).unwrap())
+            .unwrap()
+            .with_class("c", Share::weight(1).unwrap())
+            .unwrap(),
+    );
+    let (start, log) = (Instant::now(), Log::default());
+    let mut tasks = Vec::new();
+    for name in ["a", "b", "c"] {
+        tasks.extend(spawn_class(&allowance, name, 10, 100, start, &log));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log.len(), 300);
+    // The first 6 s (123 admissions): 3:2:1, each class within the burst (4, spent at the
+    // start by whoever asked first) and one admission (the turn alternates classes by
+    // virtual finish time, so between classes it is off by one at most).
+    let first: Vec<_> = log.iter().filter(|(_, at)| *at < 6_000).collect();
+    let count = |c: &str| first.iter().filter(|(n, _)| n == c).count() as f64;
+    let total = first.len() as f64;
+    for (c, w) in [("a", 3.0), ("b", 2.0), ("c", 1.0)] {
+        let want = total * w / 6.0;
+        assert!(
+            (count(c) - want).abs() <= 5.0,
+            "{c}: {} of {total}, want {want}",
+            count(c)
+        );
+    }
+    // No slot wasted: 300 admissions at 20/s after a burst of 4 end at (300 - 4) / 20 s.
+    let last = log.iter().map(|(_, at)| *at).max().unwrap();
+    assert_eq!(
+        last,
+        (300 - 4) * 50,
+        "the makespan is the bucket's, to the slot"
+    );
+    let snap = allowance.snapshot();
+    let a = snap.classes.iter().find(|c| c.name == "a").unwrap();
+    assert_eq!((a.weight, a.admitted, a.waiting), (3, 100, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_high_class_waits_one_interval_behind_any_backlog() {
+    let allowance = Allowance::new(
+        config(20, 4)
+            .with_class("urgent", Share::weight(1).unwrap().high())
+            .unwrap()
+            .with_class("bulk", Share::weight(1).unwrap())
+            .unwrap(),
+    );
+    let (start, log) = (Instant::now(), Log::default());
+    let bulk = spawn_class(&allowance, "bulk", 40, 400, start, &log);
+    let urgent = tokio::spawn({
+        let allowance = allowance.clone();
+        async move {
+            let mut waits = Vec::new();
+            for k in 1..=20u64 {
+                tokio::time::sleep_until(start + Duration::from_millis(k * 500)).await;
+                let arrived = Instant::now();
+                allowance
+                    .acquire_with(AcquireOptions::new().class(&Class::new("urgent")))
+                    .await
+                    .expect("admitted");
+                waits.push(arrived.elapsed());
+            }
+            waits
+        }
+    });
+    let waits = urgent.await.unwrap();
+    for t in bulk {
+        t.await.unwrap();
+    }
+    // One interval (50 ms) behind the slot being served, at most (slots on whole ms).
+    let worst = waits.iter().max().unwrap();
+    assert!(*worst <= Duration::from_millis(51), "{waits:?}");
+    assert!(
+        *worst >= Duration::from_millis(1),
+        "a backlog was there: {waits:?}"
+    );
+    // The bulk backlog still ran at the bucket's rate: 420 admissions.
+    let last = log.lock().unwrap().iter().map(|(_, at)| *at).max().unwrap();
+    assert!(last <= (420 - 4) * 50 + 1, "{last}");
+}
+
+fn two_classes(rate: u32, burst: u32) -> AllowanceConfig {
+    config(rate, burst)
+        .with_class("a", Share::weight(1).unwrap())
+        .unwrap()
+        .with_class("b", Share::weight(1).unwrap())
+        .unwrap()
+}
+
+fn of(name: &str) -> AcquireOptions {
+    AcquireOptions::new().class(&Class::new(name))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_leaving_its_class_queue_or_its_turn_stalls_nobody() {
+    // 10/s burst 1: the burst at once, then one turn at a time: the holder's slot at 100 ms.
+    let allowance = Allowance::new(two_classes(10, 1));
+    let start = Instant::now();
+    allowance.acquire_with(of("a")).await.unwrap();
+    let spawn = |name: &'static str| {
+        let a = allowance.clone();
+        tokio::spawn(async move { a.acquire_with(of(name)).await.map(|()| ms(start)) })
+    };
+    let holder = spawn("a");
+    tokio::task::yield_now().await;
+    let queued = spawn("b");
+    let next = spawn("a");
+    let last = spawn("b");
+    tokio::task::yield_now().await;
+    // One leaves while queued, the turn's holder leaves before its slot.
+    queued.abort();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    holder.abort();
+    // Its slot goes back to the store (the latest), the turn to the next in line (b: a was
+    // served twice already, b's place is the virtual time it began waiting at): the two
+    // left are admitted on the next two slots, nobody waits for a turn that never ends.
+    assert_eq!(last.await.unwrap().unwrap(), 100);
+    assert_eq!(next.await.unwrap().unwrap(), 200);
+    let snap = allowance.snapshot();
+    assert!(snap.classes.iter().all(|c| c.waiting == 0), "{snap:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_passing_in_the_class_queue_fails_at_the_deadline() {
+    let allowance = Allowance::new(two_classes(10, 1));
+    let start = Instant::now();
+    allowance.acquire_with(of("a")).await.unwrap();
+    let holder = {
+        let a = allowance.clone();
+        tokio::spawn(async move { a.acquire_with(of("a")).await })
+    };
+    tokio::task::yield_now().await;
+    // Queued behind the turn (slot at 100 ms), with a deadline at 30 ms.
+    let deadline = start + Duration::from_millis(30);
+    let err = allowance
+        .acquire_with(of("b").deadline(deadline))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.abandon_reason(),
+        Some(tower_allowance::error::AbandonReason::Deadline)
+    );
+    assert_eq!(ms(start), 30, "failed at its deadline, not at the turn");
+    holder.await.unwrap().unwrap();
+    assert_eq!(ms(start), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_moves_the_turn_and_the_classes_share_after_it() {
+    let allowance = Allowance::new(two_classes(10, 1));
+    let (start, log) = (Instant::now(), Log::default());
+    let mut tasks = spawn_class(&allowance, "a", 3, 12, start, &log);
+    tasks.extend(spawn_class(&allowance, "b", 3, 12, start, &log));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(allowance
+        .extend_cooldown(Duration::from_secs(1))
+        .await
+        .unwrap());
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    // Admitted at 0 and 100 ms; the slot reserved for 200 ms moved past the cooldown's end
+    // (1.15 s); then one per interval, alternating classes.
+    let times: Vec<u64> = log.iter().map(|(_, at)| *at).collect();
+    assert_eq!(&times[..3], &[0, 100, 1_200], "{log:?}");
+    assert_eq!(times[23], 1_200 + 21 * 100);
+    let firsts: Vec<&str> = log[2..14].iter().map(|(n, _)| n.as_str()).collect();
+    let a = firsts.iter().filter(|n| **n == "a").count();
+    assert_eq!(a, 6, "{firsts:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_counts_in_its_class_share() {
+    // Equal weights, a costs 2: while both wait, b is admitted twice as often.
+    let allowance = Allowance::new(two_classes(10, 1));
+    let (start, log) = (Instant::now(), Log::default());
+    let mut tasks = Vec::new();
+    for (name, cost) in [("a", 2u32), ("b", 1)] {
+        for _ in 0..3 {
+            let (a, log) = (allowance.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    a.acquire_with(of(name).cost(cost)).await.unwrap();
+                    log.lock().unwrap().push((name.to_owned(), ms(start)));
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let b = log[..30].iter().filter(|(n, _)| n == "b").count();
+    assert!((19..=21).contains(&b), "b {b} of the first 30: {log:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_keeps_its_class() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{ServiceBuilder, ServiceExt};
+    let allowance = Allowance::new(two_classes(10, 1));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = tower::service_fn({
+        let calls = calls.clone();
+        move |_req: http::Request<String>| {
+            let n = calls.fetch_add(1, Ordering::Relaxed);
+            async move {
+                let status = if n == 0 { 503 } else { 200 };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .body(String::new())
+                        .unwrap(),
+                )
+            }
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(allowance.layer().class("b"))
+        .service(inner);
+    let res = svc
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(calls.load(Ordering::Relaxed), 2);
+    let snap = allowance.snapshot();
+    let b = snap.classes.iter().find(|c| c.name == "b").unwrap();
+    let a = snap.classes.iter().find(|c| c.name == "a").unwrap();
+    assert_eq!(
+        (a.admitted, b.admitted),
+        (0, 2),
+        "the retry was admitted as b"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_keyed_allowance_has_the_classes() {
+    use tower_allowance::keyed::{Keyed, KeyedConfig};
+    let base = config(10, 1)
+        .with_class("urgent", Share::weight(1).unwrap().high())
+        .unwrap();
+    let keyed = Keyed::new(KeyedConfig::new(base));
+    let allowance = keyed.get("tenant-1").unwrap().allowance().clone();
+    let start = Instant::now();
+    // A backlog of the default class, then an urgent request: one interval behind the slot
+    // being served.
+    let bulk: Vec<_> = (0..6)
+        .map(|_| {
+            let a = allowance.clone();
+            tokio::spawn(async move { a.acquire().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    allowance.acquire_with(of("urgent")).await.unwrap();
+    assert_eq!(
+        ms(start),
+        220,
+        "the slot after the one being served (200 ms)"
+    );
+    for b in bulk {
+        b.await.unwrap().unwrap();
+    }
+    let names: Vec<String> = allowance
+        .snapshot()
+        .classes
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    assert_eq!(names, ["default", "urgent"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_high_class_jumps_at_the_adaptive_rate() {
+    use tower_allowance::AdaptiveRate;
+    // An adaptive rate from 10/s (slow start doubles it each second): the urgent request
+    // waits at most one interval at the rate of the moment (100 ms at most, in the first s).
+    let allowance = Allowance::new(
+        config(1000, 1)
+            .with_adaptive_rate(AdaptiveRate::new(10.0, 1.0, 10.0).unwrap())
+            .with_class("urgent", Share::weight(1).unwrap().high())
+            .unwrap(),
+    );
+    let bulk: Vec<_> = (0..8)
+        .map(|_| {
+            let a = allowance.clone();
+            tokio::spawn(async move { a.acquire().await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let arrived = Instant::now();
+    allowance.acquire_with(of("urgent")).await.unwrap();
+    let waited = arrived.elapsed();
+    assert!(waited <= Duration::from_millis(101), "{waited:?}");
+    for b in bulk {
+        b.await.unwrap().unwrap();
+    }
+}
