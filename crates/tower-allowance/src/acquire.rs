@@ -357,7 +357,12 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             if sleep.deadline() != at {
                                 sleep.as_mut().reset(at);
                             }
-                            ready!(sleep.poll(cx));
+                            ready!(sleep.as_mut().poll(cx));
+                            if let Some(due) = shared.holders().send(at, Instant::now()) {
+                                // Paced from the last send: woken again at `due`.
+                                sleep.as_mut().reset(due);
+                                ready!(sleep.poll(cx));
+                            }
                             shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();
