@@ -65,6 +65,8 @@ pub(crate) struct Progress {
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
+    /// The reserved slot it was sent at ([`Admit::slot`]).
+    slot: Option<Instant>,
 }
 
 /// Makes the first step of an admission at `now`.
@@ -141,6 +143,7 @@ fn decide(
     end_outage(shared, progress);
     match admission {
         Admission::Admitted => {
+            progress.slot = shared.holders().sent_now(now);
             shared.admitted(now, None, options.retry);
             Begin::Ready(Ok(()))
         }
@@ -307,6 +310,11 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
+    /// The reserved slot this admission was sent at, if it waited for one.
+    pub(crate) fn slot(&self) -> Option<Instant> {
+        self.progress.slot
+    }
+
     fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
         match step {
             Begin::Ready(result) => {
@@ -363,6 +371,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                                 sleep.as_mut().reset(due);
                                 ready!(sleep.poll(cx));
                             }
+                            this.progress.slot = Some(at);
                             shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();

@@ -257,6 +257,33 @@ impl Holders {
         None
     }
 
+    /// At burst 1, records a send admitted at once (the next slot is paced from it); its
+    /// slot, `now`, to report the answer to.
+    pub(crate) fn sent_now(&self, now: Instant) -> Option<Instant> {
+        let limit = self.params.limits[0];
+        if limit.headroom_us == 0 || limit.tolerance_us != limit.interval_us {
+            return None;
+        }
+        let mut r = self.lock();
+        r.sent = Some(r.sent.map_or((now, now), |last| last.max((now, now))));
+        Some(now)
+    }
+
+    /// The request sent at slot `at` was answered at `now`. At burst 1, an answer within 10 ms
+    /// of the last slot's send bounds when the server took it better than the send did (a
+    /// request delayed on its way, or a server descheduled, answers late): the next slot is
+    /// paced from it.
+    pub(crate) fn answered(&self, at: Instant, now: Instant) {
+        let limit = self.params.limits[0];
+        let mut r = self.lock();
+        if let Some((last_at, sent)) = r.sent.as_mut() {
+            let soon = now.saturating_duration_since(*sent) <= Duration::from_millis(10);
+            if *last_at == at && soon && limit.tolerance_us == limit.interval_us {
+                *sent = now;
+            }
+        }
+    }
+
     /// Removes a holder whose slot came (or can no longer be used: closed, lost).
     pub(crate) fn remove(&self, id: u64) {
         if self.lock().entries.remove(&id).is_some() {
