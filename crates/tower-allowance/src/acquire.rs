@@ -65,8 +65,8 @@ pub(crate) struct Progress {
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
-    /// The reserved slot it was sent at ([`Admit::slot`]).
-    slot: Option<Instant>,
+    /// The slot it was sent at, when paced ([`Admit::slot`]).
+    pub(crate) slot: Option<Instant>,
 }
 
 /// Makes the first step of an admission at `now`.
