@@ -245,7 +245,8 @@ impl Holders {
         if let Some((last_at, last_sent)) = r.sent.filter(|(last_at, _)| *last_at <= at) {
             let us = Duration::from_micros;
             let late = last_sent.saturating_duration_since(last_at);
-            let within = at - last_at <= us(limit.tolerance_us + limit.headroom_us);
+            // (Local instants of slots on the store's grid: within its granularity.)
+            let within = at - last_at <= us(limit.tolerance_us + limit.headroom_us + 1_000);
             let due = at.checked_add(late.saturating_sub(us(limit.headroom_us)));
             if let Some(due) = due.filter(|due| within && *due > now) {
                 return Some(due);
