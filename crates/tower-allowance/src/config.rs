@@ -337,6 +337,19 @@ impl AllowanceConfig {
         self.derive_adaptive();
     }
 
+    /// Over a store other processes share (it has a name), a burst of 1 keeps more headroom:
+    /// a process paces its sends from its own, never from the others' (see
+    /// [Headroom](Limit#headroom)).
+    pub(crate) fn shared_by_processes(&mut self) {
+        for l in &mut self.params.0.limits[..self.limits.len()] {
+            if l.headroom_us > 0 && l.tolerance_us == l.interval_us {
+                l.headroom_us = l
+                    .headroom_us
+                    .max(limit::SHARED_BURST_ONE_US.min(l.interval_us));
+            }
+        }
+    }
+
     /// The derived parameters every store decides with (opaque: a store passes them on).
     pub fn params(&self) -> &Params {
         &self.params

@@ -19,6 +19,10 @@ const BURST_HEADROOM_US: u64 = 10_000;
 /// [`BURST_HEADROOM_US`]) between two sends (see [Headroom](Limit#headroom)).
 const BURST_ONE_SHARE: u64 = 50;
 
+/// A burst of 1 over a store other processes share keeps this much between two sends, at
+/// most an interval (see [Headroom](Limit#headroom)).
+pub(crate) const SHARED_BURST_ONE_US: u64 = 10_000;
+
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`](crate::AllowanceConfig::with_limit)).
 ///
 /// # Headroom
