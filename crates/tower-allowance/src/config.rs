@@ -563,9 +563,9 @@ mod tests {
         assert_eq!((c.burst(), c.interval()), (4, Duration::from_millis(50)));
         assert_eq!(limits(&c), (50_000, 200_000, 10_000));
         assert_eq!(limits(&c.clone().exact()), (50_000, 200_000, 0));
-        // 10 ms at any rate (not a share of the interval): 999/s at burst 2 keeps its burst.
+        // An interval where that is shorter: 999/s at burst 2 keeps its tolerance whole.
         let c = AllowanceConfig::per_second(999, 2).expect("valid");
-        assert_eq!(limits(&c), (1_002, 2_004, 10_000));
+        assert_eq!(limits(&c), (1_002, 2_004, 1_002));
         // Burst 1: a 50th of the interval between two sends, at most 10 ms.
         let c = AllowanceConfig::per_second(20, 1).expect("valid");
         assert_eq!(limits(&c), (50_000, 50_000, 1_000));

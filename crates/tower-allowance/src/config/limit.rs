@@ -151,7 +151,7 @@ impl Limit {
         if !self.exact && p.unit == Unit::Requests {
             p.headroom_us = match self.burst.get() {
                 1 => (p.interval_us / BURST_ONE_SHARE).min(BURST_HEADROOM_US),
-                _ => BURST_HEADROOM_US,
+                _ => BURST_HEADROOM_US.min(p.interval_us),
             };
         }
         p
