@@ -64,22 +64,26 @@ pub(crate) async fn headroom_delays_the_burst_s_last<S: Store>(store: S) {
     assert_eq!(wait, 10 * MS);
 }
 
-/// Where the interval is 10 ms or less, the headroom keeps one token back: 100/s, burst 5,
-/// admits 4 at once, then one every 10 ms.
-pub(crate) async fn headroom_keeps_a_token_of_a_short_interval<S: Store>(store: S) {
-    let (_, direct) = allowance(AllowanceConfig::per_second(100, 5).expect("valid"), store);
+/// Where the interval is shorter than 10 ms, the headroom is one interval, once: 1,000/s,
+/// burst 5, admits 4 at once, the 5th 1 ms later, then one every millisecond (the configured
+/// rate: the tolerance stays whole, so the slot grid costs nothing).
+pub(crate) async fn headroom_at_a_short_interval_is_one_interval<S: Store>(store: S) {
+    let (_, direct) = allowance(AllowanceConfig::per_second(1_000, 5).expect("valid"), store);
     for i in 0..4 {
         let adm = direct.admit(AdmitRequest::first()).await;
         assert_eq!(adm, Admission::Admitted, "burst #{i} of 4");
     }
-    let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
-        panic!("reserved");
-    };
-    assert_eq!(wait, 10 * MS);
+    for i in 0..20u32 {
+        let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
+            panic!("reserved");
+        };
+        assert_eq!(wait, MS + MS * i, "slot #{i}");
+    }
 }
 
-/// By default (headroom), burst 1 at 20/s admits one every 75 ms (50% longer than 50 ms).
-pub(crate) async fn headroom_at_burst_one_lengthens_the_interval<S: Store>(store: S) {
+/// By default (headroom), burst 1 at 20/s admits one every 51 ms: a 50th of the interval
+/// between two sends (every admission at burst 1 finds its bucket full).
+pub(crate) async fn headroom_at_burst_one_is_a_50th_of_the_interval<S: Store>(store: S) {
     let (_, direct) = allowance(AllowanceConfig::per_second(20, 1).expect("valid"), store);
     assert_eq!(
         direct.admit(AdmitRequest::first()).await,
@@ -89,7 +93,7 @@ pub(crate) async fn headroom_at_burst_one_lengthens_the_interval<S: Store>(store
         let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
             panic!("reserved");
         };
-        assert_eq!(wait, 75 * MS * i, "slot #{i}");
+        assert_eq!(wait, 51 * MS * i, "slot #{i}");
     }
 }
 

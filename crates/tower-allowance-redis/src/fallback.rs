@@ -97,9 +97,9 @@ fn strip_event(reply: Reply) -> Reply {
 /// processes; no retries from a fixed budget (what the others spent is unknown).
 fn fallback_config(params: &Params, processes: NonZeroU32) -> Result<AllowanceConfig, ConfigError> {
     let n = u64::from(processes.get());
-    let limit = |interval_us: u64, tolerance_us: u64| {
-        // `interval * n` per unit; a burst of `burst / n`, at least one. Exact: the params
-        // carry the headroom already.
+    let limit = |interval_us: u64, tolerance_us: u64, headroom_us: u64| {
+        // `interval * n` per unit; a burst of `burst / n`, at least one; its own headroom
+        // when the limit has one.
         let burst = (tolerance_us / interval_us.max(1)).max(1);
         let per = Duration::from_micros(interval_us.saturating_mul(n)).min(MAX_DELAY);
         Limit::new(
@@ -107,16 +107,23 @@ fn fallback_config(params: &Params, processes: NonZeroU32) -> Result<AllowanceCo
             per,
             u32::try_from((burst / n).max(1)).unwrap_or(u32::MAX),
         )
-        .map(Limit::exact)
+        .map(|l| if headroom_us == 0 { l.exact() } else { l })
     };
     let Some((main, extra_limits)) = params.limits().split_first() else {
         // A validated configuration always has its main limit; nothing is admitted without.
         return AllowanceConfig::new(1, MAX_DELAY, 1);
     };
-    let first = limit(main.interval_us(), main.tolerance_us())?;
-    let mut config = AllowanceConfig::new(first.rate(), first.period(), first.burst())?.exact();
+    let first = limit(main.interval_us(), main.tolerance_us(), main.headroom_us())?;
+    let mut config = AllowanceConfig::new(first.rate(), first.period(), first.burst())?;
+    if main.headroom_us() == 0 {
+        config = config.exact();
+    }
     for extra in extra_limits {
-        let mut l = limit(extra.interval_us(), extra.tolerance_us())?;
+        let mut l = limit(
+            extra.interval_us(),
+            extra.tolerance_us(),
+            extra.headroom_us(),
+        )?;
         if extra.unit() == Unit::Cost {
             l = l.counting_cost();
         }

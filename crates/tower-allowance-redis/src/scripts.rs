@@ -9,6 +9,7 @@
 //! | (generated) | the constants, from `tower_allowance::rule` (their one source) |
 //! | `lua/now.lua` | `now`: from `TIME`, unless the clock argument gives one |
 //! | `lua/config.lua` | `config_check.rs`: the newest configuration on the name decides (field `k`) |
+//! | `lua/headroom.lua` | `config/limit.rs`'s headroom: its params block, and `rule/gcra.rs`'s `next_tat` |
 //! | `lua/state.lua` | `rule/params.rs` and `rule/state.rs`: the parameters from `ARGV`, loading and saving the state hash, and the helpers over them |
 //! | `lua/budget.lua` | `rule/budget.rs`: the retry budget |
 //! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
@@ -64,6 +65,7 @@ impl ApplyScript {
             [
                 include_str!("lua/now.lua"),
                 include_str!("lua/config.lua"),
+                include_str!("lua/headroom.lua"),
                 include_str!("lua/state.lua"),
                 include_str!("lua/budget.lua"),
                 include_str!("lua/clock.lua"),
@@ -193,7 +195,7 @@ impl redis::ToRedisArgs for Arg<'_> {
 /// limits' count; per limit (`MAX_LIMITS`, zeros for the unused) its interval, tolerance and
 /// unit; the budget (kind and three values); the longest cooldown; the probe's backoff (least,
 /// most); the adaptive rate (on, initial, floor, ceiling, burst, adopts); the idle TTL in
-/// milliseconds. One argument the script parses once per distinct text (a function library
+/// milliseconds; then the block "headroom": each limit's headroom. One argument the script parses once per distinct text (a function library
 /// keeps them), not some thirty it would convert on every call.
 fn params_text(params: &Params, idle_ms: u64) -> String {
     use std::fmt::Write as _;
@@ -237,6 +239,8 @@ fn params_text(params: &Params, idle_ms: u64) -> String {
         None => v.extend([0; 6]),
     }
     v.push(idle_ms);
+    // Block "headroom", last: each limit's (`MAX_LIMITS`, zeros for the unused).
+    v.extend((0..MAX_LIMITS).map(|l| limits.get(l).map_or(0, |l| l.headroom_us())));
     let mut text = String::with_capacity(v.len() * 8);
     for (i, n) in v.into_iter().enumerate() {
         if i > 0 {
@@ -611,6 +615,7 @@ mod tests {
         let files = [
             "lua/now.lua",
             "lua/config.lua",
+            "lua/headroom.lua",
             "lua/state.lua",
             "lua/budget.lua",
             "lua/clock.lua",

@@ -71,6 +71,8 @@ pub(crate) struct Progress {
     /// Where it stands with the class queues (feature `shares`).
     #[cfg(feature = "shares")]
     pub(crate) turn: classes::Turn,
+    /// The slot it was sent at, when paced ([`Admit::slot`]).
+    pub(crate) slot: Option<Instant>,
 }
 
 /// Makes the first step of an admission at `now`.
@@ -157,6 +159,7 @@ fn decide(
     end_outage(shared, progress);
     match admission {
         Admission::Admitted => {
+            progress.slot = shared.holders().sent_now(now);
             shared.admitted(now, None, options.retry);
             Begin::Ready(Ok(()))
         }
@@ -325,6 +328,11 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
+    /// The reserved slot this admission was sent at, if it waited for one.
+    pub(crate) fn slot(&self) -> Option<Instant> {
+        self.progress.slot
+    }
+
     fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
         match step {
             Begin::Ready(result) => {
@@ -375,7 +383,13 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             if sleep.deadline() != at {
                                 sleep.as_mut().reset(at);
                             }
-                            ready!(sleep.poll(cx));
+                            ready!(sleep.as_mut().poll(cx));
+                            if let Some(due) = shared.holders().send(at, Instant::now()) {
+                                // Paced from the last send: woken again at `due`.
+                                sleep.as_mut().reset(due);
+                                ready!(sleep.poll(cx));
+                            }
+                            this.progress.slot = Some(at);
                             shared.holders().remove(id);
                             let waited = this.progress.started.map(|s| s.elapsed());
                             let waited = waited.unwrap_or_default();

@@ -343,6 +343,19 @@ impl AllowanceConfig {
         self.derive_adaptive();
     }
 
+    /// Over a store other processes share (it has a name), a burst of 1 keeps more headroom:
+    /// a process paces its sends from its own, never from the others' (see
+    /// [Headroom](Limit#headroom)).
+    pub(crate) fn shared_by_processes(&mut self) {
+        for l in &mut self.params.0.limits[..self.limits.len()] {
+            if l.headroom_us > 0 && l.tolerance_us == l.interval_us {
+                l.headroom_us = l
+                    .headroom_us
+                    .max(limit::SHARED_BURST_ONE_US.min(l.interval_us));
+            }
+        }
+    }
+
     /// The derived parameters every store decides with (opaque: a store passes them on).
     pub fn params(&self) -> &Params {
         &self.params
@@ -546,57 +559,40 @@ mod tests {
     }
 
     #[test]
-    fn headroom_delays_the_burst_s_last_or_lengthens_the_interval() {
+    fn headroom_is_a_time_the_schedule_moves_by() {
         let limits = |c: &AllowanceConfig| {
             let l = c.rule_params().limits()[0];
-            (l.interval_us(), l.tolerance_us())
+            (l.interval_us(), l.tolerance_us(), l.headroom_us())
         };
-        // Burst 4 at 20/s: 3 back to back, the 4th 10 ms later, then 50 ms apart; exact:
-        // all 4 at once.
+        // Burst 4 at 20/s: the whole burst and interval, 10 ms once per burst; exact: none.
         let c = AllowanceConfig::per_second(20, 4).expect("valid");
         assert_eq!((c.burst(), c.interval()), (4, Duration::from_millis(50)));
-        assert_eq!(limits(&c), (50_000, 190_000));
-        assert_eq!(limits(&c.clone().exact()), (50_000, 200_000));
-        // An interval of 10 ms or less: one token kept back (200/s: 5 ms less).
-        let c = AllowanceConfig::per_second(100, 5).expect("valid");
-        assert_eq!(limits(&c), (10_000, 40_000));
-        let c = AllowanceConfig::per_second(200, 5).expect("valid");
-        assert_eq!(limits(&c), (5_000, 20_000));
-        // Burst 1: the interval 50% longer (rounded up); exact: as configured.
-        let c = AllowanceConfig::per_second(3, 1).expect("valid");
-        assert_eq!(limits(&c), (500_001, 500_001));
-        assert_eq!(limits(&c.exact()), (333_334, 333_334));
-        // A cost limit keeps its whole burst; an extra request limit keeps one back too.
+        assert_eq!(limits(&c), (50_000, 200_000, 10_000));
+        assert_eq!(limits(&c.clone().exact()), (50_000, 200_000, 0));
+        // An interval where that is shorter: 999/s at burst 2 keeps its tolerance whole.
+        let c = AllowanceConfig::per_second(999, 2).expect("valid");
+        assert_eq!(limits(&c), (1_002, 2_004, 1_002));
+        // Burst 1: a 50th of the interval between two sends, at most 10 ms.
+        let c = AllowanceConfig::per_second(20, 1).expect("valid");
+        assert_eq!(limits(&c), (50_000, 50_000, 1_000));
+        let c = AllowanceConfig::new(1, Duration::from_secs(60), 1).expect("valid");
+        assert_eq!(limits(&c), (60_000_000, 60_000_000, 10_000));
+        // A cost limit and an exact one have none; an extra request limit has its own.
         let c = AllowanceConfig::per_second(20, 4)
             .and_then(|c| c.with_limit(Limit::per_minute(100, 100)?.counting_cost()))
             .and_then(|c| c.with_limit(Limit::per_minute(10, 5)?))
             .and_then(|c| c.with_limit(Limit::per_minute(10, 5)?.exact()))
             .expect("valid");
-        let tolerances: Vec<u64> = c
-            .rule_params()
-            .limits()
-            .iter()
-            .map(|l| l.tolerance_us())
+        let headroom: Vec<u64> = (c.rule_params().limits().iter())
+            .map(|l| l.headroom_us())
             .collect();
-        // (An interval over 10 ms keeps 10 ms back, not a whole interval.)
-        assert_eq!(tolerances, [190_000, 60_000_000, 29_990_000, 30_000_000]);
-        // A daily quota loses no request to the headroom: the 20th waits 10 ms.
-        let c = AllowanceConfig::per_second(10, 10)
-            .and_then(|c| c.with_limit(Limit::per_day(20, 20)?))
-            .expect("valid");
-        let day = c.rule_params().limits()[1];
-        assert_eq!(day.tolerance_us(), 20 * day.interval_us() - 10_000);
-        // Burst 1 with an interval of a minute: one second longer, not 30 s.
-        let c = AllowanceConfig::new(1, Duration::from_secs(60), 1).expect("valid");
-        assert_eq!(limits(&c), (61_000_000, 61_000_000));
-        // An adaptive rate keeps the whole burst (it finds its level from the 429s).
+        assert_eq!(headroom, [10_000, 0, 10_000, 0]);
+        // An adaptive rate keeps the whole burst and no headroom (it finds its level from the 429s).
         let c = AllowanceConfig::per_second(20, 4)
             .expect("valid")
             .with_adaptive_rate(AdaptiveRate::new(2.0, 1.0, 100.0).expect("valid"));
         assert_eq!(c.rule_params().adaptive().map(|a| a.burst()), Some(4));
-        // The longest interval stays representable.
-        let c = AllowanceConfig::new(1, rule::MAX_DELAY, 1).expect("valid");
-        assert_eq!(limits(&c).0, rule::MAX_DELAY_US);
+        assert_eq!(c.rule_params().limits()[0].headroom_us(), 0);
     }
 
     #[test]

@@ -98,11 +98,7 @@ local function cut_rate(age)
     if s.av ~= 0 then cap = min(cap, s.av) end
     cap = max(cap, fl)
   else
-    local saved = now
-    now = max(now, s.ru)
-    base = adaptive_rate() or rate
-    now = saved
-    cap = base
+    base, cap = rate, rate
   end
   s.rc = max(floor(rate * keep / 1000), fl)
   -- The bucket's debt keeps its count of units at the new rate, reserved slots or not.

@@ -8,12 +8,13 @@ local function schedule(iv, tol, t0, cost)
     if inc > tol[l] then return nil end
     at = max(at, sat_sub(max(s[TAT[l]], t0) + inc, tol[l]))
   end
+  local start = at
   if at > now then
     at = ceil(at / SLOT_GRANULARITY_US) * SLOT_GRANULARITY_US
   end
   -- (Tables are built whole where they can be: growing one costs more than the rest here.)
   local new = {0, 0, 0, 0}
-  for l = 1, P.n do new[l] = max(s[TAT[l]], at) + units(l, cost) * iv[l] end
+  for l = 1, P.n do new[l] = next_tat(s[TAT[l]], P.hr[l], start, at, units(l, cost) * iv[l]) end
   return at, new
 end
 

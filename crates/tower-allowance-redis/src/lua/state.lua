@@ -54,7 +54,8 @@ end
 -- The parameters (rule::Params), from their text: the limits' count, then per limit its
 -- interval, tolerance and unit (`MAX_LIMITS` of them), the budget (kind and three values),
 -- the longest cooldown, the probe's backoff (least, most), the adaptive rate (on, initial,
--- floor, ceiling, burst, adopts), and the idle TTL in milliseconds, comma-separated.
+-- floor, ceiling, burst, adopts), and the idle TTL in milliseconds, then each block appended
+-- after it (its own file parses it: "headroom", the last, in `headroom.lua`), comma-separated.
 -- Parsed once per distinct text while the library stays loaded (under `EVALSHA`: per call);
 -- never modified.
 local PARAMS, PARAMS_COUNT = {}, 0
@@ -74,7 +75,8 @@ local function params(text)
     ad_ceil = v[24], ad_burst = v[25], ad_adopt = v[26],
     idle_ms = v[27],
   }
-  if #v ~= 27 or MAX_LIMITS ~= 4 then return nil end
+  if #v ~= 27 + 4 or MAX_LIMITS ~= 4 then return nil end
+  headroom(p, v)
   if PARAMS_COUNT >= 1000 then PARAMS, PARAMS_COUNT = {}, 0 end
   PARAMS[text] = p
   PARAMS_COUNT = PARAMS_COUNT + 1

@@ -51,6 +51,8 @@ pin_project! {
             future: S::Future,
             // The attempt's record, for the response (when it has one to carry).
             record: Option<Attempt>,
+            // Sent at a reserved slot: told of the answer (`Holders::answered`).
+            slot: Option<Box<(Arc<Shared>, Instant)>>,
         },
         Done,
     }
@@ -163,7 +165,12 @@ where
                     ready.map_err(Into::into)?;
                     let record = record_for(&shared, &request, now, Duration::ZERO);
                     let future = service.call(request);
-                    return Ok(State::Called { future, record });
+                    let slot = progress.slot.map(|at| Box::new((shared.clone(), at)));
+                    return Ok(State::Called {
+                        future,
+                        record,
+                        slot,
+                    });
                 }
                 // The future waits for that readiness (the waker is registered), by the
                 // deadline.
@@ -198,8 +205,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<State<S, B>, BoxError>> {
         let mut this = self.project();
-        if let Some(acquire) = this.acquire.as_mut().as_pin_mut() {
-            let admitted = ready!(acquire.poll(cx));
+        let mut slot = None;
+        if let Some(mut acquire) = this.acquire.as_mut().as_pin_mut() {
+            let admitted = ready!(acquire.as_mut().poll(cx));
+            slot = acquire.slot().map(|at| Box::new((this.shared.clone(), at)));
             this.acquire.set(None);
             admitted.map_err(|e| e.into_box())?;
         }
@@ -221,7 +230,11 @@ where
         let now = Instant::now();
         let record = record_for(this.shared, &request, now, now - *this.since);
         let future = this.service.call(request);
-        Poll::Ready(Ok(State::Called { future, record }))
+        Poll::Ready(Ok(State::Called {
+            future,
+            record,
+            slot,
+        }))
     }
 }
 
@@ -268,8 +281,15 @@ where
                         return Poll::Ready(Err(e));
                     }
                 },
-                StateProj::Called { future, record } => {
+                StateProj::Called {
+                    future,
+                    record,
+                    slot,
+                } => {
                     let result = ready!(future.poll(cx));
+                    if let Some((shared, at)) = slot.as_deref() {
+                        shared.holders().answered(*at, Instant::now());
+                    }
                     let record = *record;
                     this.state.set(State::Done);
                     let mut response = result.map_err(Into::into)?;

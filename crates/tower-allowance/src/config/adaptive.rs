@@ -95,6 +95,10 @@ impl AllowanceConfig {
 
     /// The rule's parameters for the adaptive rate, if any.
     pub(super) fn derive_adaptive(&mut self) {
+        if self.adaptive.is_some() {
+            // Whole: no headroom either (below).
+            self.params.0.limits[0].headroom_us = 0;
+        }
         self.params.0.adaptive = self.adaptive.map(|a| rule::AdaptiveParams {
             initial_milli: AdaptiveRate::milli(a.initial),
             floor_milli: AdaptiveRate::milli(a.floor),

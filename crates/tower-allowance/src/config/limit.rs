@@ -15,8 +15,13 @@ use crate::{
 /// 2-core machine, 10 ms is the least that passed every round (see `BENCHMARKS.md`, §12).
 const BURST_HEADROOM_US: u64 = 10_000;
 
-/// The most a burst of 1 lengthens its interval by (see [Headroom](Limit#headroom)).
-const HEADROOM_CAP_US: u64 = 1_000_000;
+/// A burst of 1 keeps this share of its interval (`1/BURST_ONE_SHARE`, at most
+/// [`BURST_HEADROOM_US`]) between two sends (see [Headroom](Limit#headroom)).
+const BURST_ONE_SHARE: u64 = 50;
+
+/// A burst of 1 over a store other processes share keeps this much between two sends, at
+/// most an interval (see [Headroom](Limit#headroom)).
+pub(crate) const SHARED_BURST_ONE_US: u64 = 10_000;
 
 /// One more limit of an allowance, beside its main rate (see [`AllowanceConfig::with_limit`](crate::AllowanceConfig::with_limit)).
 ///
@@ -99,6 +104,7 @@ impl Limit {
                 interval_us,
                 tolerance_us,
                 unit: Unit::Requests,
+                headroom_us: 0,
             },
             exact: false,
         })
@@ -141,15 +147,12 @@ impl Limit {
     /// above 1 tolerates 10 ms less, or one interval where that is shorter; at burst 1, the
     /// interval is half an interval longer, rounded up, at most a second).
     pub(super) fn rule_params(&self) -> LimitParams {
-        let (mut p, b) = (self.params, u64::from(self.burst.get()));
+        let mut p = self.params;
         if !self.exact && p.unit == Unit::Requests {
-            if b > 1 {
-                p.tolerance_us -= p.interval_us.min(BURST_HEADROOM_US);
-            } else {
-                let longer = p.interval_us + p.interval_us.div_ceil(2).min(HEADROOM_CAP_US);
-                p.interval_us = longer.min(rule::MAX_DELAY_US.max(p.interval_us));
-                p.tolerance_us = p.interval_us;
-            }
+            p.headroom_us = match self.burst.get() {
+                1 => (p.interval_us / BURST_ONE_SHARE).min(BURST_HEADROOM_US),
+                _ => BURST_HEADROOM_US.min(p.interval_us),
+            };
         }
         p
     }

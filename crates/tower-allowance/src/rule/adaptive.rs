@@ -108,7 +108,10 @@ pub(crate) fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64
     };
     let floor = a.floor_milli.max(1);
     // How the pending schedule was reserved: during the slow start at the doubling rate
-    // (capped as `adaptive_rate` caps it), after a cut at most at the rate of its last slot.
+    // (capped as `adaptive_rate` caps it); after a cut at the rate now, at its head. Its later
+    // slots were reserved at the rate growing since (closer), and come out no closer than
+    // the new rate grown as long; re-timing them all by the rate of the last slot instead
+    // spaced a long queue (1,024 workers) by far less than the new rate: 1.53-1.66x.
     let slow_start = state.cut_at == 0;
     let (base, cap) = if slow_start {
         let base = if state.rate_at_cut == 0 {
@@ -122,8 +125,7 @@ pub(crate) fn cut_rate(state: &mut State, now: u64, params: &Params, age_us: u64
         };
         (base, cap.max(floor))
     } else {
-        let last = adaptive_rate(state, now.max(state.reserved_until), params).unwrap_or(rate);
-        (last, last)
+        (rate, rate)
     };
     state.rate_at_cut = (rate.saturating_mul(keep) / 1_000).max(floor);
     // The bucket's debt keeps its count of units, now of the new rate: the schedule after

@@ -35,14 +35,15 @@ pub fn schedule(
             .saturating_sub(limit.tolerance_us);
         at = at.max(earliest);
     }
+    let start = at;
     if at > now {
         at = at
             .div_ceil(SLOT_GRANULARITY_US)
             .saturating_mul(SLOT_GRANULARITY_US);
     }
     let mut new_tat = [0; MAX_LIMITS];
-    for ((n, t), i) in new_tat.iter_mut().zip(tat).zip(inc) {
-        *n = (*t).max(at).saturating_add(i);
+    for (((n, t), i), limit) in new_tat.iter_mut().zip(tat).zip(inc).zip(limits) {
+        *n = next_tat(*t, limit, start, at, i);
     }
     Some((at, new_tat))
 }
@@ -66,12 +67,23 @@ pub(crate) fn schedule_one(
             .saturating_add(inc)
             .saturating_sub(limit.tolerance_us),
     );
+    let start = at;
     if at > now {
         at = at
             .div_ceil(SLOT_GRANULARITY_US)
             .saturating_mul(SLOT_GRANULARITY_US);
     }
-    Some((at, tat.max(at).saturating_add(inc)))
+    Some((at, next_tat(tat, limit, start, at, inc)))
+}
+
+/// A limit's arrival time after an admission at `at` (`start` before the slot grid's
+/// rounding) taking `inc`: an admission that finds the bucket full (`tat <= start`: every
+/// admission at burst 1) moves the schedule [`LimitParams::headroom_us`] later, once, so
+/// that the sends after it keep that much margin from a strict server's own schedule.
+#[inline]
+fn next_tat(tat: u64, limit: &LimitParams, start: u64, at: u64, inc: u64) -> u64 {
+    let headroom = if tat <= start { limit.headroom_us } else { 0 };
+    tat.max(at).saturating_add(inc).saturating_add(headroom)
 }
 
 /// Decides one admission at `now`: deposits, closed, budget, then the schedule.

@@ -19,6 +19,8 @@ pub struct LimitParams {
     pub(crate) interval_us: u64,
     pub(crate) tolerance_us: u64,
     pub(crate) unit: Unit,
+    /// Added to the schedule by an admission that finds the bucket full (the headroom, a time).
+    pub(crate) headroom_us: u64,
 }
 
 impl LimitParams {

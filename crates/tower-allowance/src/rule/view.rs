@@ -65,6 +65,12 @@ impl LimitParams {
     pub fn unit(&self) -> Unit {
         self.unit
     }
+
+    /// How much later an admission that finds the bucket full moves the schedule (the
+    /// headroom for delivery jitter, a time; 0 when exact).
+    pub fn headroom_us(&self) -> u64 {
+        self.headroom_us
+    }
 }
 
 impl Params {

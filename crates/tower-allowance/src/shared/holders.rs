@@ -69,6 +69,8 @@ struct Registry {
     known: Known,
     /// The generation of the state last heard of (0: none yet).
     generation: u64,
+    /// The last reserved slot sent here, and when it was sent ([`Holders::send`]).
+    sent: Option<(Instant, Instant)>,
 }
 
 impl Registry {
@@ -226,6 +228,61 @@ impl Holders {
             _ => entry.waker = Some(waker.clone()),
         }
         entry.check()
+    }
+
+    /// A holder's slot `at` came, at `now`: `Some(instant)` to wait until first, else it is
+    /// sent now (and recorded). Paces from when slots are actually sent: a slot sent late
+    /// moved a strict server's schedule as much, so the next slot keeps the spacing the rule
+    /// granted from that send (lateness up to the main limit's headroom is what the headroom
+    /// absorbs; beyond it, carried), while the schedule is in use (the gap within one burst's
+    /// tolerance). Without headroom (exact), every slot goes at its instant.
+    pub(crate) fn send(&self, at: Instant, now: Instant) -> Option<Instant> {
+        let limit = self.params.limits[0];
+        if limit.headroom_us == 0 {
+            return None;
+        }
+        let mut r = self.lock();
+        if let Some((last_at, last_sent)) = r.sent.filter(|(last_at, _)| *last_at <= at) {
+            let us = Duration::from_micros;
+            let late = last_sent.saturating_duration_since(last_at);
+            // (Local instants of slots on the store's grid: within its granularity.)
+            let within = at - last_at <= us(limit.tolerance_us + limit.headroom_us + 1_000);
+            let due = at.checked_add(late.saturating_sub(us(limit.headroom_us)));
+            if let Some(due) = due.filter(|due| within && *due > now) {
+                return Some(due);
+            }
+        }
+        if r.sent.is_none_or(|(last_at, _)| last_at <= at) {
+            r.sent = Some((at, now));
+        }
+        None
+    }
+
+    /// At burst 1, records a send admitted at once (the next slot is paced from it); its
+    /// slot, `now`, to report the answer to.
+    pub(crate) fn sent_now(&self, now: Instant) -> Option<Instant> {
+        let limit = self.params.limits[0];
+        if limit.headroom_us == 0 || limit.tolerance_us != limit.interval_us {
+            return None;
+        }
+        let mut r = self.lock();
+        r.sent = Some(r.sent.map_or((now, now), |last| last.max((now, now))));
+        Some(now)
+    }
+
+    /// The request sent at slot `at` was answered at `now`. At burst 1, an answer within 10 ms
+    /// of the last slot's send bounds when the server took it better than the send did (a
+    /// request delayed on its way, or a server descheduled, answers late): the next slot is
+    /// paced from it.
+    pub(crate) fn answered(&self, at: Instant, now: Instant) {
+        let limit = self.params.limits[0];
+        let mut r = self.lock();
+        if let Some((last_at, sent)) = r.sent.as_mut() {
+            let soon = now.saturating_duration_since(*sent) <= Duration::from_millis(10);
+            if *last_at == at && soon && limit.tolerance_us == limit.interval_us {
+                *sent = now;
+            }
+        }
     }
 
     /// Removes a holder whose slot came (or can no longer be used: closed, lost).

@@ -108,10 +108,13 @@ impl Shared {
     /// events (weakly: the store never keeps the allowance alive).
     pub(crate) fn new(
         name: Arc<str>,
-        config: AllowanceConfig,
+        mut config: AllowanceConfig,
         store: Box<dyn Store>,
         #[cfg(feature = "quota")] quota: Option<crate::quota::QuotaGuard>,
     ) -> Arc<Self> {
+        if store.name().is_some() {
+            config.shared_by_processes();
+        }
         let stats = Stats::new(name.clone());
         #[cfg(feature = "metrics")]
         let store: Box<dyn Store> = Box::new(timed::Timed::new(store, stats.metrics.clone()));
