@@ -144,6 +144,8 @@ impl AllowanceConfig {
                 probe_backoff_min_us: PROBE_BACKOFF_MIN_US,
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
                 adaptive: None,
+                #[cfg(feature = "settle")]
+                settle: None,
             }),
         };
         config.derive();
@@ -340,6 +342,12 @@ impl AllowanceConfig {
     /// The derived parameters every store decides with (opaque: a store passes them on).
     pub fn params(&self) -> &Params {
         &self.params
+    }
+
+    /// The rule's parameters, for a feature's builder method (`settle`).
+    #[cfg(feature = "settle")]
+    pub(crate) fn params_mut(&mut self) -> &mut rule::Params {
+        &mut self.params.0
     }
 
     /// The rule's view of [`params`](Self::params).

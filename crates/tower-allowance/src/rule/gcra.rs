@@ -111,6 +111,8 @@ pub(crate) fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitReq
         };
     }
     state.tat[..n].copy_from_slice(&new_tat[..n]);
+    #[cfg(feature = "settle")]
+    super::settle::admitted(state, params, req.cost);
     let budget_slot = if req.retry {
         spend(&mut state.budget, now, &params.budget)
     } else {
@@ -170,6 +172,10 @@ pub(crate) fn release(state: &mut State, params: &Params, res: &Reservation) -> 
     }
     if res.retry {
         refund(&mut state.budget, &params.budget, res.budget_slot);
+    }
+    #[cfg(feature = "settle")]
+    if all {
+        super::settle::released(state, params, res.cost);
     }
     all
 }

@@ -108,6 +108,8 @@ mod params;
 mod probe;
 #[cfg(feature = "serde")]
 mod ser;
+#[cfg(feature = "settle")]
+mod settle;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
@@ -139,6 +141,8 @@ pub use self::adaptive::{
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
+#[cfg(feature = "settle")]
+pub use self::settle::{Settle, SettleParams, SettleState, Settled};
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
@@ -245,6 +249,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
+        #[cfg(feature = "settle")]
+        Op::Settle(s) => Reply::Settled(settle::settle(state, now, params, &s)),
     }
 }
 

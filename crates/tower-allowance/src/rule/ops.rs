@@ -173,6 +173,12 @@ impl Reservation {
             }
             EventKind::Closed { .. } => Applied::Closed,
             EventKind::Cleared | EventKind::Created => Applied::Moved(0),
+            #[cfg(feature = "settle")]
+            EventKind::Settled { floor, shift } => {
+                let old = self.slot;
+                self.slot = super::settle::moved_slot(old, &mut self.tat, floor, &shift, params);
+                Applied::Earlier(old - self.slot)
+            }
         }
     }
 }
@@ -191,6 +197,10 @@ pub enum Applied {
     /// The store lost the state the reservation was made in (and made a new one): ask
     /// again, no earlier than the slot, so the new state schedules it.
     Lost,
+    /// Applied: the slot is now this many microseconds earlier (a settlement gave unused
+    /// reservations back; feature `settle`).
+    #[cfg(feature = "settle")]
+    Earlier(u64),
 }
 
 /// Something every holder of a reservation must hear of, published by the store.
@@ -248,6 +258,15 @@ pub enum EventKind {
     /// a store makes it: the memory store never loses its state.)
     #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     Created,
+    /// A settlement gave unused reservations back (feature `settle`): each limit's pending
+    /// schedule moved earlier by its shift, no slot before `floor`.
+    #[cfg(feature = "settle")]
+    Settled {
+        /// No slot moves before this instant (the store's now, or the cooldown's end).
+        floor: u64,
+        /// Per limit, microseconds the pending schedule moved earlier.
+        shift: [u64; MAX_LIMITS],
+    },
 }
 
 /// Why an allowance is closed.
@@ -416,6 +435,9 @@ pub enum Op {
         /// Successes to record first.
         deposits: u64,
     },
+    /// Settle an admitted attempt's reservation to what its answer used (feature `settle`).
+    #[cfg(feature = "settle")]
+    Settle(super::Settle),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -449,4 +471,7 @@ pub enum Reply {
     ProbeFinished(Option<Event>),
     /// To [`Op::Read`].
     State(StoreState),
+    /// To `Op::Settle`.
+    #[cfg(feature = "settle")]
+    Settled(super::Settled),
 }

@@ -59,6 +59,9 @@ pub struct State {
     /// recreated (a Redis `FLUSHALL`, a restart without persistence) has another one, so the
     /// holders of reservations made in the old one know to ask again.
     pub(crate) generation: u64,
+    /// Reserve, then settle: what the settlements remember (feature `settle`).
+    #[cfg(feature = "settle")]
+    pub(crate) settle: super::SettleState,
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that
@@ -97,6 +100,10 @@ pub fn is_settled(state: &State, now: u64, params: &Params) -> bool {
         || pending(state, now)
         || state.probe_failures != 0
     {
+        return false;
+    }
+    #[cfg(feature = "settle")]
+    if !super::settle::is_settled(state) {
         return false;
     }
     let budget = match params.budget {

@@ -113,6 +113,12 @@ impl Event {
             }
             EventKind::Cleared => w[3] = 3,
             EventKind::Created => w[3] = 4,
+            #[cfg(feature = "settle")]
+            EventKind::Settled { floor, shift } => {
+                w[3] = 5;
+                w[4] = floor;
+                w[5..5 + MAX_LIMITS].copy_from_slice(&shift);
+            }
         }
         w
     }
@@ -138,6 +144,12 @@ impl Event {
             },
             3 => EventKind::Cleared,
             4 => EventKind::Created,
+            #[cfg(feature = "settle")]
+            5 => {
+                let mut shift = [0; MAX_LIMITS];
+                shift.copy_from_slice(&w[5..5 + MAX_LIMITS]);
+                EventKind::Settled { floor: w[4], shift }
+            }
             _ => return None,
         };
         Some(Self {

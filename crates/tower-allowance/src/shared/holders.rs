@@ -408,6 +408,11 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                     .checked_add(Duration::from_micros(us))
                     .unwrap_or(entry.at);
             }
+            #[cfg(feature = "settle")]
+            Applied::Earlier(us) => {
+                let at = entry.at.checked_sub(Duration::from_micros(us));
+                entry.at = at.unwrap_or(entry.at).max(Instant::now()).min(entry.at);
+            }
             Applied::Closed => {
                 let (until, by) = match event.kind() {
                     EventKind::Closed { until, by } => (until, by),
