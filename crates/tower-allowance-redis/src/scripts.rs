@@ -13,6 +13,7 @@
 //! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
 //! | `lua/adaptive.lua` | `rule/adaptive.rs`: the adaptive rate |
 //! | `lua/cooldown.lua` | `rule/cooldown.rs`: the cooldown (a throttling response too) and the closed state |
+//! | `lua/settle.lua` | `rule/settle.rs`: reserve, then settle (its parameters' block, its state group `s`) |
 //! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
 //! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
 //! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
@@ -36,6 +37,11 @@ use tower_allowance::rule::{
     EVENT_WORDS, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US, FOREVER, MAX_DELAY_US, MAX_LIMITS,
     PENDING_GRACE_US, ROUND_GRACE_US, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
 };
+
+// Reserve, then settle: the op's arguments and reply, the parameters' block.
+#[cfg(feature = "settle")]
+#[path = "settle.rs"]
+mod settle;
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
@@ -66,6 +72,7 @@ impl ApplyScript {
                 include_str!("lua/clock.lua"),
                 include_str!("lua/adaptive.lua"),
                 include_str!("lua/cooldown.lua"),
+                include_str!("lua/settle.lua"),
                 include_str!("lua/gcra.lua"),
                 include_str!("lua/probe.lua"),
                 include_str!("apply.lua"),
@@ -151,6 +158,8 @@ fn op_code(op: &Op) -> u64 {
         Op::Read { .. } => 8,
         Op::Throttle { .. } => 9,
         Op::Advertise { .. } => 10,
+        #[cfg(feature = "settle")]
+        Op::Settle(_) => 12,
     }
 }
 
@@ -237,6 +246,8 @@ fn params_text(params: &Params, idle_ms: u64) -> String {
         }
         let _ = write!(text, "{}", exact(n));
     }
+    #[cfg(feature = "settle")]
+    settle::push_params(&mut text, params);
     text
 }
 
@@ -284,6 +295,8 @@ pub(crate) fn argv<'a>(
             a.push(Arg::N(exact(age_us)));
         }
         Op::Advertise { rate_milli } => a.push(Arg::N(exact(rate_milli))),
+        #[cfg(feature = "settle")]
+        Op::Settle(s) => settle::push_settle(&mut a, &s),
     }
     a
 }
@@ -397,6 +410,8 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             }
             _ => return Err(BadReply),
         },
+        #[cfg(feature = "settle")]
+        Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
     })
 }
 
@@ -569,6 +584,7 @@ mod tests {
             "lua/clock.lua",
             "lua/adaptive.lua",
             "lua/cooldown.lua",
+            "lua/settle.lua",
             "lua/gcra.lua",
             "lua/probe.lua",
             "apply.lua",

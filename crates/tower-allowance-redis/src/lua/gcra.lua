@@ -38,6 +38,7 @@ local function admit(cost, retry, not_before, max_wait, deposits)
     return {2, wait, cd}
   end
   for l = 1, P.n do s[TAT[l]] = new[l] end
+  settle_admitted(cost)
   local budget_slot = 0
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end
@@ -61,5 +62,6 @@ local function release(slot, tats, rebased, generation, cost, retry, budget_slot
     end
   end
   if retry then refund(budget_slot) end
+  if all == 1 then settle_released(cost) end
   return {all}
 end

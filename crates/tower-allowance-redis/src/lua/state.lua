@@ -71,7 +71,7 @@ local function params(text)
     ad_ceil = v[24], ad_burst = v[25], ad_adopt = v[26],
     idle_ms = v[27],
   }
-  if #v ~= 27 or MAX_LIMITS ~= 4 then return nil end
+  if #v < 27 or MAX_LIMITS ~= 4 then return nil end
   if PARAMS_COUNT >= 1000 then PARAMS, PARAMS_COUNT = {}, 0 end
   PARAMS[text] = p
   PARAMS_COUNT = PARAMS_COUNT + 1
