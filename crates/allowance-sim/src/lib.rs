@@ -38,3 +38,4 @@ pub mod multi;
 pub mod rate_chart;
 pub mod sweep;
 pub mod timeline;
+pub mod tokens;
