@@ -91,6 +91,8 @@ mod cooldown;
 mod harness;
 mod layers;
 mod shared;
+#[cfg(feature = "settle")]
+mod settle;
 
 /// Runs every check, each on a fresh store from `make`.
 ///
@@ -125,4 +127,9 @@ where
     bucket::headroom_keeps_a_token_of_a_short_interval(make().await).await;
     bucket::headroom_at_burst_one_lengthens_the_interval(make().await).await;
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
+    #[cfg(feature = "settle")]
+    {
+        settle::a_settlement_moves_waiting_callers_earlier(make().await).await;
+        settle::the_layer_settles_429s_and_usage(make().await).await;
+    }
 }

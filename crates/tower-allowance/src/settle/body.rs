@@ -21,6 +21,8 @@ pub(crate) struct Pending {
     pub(crate) reserved: u32,
     pub(crate) reading: Option<(u64, u64)>,
     pub(crate) done: bool,
+    /// Where the share in force is noted (`SettleLayer::share`).
+    pub(crate) share: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Pending {
@@ -42,7 +44,7 @@ impl Pending {
         if let Some((limit, remaining)) = self.reading {
             s = s.observed(limit, remaining);
         }
-        super::apply(&self.shared, s);
+        super::apply(&self.shared, s, &self.share);
     }
 }
 

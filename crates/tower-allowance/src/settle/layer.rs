@@ -4,7 +4,10 @@ use std::{
     fmt,
     future::Future,
     pin::Pin,
-    sync::Arc,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
     task::{ready, Context, Poll},
 };
 
@@ -33,6 +36,7 @@ pub struct SettleLayer<R> {
     shared: Arc<Shared>,
     reader: R,
     max_body: usize,
+    share: Arc<AtomicU64>,
 }
 
 impl<R> fmt::Debug for SettleLayer<R> {
@@ -51,7 +55,14 @@ impl<R: UsageReader> SettleLayer<R> {
             shared: allowance.shared.clone(),
             reader,
             max_body: DEFAULT_MAX_BODY,
+            share: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The share of unused reservations coming back (0 to 1), as the last settlement through
+    /// this layer (or its services) found it: configured, or learned so far.
+    pub fn share(&self) -> f64 {
+        self.share.load(Ordering::Relaxed) as f64 / 1000.0
     }
 
     /// Keeps the last `bytes` of each body to read the usage from (default 64 KiB; the usage
@@ -71,6 +82,7 @@ impl<S, R: Clone> Layer<S> for SettleLayer<R> {
             shared: self.shared.clone(),
             reader: self.reader.clone(),
             max_body: self.max_body,
+            share: self.share.clone(),
         }
     }
 }
@@ -82,6 +94,7 @@ pub struct SettleService<S, R> {
     shared: Arc<Shared>,
     reader: R,
     max_body: usize,
+    share: Arc<AtomicU64>,
 }
 
 impl<S: fmt::Debug, R> fmt::Debug for SettleService<S, R> {
@@ -113,6 +126,7 @@ where
             reserved,
             reading: None,
             done: false,
+            share: self.share.clone(),
         };
         SettleFuture {
             inner: self.inner.call(req),

@@ -86,11 +86,18 @@
 mod body;
 mod layer;
 mod reader;
+#[cfg(test)]
+mod tests;
 
 pub use self::{
     body::SettleBody,
     layer::{SettleFuture, SettleLayer, SettleService},
     reader::{AnthropicUsage, OpenAiUsage, UsageReader},
+};
+
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
 };
 
 use tokio::time::Instant;
@@ -197,9 +204,10 @@ impl AllowanceConfig {
 
 /// Applies one settlement; the event (a schedule moved earlier) goes to this process's
 /// holders. Best effort: a store that fails leaves the reservation charged (the safe side).
-pub(crate) fn apply(shared: &std::sync::Arc<Shared>, settle: Settle) {
-    let done = |shared: &Shared, reply| match reply {
+pub(crate) fn apply(shared: &Arc<Shared>, settle: Settle, share: &Arc<AtomicU64>) {
+    let done = |shared: &Shared, share: &AtomicU64, reply| match reply {
         Ok(Reply::Settled(s)) => {
+            share.store(s.share_milli, Ordering::Relaxed);
             if let Some(event) = s.event {
                 shared.holders().event(event);
             }
@@ -208,10 +216,10 @@ pub(crate) fn apply(shared: &std::sync::Arc<Shared>, settle: Settle) {
         Err(e) => tracing::debug!(error = %e, "could not settle a reservation"),
     };
     match shared.apply(Instant::now(), Op::Settle(settle)) {
-        Applying::Done(r) => done(shared, r),
+        Applying::Done(r) => done(shared, share, r),
         Applying::Pending(fut) => {
-            let shared = shared.clone();
-            spawn(async move { done(&shared, fut.await) });
+            let (shared, share) = (shared.clone(), share.clone());
+            spawn(async move { done(&shared, &share, fut.await) });
         }
     }
 }
