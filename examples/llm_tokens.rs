@@ -346,14 +346,21 @@ fn main() -> Result<(), BoxError> {
         "\nReserve, then settle: {} jobs reserving prompt + max_tokens ({} tokens/s, burst {}),",
         settle.jobs, settle.tokens, settle.tokens
     );
-    println!("settled to the usage each answer reports; one configuration (the refund rule learned).\n");
-    println!("{:<34} {:>10} {:>10}", "as the server counted", "refunds", "keeps");
+    println!(
+        "settled to the usage each answer reports; one configuration (the refund rule learned).\n"
+    );
+    println!(
+        "{:<34} {:>10} {:>10}",
+        "as the server counted", "refunds", "keeps"
+    );
     let both = |label: &str, f: &dyn Fn(&SettledRow) -> String| {
         println!("{:<34} {:>10} {:>10}", label, f(&refunding), f(&keeping));
     };
     both("429s", &|r| r.rejected.to_string());
     both("jobs completed", &|r| r.completed.to_string());
-    both("token capacity used (%)", &|r| format!("{:.1}", 100.0 * r.utilisation));
+    both("token capacity used (%)", &|r| {
+        format!("{:.1}", 100.0 * r.utilisation)
+    });
     both("share learned (of 1)", &|r| format!("{:.2}", r.share));
     Ok(())
 }
@@ -423,7 +430,11 @@ pub(crate) async fn settled(demo: &Settled, refund: f64) -> Result<SettledRow, B
     .await?;
     let config = AllowanceConfig::per_second(demo.requests, demo.requests)?
         .exact()
-        .with_limit(Limit::per_second(demo.tokens, demo.tokens)?.exact().counting_cost())?
+        .with_limit(
+            Limit::per_second(demo.tokens, demo.tokens)?
+                .exact()
+                .counting_cost(),
+        )?
         .with_settlement(Settlement::learned());
     let allowance = Allowance::new(config);
     let client: Client<HttpConnector, Full<Bytes>> =
@@ -437,7 +448,9 @@ pub(crate) async fn settled(demo: &Settled, refund: f64) -> Result<SettledRow, B
         x ^= x << 17;
         lo + u32::try_from(x % u64::from(hi - lo + 1)).unwrap_or(0)
     };
-    let jobs: Vec<(u32, u32)> = (0..demo.jobs).map(|_| (draw(100, 1000), draw(200, 4000))).collect();
+    let jobs: Vec<(u32, u32)> = (0..demo.jobs)
+        .map(|_| (draw(100, 1000), draw(200, 4000)))
+        .collect();
     let jobs = Arc::new(jobs);
     let next = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
@@ -478,4 +491,3 @@ pub(crate) async fn settled(demo: &Settled, refund: f64) -> Result<SettledRow, B
     upstream.shutdown().await;
     Ok(row)
 }
-

@@ -38,9 +38,9 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (1u32..700, 0u64..2_000_000).prop_map(|(cost, max_wait)| {
             Op::Admit(AdmitRequest::first().cost(cost).max_wait(Duration::from_micros(max_wait)))
         }),
-        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)))
-            .prop_map(|(reserved, used, reading)| {
-                let mut s = Settle::used(reserved, used);
+        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)), 0u64..400_000)
+            .prop_map(|(reserved, used, reading, ago)| {
+                let mut s = Settle::used(reserved, used).sent(Duration::from_micros(ago));
                 if let Some((limit, remaining)) = reading {
                     s = s.observed(limit, remaining);
                 }

@@ -243,11 +243,17 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     let body = req.into_body().collect().await.map(|b| b.to_bytes());
     let parsed = body.ok().and_then(|b| {
         let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
-        Some((v.get("prompt_tokens")?.as_u64()?, v.get("max_tokens")?.as_u64()?))
+        Some((
+            v.get("prompt_tokens")?.as_u64()?,
+            v.get("max_tokens")?.as_u64()?,
+        ))
     });
     let config = shared.config;
     let period = config.period.as_secs_f64().max(1e-9);
-    let (trate, rrate) = (config.tokens as f64 / period, config.requests as f64 / period);
+    let (trate, rrate) = (
+        config.tokens as f64 / period,
+        config.requests as f64 / period,
+    );
     let mut b = shared.lock();
     let now = Instant::now();
     let dt = now.saturating_duration_since(b.last).as_secs_f64();
@@ -257,7 +263,11 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     b.first.get_or_insert(now);
     let Some((p, m)) = parsed else {
         b.counts.bad += 1;
-        return respond(StatusCode::BAD_REQUEST, &[], r#"{"error":"body must be {prompt_tokens, max_tokens}"}"#.to_owned());
+        return respond(
+            StatusCode::BAD_REQUEST,
+            &[],
+            r#"{"error":"body must be {prompt_tokens, max_tokens}"}"#.to_owned(),
+        );
     };
     let need = (p + m) as f64;
     let common = [
@@ -277,10 +287,20 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
             common[0].clone(),
             common[1].clone(),
             ("retry-after", format!("{wait:.0}")),
-            ("x-ratelimit-remaining-tokens", format!("{}", b.tokens.floor())),
-            ("x-ratelimit-remaining-requests", format!("{}", b.requests.floor())),
+            (
+                "x-ratelimit-remaining-tokens",
+                format!("{}", b.tokens.floor()),
+            ),
+            (
+                "x-ratelimit-remaining-requests",
+                format!("{}", b.requests.floor()),
+            ),
         ];
-        return respond(StatusCode::TOO_MANY_REQUESTS, &headers, r#"{"error":{"type":"rate_limit_exceeded"}}"#.to_owned());
+        return respond(
+            StatusCode::TOO_MANY_REQUESTS,
+            &headers,
+            r#"{"error":{"type":"rate_limit_exceeded"}}"#.to_owned(),
+        );
     }
     b.tokens -= need;
     b.requests -= 1.0;
@@ -297,8 +317,14 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     let headers = [
         common[0].clone(),
         common[1].clone(),
-        ("x-ratelimit-remaining-tokens", format!("{}", b.tokens.floor())),
-        ("x-ratelimit-remaining-requests", format!("{}", b.requests.floor())),
+        (
+            "x-ratelimit-remaining-tokens",
+            format!("{}", b.tokens.floor()),
+        ),
+        (
+            "x-ratelimit-remaining-requests",
+            format!("{}", b.requests.floor()),
+        ),
     ];
     let body = serde_json::json!({
         "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
@@ -306,11 +332,18 @@ async fn answer(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>
     respond(StatusCode::OK, &headers, body.to_string())
 }
 
-fn respond(status: StatusCode, headers: &[(&'static str, String)], body: String) -> Response<Full<Bytes>> {
+fn respond(
+    status: StatusCode,
+    headers: &[(&'static str, String)],
+    body: String,
+) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from(body)));
     *res.status_mut() = status;
     let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     for (name, value) in headers {
         if let Ok(v) = HeaderValue::from_str(value) {
             h.insert(*name, v);

@@ -90,9 +90,9 @@ mod budget;
 mod cooldown;
 mod harness;
 mod layers;
-mod shared;
 #[cfg(feature = "settle")]
 mod settle;
+mod shared;
 
 /// Runs every check, each on a fresh store from `make`.
 ///

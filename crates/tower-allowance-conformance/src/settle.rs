@@ -8,10 +8,11 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{service_fn, ServiceExt};
 use tower_allowance::{
+    retry::RetryConfig,
     rule::{Admission, AdmitRequest, Op, Reply, Settle},
     settle::{OpenAiUsage, SettleLayer, Settlement},
     store::Store,
-    AcquireOptions, AllowanceConfig, Cost, Limit, RetryConfig,
+    AcquireOptions, AllowanceConfig, Cost, Limit,
 };
 
 use crate::harness::{acquire_at, allowance, per_second, LayerService, MS};
@@ -45,8 +46,7 @@ pub(crate) async fn a_settlement_moves_waiting_callers_earlier<S: Store>(store: 
         async move { acquire_at(&a, AcquireOptions::new().cost(900)).await }
     });
     tokio::time::advance(10 * MS).await;
-    let Ok(Reply::Settled(settled)) = direct.apply(Op::Settle(Settle::used(900, 100))).await
-    else {
+    let Ok(Reply::Settled(settled)) = direct.apply(Op::Settle(Settle::used(900, 100))).await else {
         panic!("a settlement's reply");
     };
     assert_eq!(settled.moved, 800, "the unused part came back");
@@ -73,7 +73,10 @@ pub(crate) async fn the_layer_settles_429s_and_usage<S: Store>(store: S) {
     let send = |path: &'static str| {
         let svc = svc.clone();
         async move {
-            let mut req = Request::builder().uri(path).body(String::new()).expect("request");
+            let mut req = Request::builder()
+                .uri(path)
+                .body(String::new())
+                .expect("request");
             req.extensions_mut().insert(Cost(1_000));
             let start = tokio::time::Instant::now();
             let res = svc.oneshot(req).await.expect("answered");
@@ -87,7 +90,11 @@ pub(crate) async fn the_layer_settles_429s_and_usage<S: Store>(store: S) {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(waited, Duration::ZERO);
     let (status, waited) = send("/ok").await;
-    assert_eq!((status, waited), (StatusCode::OK, Duration::ZERO), "the burst is back");
+    assert_eq!(
+        (status, waited),
+        (StatusCode::OK, Duration::ZERO),
+        "the burst is back"
+    );
     // 900 used: 100 came back, so the next 1,000 wait 900 ms, not a second.
     let (status, waited) = send("/ok").await;
     assert_eq!(status, StatusCode::OK);

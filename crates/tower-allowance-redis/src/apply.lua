@@ -66,7 +66,7 @@ local function apply(keys, args)
   elseif OP == 10 then
     reply = advertise(arg(0))
   elseif OP == 12 then
-    reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5))
+    reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6))
     if reply[3] == 1 then ev_at = 4 end
   else
     return redis.error_reply('ERR tower-allowance: unknown operation')

@@ -23,7 +23,8 @@ pub(super) fn push_params(text: &mut String, params: &Params) {
     }
 }
 
-/// The op's arguments: reserved, used, refused (0/1), observed (0/1), limit, remaining.
+/// The op's arguments: reserved, used, refused (0/1), observed (0/1), limit, remaining, sent
+/// ago (µs).
 pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
     let (observed, (limit, remaining)) = match s.observation() {
         Some(o) => (1, o),
@@ -36,6 +37,7 @@ pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
         Arg::N(observed),
         Arg::N(exact(limit)),
         Arg::N(exact(remaining)),
+        Arg::N(exact(s.sent_ago_us())),
     ]);
 }
 

@@ -22,12 +22,20 @@ async fn each_answer_settles_as_its_body_is_read() {
     let config = AllowanceConfig::per_second(100, 100)
         .expect("valid")
         .exact()
-        .with_limit(Limit::per_second(1_000, 1_000).expect("valid").exact().counting_cost())
+        .with_limit(
+            Limit::per_second(1_000, 1_000)
+                .expect("valid")
+                .exact()
+                .counting_cost(),
+        )
         .expect("two limits")
         .with_settlement(Settlement::learned());
     let allowance = Allowance::new(config);
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(AllowanceMiddleware::new(allowance.clone()).with_settlement(&allowance, OpenAiUsage::new()))
+        .with(
+            AllowanceMiddleware::new(allowance.clone())
+                .with_settlement(&allowance, OpenAiUsage::new()),
+        )
         .build();
     let url = format!("{}/v1/chat/completions", upstream.url());
     let start = Instant::now();
@@ -42,13 +50,25 @@ async fn each_answer_settles_as_its_body_is_read() {
             .await
             .expect("sent");
         assert_eq!(answer.status(), 200);
-        assert_eq!(answer.url().as_str(), url, "the caller's response keeps its URL");
+        assert_eq!(
+            answer.url().as_str(),
+            url,
+            "the caller's response keeps its URL"
+        );
         let body = answer.text().await.expect("the body, whole");
         assert!(body.contains("\"total_tokens\""), "{body}");
     }
     let counts = upstream.counts();
-    assert_eq!(counts.rejected_tokens + counts.rejected_requests, 0, "{counts:?}");
+    assert_eq!(
+        counts.rejected_tokens + counts.rejected_requests,
+        0,
+        "{counts:?}"
+    );
     assert_eq!(counts.ok, 5);
-    assert!(start.elapsed() < Duration::from_millis(3_000), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(3_000),
+        "{:?}",
+        start.elapsed()
+    );
     upstream.shutdown().await;
 }

@@ -1,11 +1,11 @@
 -- rule/settle.rs: reserve, then settle (feature `settle` of tower-allowance). Its parameters
 -- are the block after the marker -32 in the parameters' text (share in thousandths, learns:
 -- 0/1), absent when not configured; its state is the group `s` (outstanding, unused,
--- credited, share learned).
+-- credited, share learned, last settlement).
 
-local SETTLE = {'so', 'su', 'sc', 'sh'}
+local SETTLE = {'so', 'su', 'sc', 'sh', 'sl'}
 FIELD[SETTLE] = 's'
-FORMAT[SETTLE] = '<dddd'
+FORMAT[SETTLE] = '<ddddd'
 GROUPS[#GROUPS + 1] = SETTLE
 
 -- The settlement's parameters, parsed once per parameters' text (false: not configured).
@@ -51,7 +51,7 @@ local function settle_deficit(l)
 end
 
 -- rule::settle::settle: {moved, share, 0} or {moved, share, 1, event words...}.
-local function settle(reserved, used, refused, observed, limit, remaining)
+local function settle(reserved, used, refused, observed, limit, remaining, sent_ago)
   local sp = settle_params()
   if not sp then return {0, 0, 0} end
   load(SETTLE)
@@ -66,15 +66,21 @@ local function settle(reserved, used, refused, observed, limit, remaining)
   end
   if not first then return {0, settle_share(sp), 0} end
   local k = settle_deficit(first)
+  -- Fresh: no settlement since the request was sent; a stale reading only takes away.
+  local fresh = s.sl <= sat_sub(now, sent_ago)
+  s.sl = now
   local room
-  if observed then room = k - o - sat_sub(limit, remaining) end
+  if observed then
+    room = k - o - sat_sub(limit, remaining)
+    if not fresh then room = min(room, 0) end
+  end
   local extra = sat_sub(used, reserved)
   local target
   if refused then
     target = reserved
   else
     s.su = s.su + sat_sub(reserved, used)
-    if room and sp.learn == 1 and s.su > 0 then
+    if room and sp.learn == 1 and s.su > 0 and fresh then
       local bound = s.sc + room
       if bound > 0 then s.sh = max(s.sh, min(floor(bound * 1000 / s.su), 1000)) end
     end

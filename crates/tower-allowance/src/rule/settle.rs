@@ -16,7 +16,9 @@
 //! client's deficit on the first limit counted in cost never drops below the provider's
 //! deficit plus everything outstanding (`room`), so whatever the provider's rule, the client
 //! never believes it has more than the provider will have once it has seen every request
-//! admitted. The share learned is the largest `(credited + room) / unused` seen: a lower bound
+//! admitted — as long as the reading is fresh (no settlement since the request was sent: an
+//! answer settled after a later one may not count that one's charge); a stale one may only
+//! take tokens away. The share learned is the largest `(credited + room) / unused` seen: a lower bound
 //! of the provider's share, since `room` counts requests the provider has seen as if it had
 //! not. Without a reading, the share (learned or configured) gives the unused part back,
 //! never more than leaves the deficit at `outstanding`: no earlier than now, never fuller
@@ -64,6 +66,9 @@ pub struct SettleState {
     pub(crate) credited: i64,
     /// The share learned, in thousandths.
     pub(crate) share_milli: u64,
+    /// When the last settlement was made (store clock): a reading from an answer to a request
+    /// sent before it may miss that request's charge (answers settle out of order).
+    pub(crate) last_at: u64,
 }
 
 impl SettleState {
@@ -85,6 +90,7 @@ pub struct Settle {
     pub(crate) used: u32,
     pub(crate) refused: bool,
     pub(crate) observed: Option<(u64, u64)>,
+    pub(crate) sent_ago_us: u64,
 }
 
 impl Settle {
@@ -95,6 +101,7 @@ impl Settle {
             used,
             refused: false,
             observed: None,
+            sent_ago_us: u64::MAX,
         }
     }
 
@@ -105,6 +112,7 @@ impl Settle {
             used: 0,
             refused: true,
             observed: None,
+            sent_ago_us: u64::MAX,
         }
     }
 
@@ -113,6 +121,19 @@ impl Settle {
     pub const fn observed(mut self, limit: u64, remaining: u64) -> Self {
         self.observed = Some((limit, remaining));
         self
+    }
+
+    /// The request was sent `ago` (unknown: as long ago as can be). A reading is trusted to
+    /// give tokens back only when no settlement was made since the request was sent: an
+    /// answer settled late may not count a request the provider charged after answering it.
+    pub fn sent(mut self, ago: std::time::Duration) -> Self {
+        self.sent_ago_us = super::micros_floor(ago);
+        self
+    }
+
+    /// Microseconds since the request was sent (`u64::MAX`: unknown).
+    pub fn sent_ago_us(&self) -> u64 {
+        self.sent_ago_us
     }
 
     /// The cost reserved.
@@ -205,9 +226,18 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         };
     };
     let k = i128::from(deficit(state, params, first, now));
-    let room = op
-        .observed
-        .map(|(limit, remaining)| k - outstanding - i128::from(limit.saturating_sub(remaining)));
+    // Fresh: no settlement since the request was sent, so every request settled is counted in
+    // the reading. A stale reading may only take tokens away.
+    let fresh = state.settle.last_at <= now.saturating_sub(op.sent_ago_us);
+    state.settle.last_at = now;
+    let room = op.observed.map(|(limit, remaining)| {
+        let room = k - outstanding - i128::from(limit.saturating_sub(remaining));
+        if fresh {
+            room
+        } else {
+            room.min(0)
+        }
+    });
     let (reserved, used) = (u64::from(op.reserved), u64::from(op.used));
     let extra = i128::from(used.saturating_sub(reserved));
     let target = if op.refused {
@@ -215,7 +245,7 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     } else {
         let st = &mut state.settle;
         st.unused = st.unused.saturating_add(reserved.saturating_sub(used));
-        if let (Some(room), true, true) = (room, sp.learn, st.unused > 0) {
+        if let (Some(room), true, true, true) = (room, sp.learn, st.unused > 0, fresh) {
             let bound = i128::from(st.credited) + room;
             if bound > 0 {
                 let l = (bound * 1000 / i128::from(st.unused)).min(1000);

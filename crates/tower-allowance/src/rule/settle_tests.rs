@@ -75,15 +75,20 @@ fn one_at_a_time(share_milli: u64, secs: u64) -> (u64, u64) {
         share_milli,
     };
     let (mut now, mut served) = (0, 0);
-    while now < secs * SEC {
+    loop {
         now = admit(&mut s, now, &p, 300);
+        if now >= secs * SEC {
+            break;
+        }
         assert!(provider.serve(now, 300, 100), "a 429 at {now}");
         served += 1;
         settle_at(
             &mut s,
             now,
             &p,
-            Settle::used(300, 100).observed(1_000, provider.level),
+            Settle::used(300, 100)
+                .observed(1_000, provider.level)
+                .sent(std::time::Duration::ZERO),
         );
     }
     (served, s.settle.share_milli)
@@ -183,4 +188,27 @@ fn a_credit_moves_the_holders_earlier_never_before_the_floor() {
     assert_eq!(held.slot(), 10_000);
     // The rule agrees: the bucket holds 900 - 900 + ... the next 200 wait for the second's.
     assert_eq!(held.apply(&event, &p), Applied::Seen);
+}
+
+#[test]
+fn a_stale_reading_gives_nothing_back() {
+    let p = params(LEARN);
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 500);
+    admit(&mut s, 1_000, &p, 500);
+    // The second request's answer settles first (sent 1 ms ago, fresh), its reading says the
+    // provider gave back nothing.
+    // The reading counts the first as charged; the allowance, not knowing it, counts it
+    // outstanding and corrects itself down by it (999 owed, 500 of them outstanding).
+    let second = Settle::used(500, 100)
+        .observed(1_000, 1)
+        .sent(std::time::Duration::ZERO);
+    assert_eq!(settle_at(&mut s, 1_000, &p, second).moved, -500);
+    // The first's answer, settled after it but sent before it, says 400 came back (it was
+    // answered before the second was charged): stale, so nothing is given back on its word.
+    let first = Settle::used(500, 100)
+        .observed(1_000, 900)
+        .sent(std::time::Duration::from_millis(2));
+    let settled = settle_at(&mut s, 2_000, &p, first);
+    assert_eq!((settled.moved, settled.share_milli), (0, 0));
 }

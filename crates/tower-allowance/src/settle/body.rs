@@ -20,6 +20,8 @@ pub(crate) struct Pending {
     pub(crate) shared: Arc<Shared>,
     pub(crate) reserved: u32,
     pub(crate) reading: Option<(u64, u64)>,
+    /// When the attempt was sent.
+    pub(crate) sent: tokio::time::Instant,
     pub(crate) done: bool,
     /// Where the share in force is noted (`SettleLayer::share`).
     pub(crate) share: Arc<std::sync::atomic::AtomicU64>,
@@ -44,6 +46,7 @@ impl Pending {
         if let Some((limit, remaining)) = self.reading {
             s = s.observed(limit, remaining);
         }
+        s = s.sent(self.sent.elapsed());
         super::apply(&self.shared, s, &self.share);
     }
 }

@@ -125,6 +125,7 @@ where
             shared: self.shared.clone(),
             reserved,
             reading: None,
+            sent: tokio::time::Instant::now(),
             done: false,
             share: self.share.clone(),
         };

@@ -29,7 +29,8 @@ fn config(settlement: Settlement) -> AllowanceConfig {
         .with_settlement(settlement)
 }
 
-const USAGE_100: &str = r#"{"usage":{"prompt_tokens":40,"completion_tokens":60,"total_tokens":100}}"#;
+const USAGE_100: &str =
+    r#"{"usage":{"prompt_tokens":40,"completion_tokens":60,"total_tokens":100}}"#;
 
 fn request(cost: u32) -> Request<Full<bytes::Bytes>> {
     let mut req = Request::new(Full::default());
@@ -56,11 +57,14 @@ async fn a_retry_reserves_again_and_a_throttled_attempt_settles_to_nothing() {
         service_fn(move |_req: Request<Full<bytes::Bytes>>| {
             let n = calls.fetch_add(1, Ordering::SeqCst);
             async move {
-                let mut res = Response::new(Full::from(USAGE_100));
+                let mut res =
+                    Response::new(Full::new(bytes::Bytes::from_static(USAGE_100.as_bytes())));
                 if n == 0 {
                     *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                    res.headers_mut()
-                        .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+                    res.headers_mut().insert(
+                        http::header::RETRY_AFTER,
+                        http::HeaderValue::from_static("1"),
+                    );
                 }
                 Ok::<_, Infallible>(res)
             }
@@ -76,7 +80,10 @@ async fn a_retry_reserves_again_and_a_throttled_attempt_settles_to_nothing() {
     assert_eq!(calls.load(Ordering::SeqCst), 2, "one retry");
     // The 429's 1,000 came back; the retry's 1,000 settled to 100: 900 back. The next 1,000
     // waits for 100 tokens (100 ms), not for the two reservations (2 s).
-    assert_eq!(wait_for(&allowance, 1_000).await, Duration::from_millis(100));
+    assert_eq!(
+        wait_for(&allowance, 1_000).await,
+        Duration::from_millis(100)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -85,7 +92,9 @@ async fn a_cancelled_or_failed_attempt_keeps_its_reservation() {
     let once = RetryConfig::default().with_max_attempts(1).expect("valid");
     let slow = service_fn(|_req: Request<Full<bytes::Bytes>>| async {
         tokio::time::sleep(Duration::from_secs(60)).await;
-        Ok::<_, Infallible>(Response::new(Full::from(USAGE_100)))
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(
+            USAGE_100.as_bytes(),
+        ))))
     });
     let svc = ServiceBuilder::new()
         .layer(allowance.layer().with_retry(once))
@@ -95,14 +104,19 @@ async fn a_cancelled_or_failed_attempt_keeps_its_reservation() {
     let cancelled = tokio::time::timeout(Duration::from_millis(10), svc.oneshot(request(1_000)));
     assert!(cancelled.await.is_err(), "cancelled");
     // Nothing came back: the next 1,000 wait a whole second (less the 10 ms passed).
-    assert_eq!(wait_for(&allowance, 1_000).await, Duration::from_millis(990));
+    assert_eq!(
+        wait_for(&allowance, 1_000).await,
+        Duration::from_millis(990)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_body_dropped_early_settles_with_what_it_said() {
     let allowance = Allowance::new(config(Settlement::all()));
     let inner = service_fn(|_req: Request<Full<bytes::Bytes>>| async {
-        Ok::<_, Infallible>(Response::new(Full::from(USAGE_100)))
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(
+            USAGE_100.as_bytes(),
+        ))))
     });
     let svc = ServiceBuilder::new()
         .layer(allowance.layer())
@@ -114,21 +128,25 @@ async fn a_body_dropped_early_settles_with_what_it_said() {
     let res = svc.oneshot(request(500)).await.expect("answered");
     res.into_body().collect().await.expect("whole body");
     // 500 + 100 charged: the next 1,000 wait 600 ms.
-    assert_eq!(wait_for(&allowance, 1_000).await, Duration::from_millis(600));
+    assert_eq!(
+        wait_for(&allowance, 1_000).await,
+        Duration::from_millis(600)
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_adaptive_rate_keeps_working_with_settlements() {
     #[cfg(feature = "adaptive")]
-    let config = config(Settlement::all()).with_adaptive_rate(
-        crate::AdaptiveRate::new(10.0, 1.0, 20.0).expect("valid"),
-    );
+    let config = config(Settlement::all())
+        .with_adaptive_rate(crate::AdaptiveRate::new(10.0, 1.0, 20.0).expect("valid"));
     #[cfg(not(feature = "adaptive"))]
     let config = config(Settlement::all());
     let allowance = Allowance::new(config);
     let layer = SettleLayer::new(&allowance, OpenAiUsage::new());
     let inner = service_fn(|_req: Request<Full<bytes::Bytes>>| async {
-        Ok::<_, Infallible>(Response::new(Full::from(USAGE_100)))
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(
+            USAGE_100.as_bytes(),
+        ))))
     });
     let svc = ServiceBuilder::new()
         .layer(allowance.layer())
