@@ -419,7 +419,7 @@ pub(crate) async fn settled(demo: &Settled, refund: f64) -> Result<SettledRow, B
     use allowance_testkit::chat::{ChatUpstream, ChatUpstreamConfig};
     use http_body_util::Full;
     use tower_allowance::{
-        settle::{OpenAiUsage, SettleLayer, Settlement},
+        cost::settle::{OpenAiUsage, SettleLayer, Settlement},
         Cost,
     };
 

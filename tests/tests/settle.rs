@@ -15,8 +15,8 @@ use proptest::{
     test_runner::{Config as ProptestConfig, TestRunner},
 };
 use tower_allowance::{
-    rule::{Admission, AdmitRequest, Op, Reply, Settle},
-    settle::Settlement,
+    cost::settle::Settlement,
+    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply},
     store::{MemoryStore, Store},
     AllowanceConfig, Limit,
 };

@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
-    settle::{OpenAiUsage, SettleBody, SettleLayer, Settlement, UsageReader},
+    cost::settle::{OpenAiUsage, SettleBody, SettleLayer, Settlement, UsageReader},
     Allowance, AllowanceConfig, BoxError, Cost, Limit,
 };
 use tower_allowance_redis::{RedisStore, RedisStoreOptions};

@@ -8,9 +8,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{service_fn, ServiceExt};
 use tower_allowance::{
+    cost::settle::{OpenAiUsage, SettleLayer, Settlement},
     retry::RetryConfig,
-    rule::{Admission, AdmitRequest, Op, Reply, Settle},
-    settle::{OpenAiUsage, SettleLayer, Settlement},
+    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply},
     store::Store,
     AcquireOptions, AllowanceConfig, Cost, Limit,
 };

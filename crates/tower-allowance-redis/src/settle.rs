@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use tower_allowance::rule::{Params, Settle, Settled, EVENT_WORDS};
+use tower_allowance::rule::{
+    settle::{Settle, Settled},
+    Params, EVENT_WORDS,
+};
 
 use super::{event, exact, Arg, BadReply};
 

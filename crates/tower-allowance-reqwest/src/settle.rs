@@ -8,7 +8,7 @@ use reqwest::ResponseBuilderExt as _;
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
     classify::Classify,
-    settle::{SettleLayer, UsageReader},
+    cost::settle::{SettleLayer, UsageReader},
     Allowance,
 };
 
@@ -64,7 +64,7 @@ impl<C: Classify> AllowanceMiddleware<C> {
     ///
     /// ```no_run
     /// use reqwest_middleware::ClientBuilder;
-    /// use tower_allowance::{settle::{OpenAiUsage, Settlement}, Allowance, AllowanceConfig, Cost, Limit};
+    /// use tower_allowance::{cost::settle::{OpenAiUsage, Settlement}, Allowance, AllowanceConfig, Cost, Limit};
     /// use tower_allowance_reqwest::AllowanceMiddleware;
     ///
     /// # #[tokio::main]

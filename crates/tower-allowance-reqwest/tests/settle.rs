@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use allowance_testkit::chat::{ChatUpstream, ChatUpstreamConfig};
 use reqwest_middleware::ClientBuilder;
 use tower_allowance::{
-    settle::{OpenAiUsage, Settlement},
+    cost::settle::{OpenAiUsage, Settlement},
     Allowance, AllowanceConfig, Cost, Limit,
 };
 use tower_allowance_reqwest::AllowanceMiddleware;

@@ -42,6 +42,8 @@ pub(crate) mod de;
 mod debug;
 #[cfg(feature = "dialects")]
 mod dialects;
+#[cfg(feature = "settle")]
+pub(crate) mod settle;
 
 // The defaults, documented where they are set (`with_max_waiters`, `with_max_cooldown`,
 // `OutagePolicy::default`).
@@ -342,12 +344,6 @@ impl AllowanceConfig {
     /// The derived parameters every store decides with (opaque: a store passes them on).
     pub fn params(&self) -> &Params {
         &self.params
-    }
-
-    /// The rule's parameters, for a feature's builder method (`settle`).
-    #[cfg(feature = "settle")]
-    pub(crate) fn params_mut(&mut self) -> &mut rule::Params {
-        &mut self.params.0
     }
 
     /// The rule's view of [`params`](Self::params).

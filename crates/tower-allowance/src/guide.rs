@@ -324,8 +324,8 @@
 //! An LLM provider limits tokens per minute, reserves at admission what a request may use
 //! (OpenAI: the prompt plus `max_tokens`) and learns its real cost only from the answer. With
 //! the feature `settle`, the allowance does the same: the request's [`Cost`](crate::Cost) is
-//! the reservation, charged at admission; a `settle::SettleLayer` under the allowance's layer
-//! reads what the answer used (a `settle::UsageReader`: `OpenAiUsage`, `AnthropicUsage`, or
+//! the reservation, charged at admission; a `cost::settle::SettleLayer` under the allowance's
+//! layer reads what the answer used (a `cost::settle::UsageReader`: `OpenAiUsage`, `AnthropicUsage`, or
 //! your own; the body is read as it streams to the caller, never taken from it) and settles
 //! the reservation in one store call: the unused part comes back (no earlier than now, never
 //! fuller than the bucket's bound once everything outstanding is counted), an under-estimate is

@@ -105,8 +105,6 @@ pub mod retry;
 pub mod rule;
 #[cfg(not(feature = "rule"))]
 mod rule;
-#[cfg(feature = "settle")]
-pub mod settle;
 // The header readers: public with `dialects` (the providers' readers, `Dialect`, `Reading`);
 // without it the cooldown reads `Retry-After` and `retry-after-ms` through them, and
 // `retry_after` is the one public piece.

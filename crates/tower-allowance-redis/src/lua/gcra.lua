@@ -62,6 +62,5 @@ local function release(slot, tats, rebased, generation, cost, retry, budget_slot
     end
   end
   if retry then refund(budget_slot) end
-  if all == 1 then settle_released(cost) end
   return {all}
 end

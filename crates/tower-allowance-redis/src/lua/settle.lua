@@ -23,6 +23,8 @@ local function settle_params()
     end
     P.settle = sp
   end
+  -- In force beside the main limit only (rule::Params::settle).
+  if P.n < 2 then return false end
   return sp
 end
 
@@ -31,13 +33,6 @@ local function settle_admitted(cost)
   if not settle_params() then return end
   load(SETTLE)
   s.so = s.so + cost
-end
-
--- rule::settle::released: a reservation given back whole is no longer outstanding.
-local function settle_released(cost)
-  if not settle_params() then return end
-  load(SETTLE)
-  s.so = sat_sub(s.so, cost)
 end
 
 local function settle_share(sp)
@@ -66,6 +61,9 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
   end
   if not first then return {0, settle_share(sp), 0} end
   local k = settle_deficit(first)
+  -- What the provider has not seen is within what the bucket owes.
+  s.so = min(s.so, k)
+  o = s.so
   -- Fresh: no settlement since the request was sent; a stale reading only takes away.
   local fresh = s.sl <= sat_sub(now, sent_ago)
   s.sl = now
@@ -106,7 +104,9 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
         s[TAT[l]] = sat_sub(s[TAT[l]], shift[l])
         if shift[l] > 0 then moved = true end
       elseif fin < 0 then
-        s[TAT[l]] = max(s[TAT[l]], now) + (-fin) * iv
+        shift[l] = (-fin) * iv
+        s[TAT[l]] = max(s[TAT[l]], now) + shift[l]
+        moved = true
       end
     end
   end
@@ -114,6 +114,7 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
     s.ep = s.ep + 1
     local reply = {fin, settle_share(sp), 1}
     local ev = event(5, max(now, s.bu), shift[1], shift[2], shift[3], shift[4])
+    if fin < 0 then ev[10] = 1 end
     for i = 1, #ev do reply[3 + i] = ev[i] end
     return reply
   end

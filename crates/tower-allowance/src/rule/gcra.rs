@@ -173,9 +173,5 @@ pub(crate) fn release(state: &mut State, params: &Params, res: &Reservation) -> 
     if res.retry {
         refund(&mut state.budget, &params.budget, res.budget_slot);
     }
-    #[cfg(feature = "settle")]
-    if all {
-        super::settle::released(state, params, res.cost);
-    }
     all
 }

@@ -109,7 +109,7 @@ mod probe;
 #[cfg(feature = "serde")]
 mod ser;
 #[cfg(feature = "settle")]
-mod settle;
+pub mod settle;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
@@ -141,8 +141,6 @@ pub use self::adaptive::{
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
-#[cfg(feature = "settle")]
-pub use self::settle::{Settle, SettleParams, SettleState, Settled};
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{

@@ -174,11 +174,7 @@ impl Reservation {
             EventKind::Closed { .. } => Applied::Closed,
             EventKind::Cleared | EventKind::Created => Applied::Moved(0),
             #[cfg(feature = "settle")]
-            EventKind::Settled { floor, shift } => {
-                let old = self.slot;
-                self.slot = super::settle::moved_slot(old, &mut self.tat, floor, &shift, params);
-                Applied::Earlier(old - self.slot)
-            }
+            EventKind::Settled(shift) => shift.apply(self, params),
         }
     }
 }
@@ -259,14 +255,9 @@ pub enum EventKind {
     #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     Created,
     /// A settlement gave unused reservations back (feature `settle`): each limit's pending
-    /// schedule moved earlier by its shift, no slot before `floor`.
+    /// schedule moved earlier.
     #[cfg(feature = "settle")]
-    Settled {
-        /// No slot moves before this instant (the store's now, or the cooldown's end).
-        floor: u64,
-        /// Per limit, microseconds the pending schedule moved earlier.
-        shift: [u64; MAX_LIMITS],
-    },
+    Settled(super::settle::Shift),
 }
 
 /// Why an allowance is closed.
@@ -437,7 +428,7 @@ pub enum Op {
     },
     /// Settle an admitted attempt's reservation to what its answer used (feature `settle`).
     #[cfg(feature = "settle")]
-    Settle(super::Settle),
+    Settle(super::settle::Settle),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -473,5 +464,5 @@ pub enum Reply {
     State(StoreState),
     /// To `Op::Settle`.
     #[cfg(feature = "settle")]
-    Settled(super::Settled),
+    Settled(super::settle::Settled),
 }

@@ -68,20 +68,13 @@ pub struct Params {
     pub(crate) probe_backoff_max_us: u64,
     pub(crate) adaptive: Option<AdaptiveParams>,
     #[cfg(feature = "settle")]
-    pub(crate) settle: Option<super::SettleParams>,
+    pub(crate) settle: Option<super::settle::SettleParams>,
 }
 
 impl Params {
     /// The limits, at least one.
     pub fn limits(&self) -> &[LimitParams] {
         &self.limits[..self.limit_count]
-    }
-
-    /// How settlements give unused reservations back, when configured (feature `settle`).
-    #[cfg_attr(not(feature = "rule"), allow(dead_code))]
-    #[cfg(feature = "settle")]
-    pub fn settle(&self) -> Option<super::SettleParams> {
-        self.settle
     }
 
     /// The adaptive rate, if the main limit's rate adapts.
@@ -92,10 +85,6 @@ impl Params {
     /// Whether the rule can decide a first attempt from the main limit's bucket alone: the
     /// memory store's lock-free path.
     pub(crate) fn single_limit(&self) -> bool {
-        #[cfg(feature = "settle")]
-        if self.settle.is_some() {
-            return false;
-        }
         self.limit_count == 1 && self.adaptive.is_none()
     }
 }

@@ -23,13 +23,14 @@
 //! not. Without a reading, the share (learned or configured) gives the unused part back,
 //! never more than leaves the deficit at `outstanding`: no earlier than now, never fuller
 //! than the bucket's bound. An under-estimate (the answer used more than was reserved) is
-//! debited. A credit moves the pending schedule earlier ([`EventKind::Settled`]): the
+//! debited, and so is a reading showing less than the allowance counts: a debit moves the
+//! pending schedule later, as a cooldown does, so the slots already reserved count it. A credit moves the pending schedule earlier ([`EventKind::Settled`], [`Shift`]): the
 //! holders of reserved slots move up with it, no earlier than the event's floor.
 
 // The accessors are for stores that mirror the rule (feature `rule`).
 #![cfg_attr(not(feature = "rule"), allow(dead_code))]
 
-use super::{pending, Event, EventKind, Params, State, Unit, MAX_LIMITS};
+use super::{pending, Applied, Event, EventKind, Params, Reservation, State, Unit, MAX_LIMITS};
 
 /// How a settlement gives unused reservations back (derived from the configuration).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +41,15 @@ pub struct SettleParams {
     pub(crate) share_milli: u64,
     /// Learn the share from the provider's remaining tokens.
     pub(crate) learn: bool,
+}
+
+impl Params {
+    /// How settlements give unused reservations back, when configured and in force (feature
+    /// `settle`): beside the main limit, a limit counted in cost (with a single limit, the
+    /// in-memory store decides a first attempt without the rule, so nothing is outstanding).
+    pub fn settle(&self) -> Option<SettleParams> {
+        self.settle.filter(|_| self.limit_count > 1)
+    }
 }
 
 impl SettleParams {
@@ -188,26 +198,14 @@ fn clamp_i64(v: i128) -> i64 {
 
 /// An admission of `cost` while settlement is on: outstanding until settled.
 pub(crate) fn admitted(state: &mut State, params: &Params, cost: u32) {
-    if params.settle.is_some() {
+    if params.settle().is_some() {
         state.settle.outstanding = state.settle.outstanding.saturating_add(u64::from(cost));
     }
 }
 
-/// A reservation of `cost` given back whole: no longer outstanding.
-pub(crate) fn released(state: &mut State, params: &Params, cost: u32) {
-    if params.settle.is_some() {
-        state.settle.outstanding = state.settle.outstanding.saturating_sub(u64::from(cost));
-    }
-}
-
-/// Whether the settlements leave nothing a fresh state lacks (nothing outstanding).
-pub(crate) fn is_settled(state: &State) -> bool {
-    state.settle.outstanding == 0
-}
-
 /// Settles one attempt at `now` (see the module's docs).
 pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) -> Settled {
-    let Some(sp) = params.settle else {
+    let Some(sp) = params.settle() else {
         return Settled {
             moved: 0,
             share_milli: 0,
@@ -217,7 +215,6 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     let n = params.limit_count;
     let st = &mut state.settle;
     st.outstanding = st.outstanding.saturating_sub(u64::from(op.reserved));
-    let outstanding = i128::from(st.outstanding);
     let Some(first) = params.limits[..n].iter().position(|l| l.unit == Unit::Cost) else {
         return Settled {
             moved: 0,
@@ -225,7 +222,12 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
             event: None,
         };
     };
-    let k = i128::from(deficit(state, params, first, now));
+    let owed = deficit(state, params, first, now);
+    let k = i128::from(owed);
+    // What the provider has not seen is within what the bucket owes (a slot given back without
+    // a settlement leaves its cost counted: forgotten here once the bucket has refilled).
+    state.settle.outstanding = state.settle.outstanding.min(owed);
+    let outstanding = i128::from(state.settle.outstanding);
     // Fresh: no settlement since the request was sent, so every request settled is counted in
     // the reading. A stale reading may only take tokens away.
     let fresh = state.settle.last_at <= now.saturating_sub(op.sent_ago_us);
@@ -278,7 +280,8 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
             state.tat[l] = state.tat[l].saturating_sub(shift[l]);
         } else if fin < 0 {
             let d = u64::try_from(-fin).unwrap_or(u64::MAX);
-            state.tat[l] = state.tat[l].max(now).saturating_add(d.saturating_mul(iv));
+            shift[l] = d.saturating_mul(iv);
+            state.tat[l] = state.tat[l].max(now).saturating_add(shift[l]);
         }
     }
     let event = (shift.iter().any(|s| *s > 0) && pending(state, now)).then(|| {
@@ -287,10 +290,11 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
             generation: state.generation,
             epoch: state.epoch,
             rebased: state.rebased,
-            kind: EventKind::Settled {
+            kind: EventKind::Settled(Shift {
                 floor: now.max(state.blocked_until),
                 shift,
-            },
+                later: fin < 0,
+            }),
         }
     });
     Settled {
@@ -300,30 +304,57 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     }
 }
 
-/// A holder's reserved slot after a settlement moved the schedule earlier by `shift` (per
-/// limit): each limit's arrival time moves back by its shift; the slot moves back by the
-/// largest, but never before the floor nor before any limit conforms again, and never later.
-pub(crate) fn moved_slot(
-    slot: u64,
-    tat: &mut [u64; MAX_LIMITS],
-    floor: u64,
-    shift: &[u64; MAX_LIMITS],
-    params: &Params,
-) -> u64 {
-    let n = params.limit_count;
-    for (t, s) in tat[..n].iter_mut().zip(shift) {
-        *t = t.saturating_sub(*s);
+/// How a settlement moved the pending schedule earlier ([`EventKind::Settled`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shift {
+    /// No slot moves before this instant (the store's now, or the cooldown's end).
+    pub floor: u64,
+    /// Per limit, microseconds the pending schedule moved.
+    pub shift: [u64; MAX_LIMITS],
+    /// Moved later (a debit: the waiting holders' schedule must count it too), not earlier.
+    pub later: bool,
+}
+
+impl Shift {
+    /// A holder's reservation after it: each limit's arrival time moves back by its shift;
+    /// the slot moves back by the largest, but never before the floor nor before any limit
+    /// conforms again, and never later ([`Applied::Earlier`]). After a debit (`later`), the
+    /// other way round ([`Applied::Moved`]).
+    pub(crate) fn apply(&self, res: &mut Reservation, params: &Params) -> Applied {
+        let (old, n) = (res.slot, params.limit_count);
+        if self.later {
+            // A debit: every limit's arrival time moves later by its shift, the slot to where
+            // every limit conforms again (never earlier).
+            let mut at = old;
+            for (l, limit) in params.limits().iter().enumerate() {
+                res.tat[l] = res.tat[l].saturating_add(self.shift[l]);
+                at = at.max(res.tat[l].saturating_sub(limit.tolerance_us));
+            }
+            res.slot = at;
+            return Applied::Moved(at - old);
+        }
+        for (t, s) in res.tat[..n].iter_mut().zip(self.shift) {
+            *t = t.saturating_sub(s);
+        }
+        if params.adaptive.is_some() {
+            // The main limit's interval moves with the rate: keep the slot (conservative).
+            return Applied::Earlier(0);
+        }
+        let most = self.shift[..n].iter().copied().max().unwrap_or(0);
+        let mut at = old.saturating_sub(most).max(self.floor);
+        for (l, limit) in params.limits().iter().enumerate() {
+            at = at.max(res.tat[l].saturating_sub(limit.tolerance_us));
+        }
+        res.slot = at.min(old);
+        Applied::Earlier(old - res.slot)
     }
-    if params.adaptive.is_some() {
-        // The main limit's interval moves with the rate: keep the slot (conservative).
-        return slot;
-    }
-    let most = shift[..n].iter().copied().max().unwrap_or(0);
-    let mut at = slot.saturating_sub(most).max(floor);
-    for (l, limit) in params.limits().iter().enumerate() {
-        at = at.max(tat[l].saturating_sub(limit.tolerance_us));
-    }
-    at.min(slot)
+}
+
+/// A holder's local instant `us` earlier (unchanged if unrepresentable; one already past is
+/// due at once).
+pub(crate) fn earlier(at: tokio::time::Instant, us: u64) -> tokio::time::Instant {
+    at.checked_sub(std::time::Duration::from_micros(us))
+        .unwrap_or(at)
 }
 
 #[cfg(test)]

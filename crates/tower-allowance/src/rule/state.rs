@@ -61,7 +61,7 @@ pub struct State {
     pub(crate) generation: u64,
     /// Reserve, then settle: what the settlements remember (feature `settle`).
     #[cfg(feature = "settle")]
-    pub(crate) settle: super::SettleState,
+    pub(crate) settle: super::settle::SettleState,
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that
@@ -100,10 +100,6 @@ pub fn is_settled(state: &State, now: u64, params: &Params) -> bool {
         || pending(state, now)
         || state.probe_failures != 0
     {
-        return false;
-    }
-    #[cfg(feature = "settle")]
-    if !super::settle::is_settled(state) {
         return false;
     }
     let budget = match params.budget {

@@ -409,10 +409,7 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                     .unwrap_or(entry.at);
             }
             #[cfg(feature = "settle")]
-            Applied::Earlier(us) => {
-                let at = entry.at.checked_sub(Duration::from_micros(us));
-                entry.at = at.unwrap_or(entry.at).max(Instant::now()).min(entry.at);
-            }
+            Applied::Earlier(us) => entry.at = crate::rule::settle::earlier(entry.at, us),
             Applied::Closed => {
                 let (until, by) = match event.kind() {
                     EventKind::Closed { until, by } => (until, by),

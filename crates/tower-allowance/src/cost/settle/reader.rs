@@ -7,7 +7,7 @@ use http::{HeaderMap, StatusCode};
 ///
 /// ```
 /// use http::{HeaderMap, StatusCode};
-/// use tower_allowance::settle::UsageReader;
+/// use tower_allowance::cost::settle::UsageReader;
 ///
 /// /// A provider that states the tokens used in a header.
 /// #[derive(Clone, Debug)]
@@ -52,7 +52,7 @@ pub trait UsageReader: Clone + Send + Sync + 'static {
 ///
 /// ```
 /// use http::HeaderMap;
-/// use tower_allowance::settle::{OpenAiUsage, UsageReader};
+/// use tower_allowance::cost::settle::{OpenAiUsage, UsageReader};
 ///
 /// let body = br#"{"usage":{"prompt_tokens":120,"completion_tokens":30,"total_tokens":150}}"#;
 /// assert_eq!(OpenAiUsage::new().used_from_body(body), Some(150));
@@ -97,7 +97,7 @@ impl UsageReader for OpenAiUsage {
 /// `anthropic-ratelimit-tokens-remaining` headers.
 ///
 /// ```
-/// use tower_allowance::settle::{AnthropicUsage, UsageReader};
+/// use tower_allowance::cost::settle::{AnthropicUsage, UsageReader};
 ///
 /// let body = br#"{"usage":{"input_tokens":100,"output_tokens":25}}"#;
 /// assert_eq!(AnthropicUsage::new().used_from_body(body), Some(125));

@@ -12,7 +12,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::UsageReader;
-use crate::{rule::Settle, shared::Shared};
+use crate::{rule::settle::Settle, shared::Shared};
 
 /// An attempt not settled yet: settles on drop with what is known (the whole reservation,
 /// unless a reading or usage says otherwise), exactly once.
