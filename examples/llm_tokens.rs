@@ -17,6 +17,13 @@
 //! are the same shape sixty times slower (`AllowanceConfig::per_minute(rpm, ..)` with
 //! `Limit::per_minute(tpm, ..).counting_cost()`).
 //!
+//! Then **reserve, then settle** (`tower_allowance::settle`): against an OpenAI-shaped upstream
+//! (`allowance_testkit::chat`: it charges prompt + `max_tokens` at admission and reports the
+//! `usage` in each answer), each request reserves the same at admission and a `SettleLayer`
+//! settles it to the usage its answer reports, with one configuration whether the upstream
+//! gives unused reservations back or not (the rule is learned from its
+//! `x-ratelimit-remaining-tokens`).
+//!
 //! ```text
 //! cargo run --example llm_tokens              # a table
 //! cargo run --example llm_tokens -- --json    # one JSON object per mode
@@ -294,10 +301,18 @@ fn main() -> Result<(), BoxError> {
     }
     let naive = rt.block_on(run(&demo, false))?;
     let shared = rt.block_on(run(&demo, true))?;
+    let settle = Settled::default();
+    let refunding = rt.block_on(settled(&settle, 1.0))?;
+    let keeping = rt.block_on(settled(&settle, 0.0))?;
     if json_out {
         println!(
             "{}",
-            serde_json::to_string_pretty(&json!([naive.json(), shared.json()]))?
+            serde_json::to_string_pretty(&json!([
+                naive.json(),
+                shared.json(),
+                refunding.json(),
+                keeping.json()
+            ]))?
         );
         return Ok(());
     }
@@ -327,5 +342,152 @@ fn main() -> Result<(), BoxError> {
         shared.rejected,
         100.0 * shared.token_rate_per_sec / shared.token_limit_per_sec
     );
+    println!(
+        "\nReserve, then settle: {} jobs reserving prompt + max_tokens ({} tokens/s, burst {}),",
+        settle.jobs, settle.tokens, settle.tokens
+    );
+    println!(
+        "settled to the usage each answer reports; one configuration (the refund rule learned).\n"
+    );
+    println!(
+        "{:<34} {:>10} {:>10}",
+        "as the server counted", "refunds", "keeps"
+    );
+    let both = |label: &str, f: &dyn Fn(&SettledRow) -> String| {
+        println!("{:<34} {:>10} {:>10}", label, f(&refunding), f(&keeping));
+    };
+    both("429s", &|r| r.rejected.to_string());
+    both("jobs completed", &|r| r.completed.to_string());
+    both("token capacity used (%)", &|r| {
+        format!("{:.1}", 100.0 * r.utilisation)
+    });
+    both("share learned (of 1)", &|r| format!("{:.2}", r.share));
     Ok(())
+}
+
+/// The reserve-then-settle run's shape.
+#[derive(Clone, Debug)]
+pub(crate) struct Settled {
+    pub(crate) workers: usize,
+    pub(crate) jobs: usize,
+    /// Tokens per second, and the burst.
+    pub(crate) tokens: u32,
+    /// Requests per second, and the burst.
+    pub(crate) requests: u32,
+}
+
+impl Default for Settled {
+    /// 16 workers, 40 jobs (prompt 100 to 1,000, max_tokens 200 to 4,000); 30,000 tokens and
+    /// 100 requests per second: a few seconds.
+    fn default() -> Self {
+        Self {
+            workers: 16,
+            jobs: 40,
+            tokens: 30_000,
+            requests: 100,
+        }
+    }
+}
+
+/// What the OpenAI-shaped upstream counted.
+#[derive(Clone, Debug)]
+pub(crate) struct SettledRow {
+    pub(crate) refund: f64,
+    pub(crate) rejected: u64,
+    pub(crate) completed: u64,
+    pub(crate) utilisation: f64,
+    /// The share of unused tokens the allowance learned comes back.
+    pub(crate) share: f64,
+}
+
+impl SettledRow {
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "mode": "settled",
+            "refund": self.refund,
+            "rejected": self.rejected,
+            "completed": self.completed,
+            "utilisation": (self.utilisation * 1000.0).round() / 1000.0,
+            "share_learned": self.share,
+        })
+    }
+}
+
+/// Jobs against an upstream giving back `refund` of each unused reservation, reserving prompt
+/// + max_tokens and settled to the usage reported (`Settlement::learned()`).
+pub(crate) async fn settled(demo: &Settled, refund: f64) -> Result<SettledRow, BoxError> {
+    use allowance_testkit::chat::{ChatUpstream, ChatUpstreamConfig};
+    use http_body_util::Full;
+    use tower_allowance::{
+        cost::settle::{OpenAiUsage, SettleLayer, Settlement},
+        Cost,
+    };
+
+    let period = std::time::Duration::from_secs(1);
+    let upstream = ChatUpstream::start(
+        ChatUpstreamConfig::new(demo.tokens.into(), demo.requests.into(), period).refund(refund),
+    )
+    .await?;
+    let config = AllowanceConfig::per_second(demo.requests, demo.requests)?
+        .exact()
+        .with_limit(
+            Limit::per_second(demo.tokens, demo.tokens)?
+                .exact()
+                .counting_cost(),
+        )?
+        .with_settlement(Settlement::learned());
+    let allowance = Allowance::new(config);
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let url = format!("{}/v1/chat/completions", upstream.url());
+    // Prompt 100..=1000 and max_tokens 200..=4000, a fixed xorshift sequence.
+    let mut x = 7u64;
+    let mut draw = |lo: u32, hi: u32| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        lo + u32::try_from(x % u64::from(hi - lo + 1)).unwrap_or(0)
+    };
+    let jobs: Vec<(u32, u32)> = (0..demo.jobs)
+        .map(|_| (draw(100, 1000), draw(200, 4000)))
+        .collect();
+    let jobs = Arc::new(jobs);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut workers = Vec::new();
+    let settle = SettleLayer::new(&allowance, OpenAiUsage::new());
+    for _ in 0..demo.workers {
+        let svc = ServiceBuilder::new()
+            .layer(allowance.layer())
+            .layer(settle.clone())
+            .service(client.clone());
+        let (jobs, next, url) = (jobs.clone(), next.clone(), url.clone());
+        workers.push(tokio::spawn(async move {
+            while let Some(&(p, m)) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let body = format!("{{\"prompt_tokens\": {p}, \"max_tokens\": {m}}}");
+                let Ok(mut req) = Request::post(&url).body(Full::new(Bytes::from(body))) else {
+                    continue;
+                };
+                // The reservation: what the provider charges at admission.
+                req.extensions_mut().insert(Cost(p + m));
+                if let Ok(res) = svc.clone().oneshot(req).await {
+                    // Reading the body to its end settles the reservation to its usage.
+                    let _ = res.into_body().collect().await;
+                }
+            }
+        }));
+    }
+    for w in workers {
+        w.await?;
+    }
+    let counts = upstream.counts();
+    let share = settle.share();
+    let row = SettledRow {
+        refund,
+        rejected: counts.rejected_tokens + counts.rejected_requests,
+        completed: counts.ok,
+        utilisation: counts.utilisation(upstream.config()),
+        share,
+    };
+    upstream.shutdown().await;
+    Ok(row)
 }

@@ -109,6 +109,9 @@ pub enum Command {
     /// One process of a `--processes N` run (started by the tool itself).
     #[command(hide = true)]
     Worker(WorkerArgs),
+    /// Jobs against an OpenAI-shaped token-limited upstream: reserve prompt + max_tokens,
+    /// settle to the tokens used (the provider's refund rule learned).
+    Tokens(crate::tokens::TokensArgs),
 }
 
 /// Arguments of `sweep`.
@@ -805,6 +808,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
             writeln!(out, "{line}")?;
             Ok(())
         }
+        Command::Tokens(args) => crate::tokens::run(args, out),
     }
 }
 

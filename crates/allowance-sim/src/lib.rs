@@ -39,3 +39,4 @@ pub mod multi;
 pub mod rate_chart;
 pub mod sweep;
 pub mod timeline;
+pub mod tokens;

@@ -5,7 +5,8 @@
 //!   seed uses (per-key token bucket, 429 with `Retry-After`, a monthly quota, `/v1/usage`),
 //!   logging every attempt it sees; [`upstream::http_client`] to talk to it.
 //! - [`tokens::TokenUpstream`]: a loopback upstream limiting requests and tokens per key,
-//!   like an LLM API.
+//!   like an LLM API; [`chat::ChatUpstream`]: an OpenAI-shaped one that charges prompt +
+//!   `max_tokens` at admission and reports `usage` in its answers (reserve, then settle).
 //! - [`fake::FakeUpstream`]: the same idea as an in-process `Service`, for virtual time.
 //! - [`dialect`]: the rate-limit headers each provider sends, spoken by the upstreams.
 //! - [`scenario`] runs workers (`naive`, `shared`, `split:N`) through the real layers in
@@ -18,7 +19,7 @@
 //! and the CLI itself live in `allowance-sim`.
 //!
 //! Modules are layered, each using only those above it in this list: `dialect`, `upstream`,
-//! `fake`, `tokens`, `job`, `scenario`, `figures`, `report`, `scale`.
+//! `fake`, `tokens`, `chat`, `job`, `scenario`, `figures`, `report`, `scale`.
 //!
 //! ```
 //! use allowance_testkit::scenario::{seed_table, SeedRow};
@@ -28,6 +29,7 @@
 //! assert_eq!(rows[1].attempts, 8);  // one shared allowance
 //! ```
 
+pub mod chat;
 pub mod dialect;
 pub mod fake;
 pub mod figures;

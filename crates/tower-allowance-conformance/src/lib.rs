@@ -90,6 +90,8 @@ mod budget;
 mod cooldown;
 mod harness;
 mod layers;
+#[cfg(feature = "settle")]
+mod settle;
 mod shared;
 mod shares;
 
@@ -128,4 +130,9 @@ where
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
     shares::a_high_request_jumps_the_queue_by_one_slot(make().await).await;
     shares::classes_share_by_weight(make().await).await;
+    #[cfg(feature = "settle")]
+    {
+        settle::a_settlement_moves_waiting_callers_earlier(make().await).await;
+        settle::the_layer_settles_429s_and_usage(make().await).await;
+    }
 }

@@ -89,6 +89,11 @@ fn strip_event(reply: Reply) -> Reply {
             Reply::Defer(d)
         }
         Reply::ProbeFinished(_) => Reply::ProbeFinished(None),
+        #[cfg(feature = "settle")]
+        Reply::Settled(mut s) => {
+            s.event = None;
+            Reply::Settled(s)
+        }
         other => other,
     }
 }

@@ -15,6 +15,7 @@
 //! | `lua/clock.lua` | `rule/clock.rs`: a backward clock step rebased away, a lost state recreated |
 //! | `lua/adaptive.lua` | `rule/adaptive.rs`: the adaptive rate |
 //! | `lua/cooldown.lua` | `rule/cooldown.rs`: the cooldown (a throttling response too) and the closed state |
+//! | `lua/settle.lua` | `rule/settle.rs`: reserve, then settle (its parameters' block, its state group `s`) |
 //! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
 //! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
 //! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
@@ -39,6 +40,11 @@ use tower_allowance::rule::{
     HIGH_LEAD, MAX_CLASSES, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US, ROUND_GRACE_US,
     SHARE_SCALE, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
 };
+
+// Reserve, then settle: the op's arguments and reply, the parameters' block.
+#[cfg(feature = "settle")]
+#[path = "settle.rs"]
+mod settle;
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
@@ -71,6 +77,7 @@ impl ApplyScript {
                 include_str!("lua/clock.lua"),
                 include_str!("lua/adaptive.lua"),
                 include_str!("lua/cooldown.lua"),
+                include_str!("lua/settle.lua"),
                 include_str!("lua/gcra.lua"),
                 include_str!("lua/probe.lua"),
                 include_str!("lua/shares.lua"),
@@ -160,6 +167,8 @@ fn op_code(op: &Op) -> u64 {
         Op::Throttle { .. } => 9,
         Op::Advertise { .. } => 10,
         Op::Share(_) => 11,
+        #[cfg(feature = "settle")]
+        Op::Settle(_) => 12,
     }
 }
 
@@ -248,6 +257,8 @@ fn params_text(params: &Params, idle_ms: u64) -> String {
         }
         let _ = write!(text, "{}", exact(n));
     }
+    #[cfg(feature = "settle")]
+    settle::push_params(&mut text, params);
     text
 }
 
@@ -310,6 +321,8 @@ pub(crate) fn argv<'a>(
                 Arg::N(exact(req.start_tag())),
             ]);
         }
+        #[cfg(feature = "settle")]
+        Op::Settle(s) => settle::push_settle(&mut a, &s),
     }
     a
 }
@@ -447,6 +460,8 @@ fn decode_share(req: &AdmitRequest, reply: &[i64]) -> Result<ShareReply, BadRepl
         admission: decode_admit(req, admission)?,
         event,
         classes,
+        #[cfg(feature = "settle")]
+        Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
     })
 }
 
@@ -621,6 +636,7 @@ mod tests {
             "lua/clock.lua",
             "lua/adaptive.lua",
             "lua/cooldown.lua",
+            "lua/settle.lua",
             "lua/gcra.lua",
             "lua/probe.lua",
             "lua/shares.lua",

@@ -51,6 +51,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "settle")]
+mod settle;
+
 use std::fmt;
 
 use http::Extensions;
@@ -71,9 +74,22 @@ use tower_allowance::{
 ///
 /// Cloning it does not create a new bucket, cooldown or budget: clones share the
 /// [`Allowance`] it was given.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct AllowanceMiddleware<C = StatusClassifier> {
     layer: AllowanceLayer<C>,
+    /// Settles each attempt's answer (feature `settle`).
+    #[cfg(feature = "settle")]
+    settle: Option<std::sync::Arc<dyn settle::Settler>>,
+}
+
+impl<C: fmt::Debug> fmt::Debug for AllowanceMiddleware<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("AllowanceMiddleware");
+        d.field("layer", &self.layer);
+        #[cfg(feature = "settle")]
+        d.field("settles", &self.settle.is_some());
+        d.finish()
+    }
 }
 
 impl AllowanceMiddleware {
@@ -84,6 +100,8 @@ impl AllowanceMiddleware {
     pub fn new(allowance: Allowance) -> Self {
         Self {
             layer: allowance.layer(),
+            #[cfg(feature = "settle")]
+            settle: None,
         }
     }
 }
@@ -94,6 +112,8 @@ impl<C: Classify> AllowanceMiddleware<C> {
     pub fn with_classifier<C2: Classify>(self, classifier: C2) -> AllowanceMiddleware<C2> {
         AllowanceMiddleware {
             layer: self.layer.with_classifier(classifier),
+            #[cfg(feature = "settle")]
+            settle: self.settle,
         }
     }
 
@@ -102,6 +122,7 @@ impl<C: Classify> AllowanceMiddleware<C> {
     pub fn with_retry(self, retry: RetryConfig) -> Self {
         Self {
             layer: self.layer.with_retry(retry),
+            ..self
         }
     }
 }
@@ -136,12 +157,24 @@ impl<C: Classify> Middleware for AllowanceMiddleware<C> {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let chain: &Extensions = extensions;
+        #[cfg(feature = "settle")]
+        let settle = self.settle.clone();
         let send = tower::service_fn(move |attempt: http::Request<Attempt>| {
             let next = next.clone();
             let mut extensions = chain.clone();
+            #[cfg(feature = "settle")]
+            let settle = settle.clone();
             async move {
+                #[cfg(feature = "settle")]
+                let attempt_extensions = attempt.extensions().clone();
                 let Attempt(request) = attempt.into_body();
                 let response = next.run(request, &mut extensions).await?;
+                // Each attempt settles by its own answer, under the stack (a retry reserves again).
+                #[cfg(feature = "settle")]
+                let response = match &settle {
+                    Some(s) => s.settle(&attempt_extensions, response).await,
+                    None => response,
+                };
                 Ok::<_, reqwest_middleware::Error>(head_of(Carried(response)))
             }
         });

@@ -44,6 +44,8 @@ pub(crate) mod de;
 mod debug;
 #[cfg(feature = "dialects")]
 mod dialects;
+#[cfg(feature = "settle")]
+pub(crate) mod settle;
 
 // The defaults, documented where they are set (`with_max_waiters`, `with_max_cooldown`,
 // `OutagePolicy::default`).
@@ -148,6 +150,8 @@ impl AllowanceConfig {
                 probe_backoff_min_us: PROBE_BACKOFF_MIN_US,
                 probe_backoff_max_us: PROBE_BACKOFF_MAX_US,
                 adaptive: None,
+                #[cfg(feature = "settle")]
+                settle: None,
             }),
             #[cfg(feature = "shares")]
             classes: classes::Classes::default(),

@@ -64,6 +64,9 @@ use tower_service::Service;
 
 use crate::Cost;
 
+#[cfg(feature = "settle")]
+pub mod settle;
+
 /// How a [`CostLayer`] computes a request's cost.
 ///
 /// Implemented for functions `Fn(&Request<B>) -> u32`, [`FromHeader`] and [`FromBodySize`].

@@ -318,3 +318,29 @@
 //! [`AbandonReason::TooCostly`]: crate::error::AbandonReason::TooCostly
 //! [`AbandonReason::Deadline`]: crate::error::AbandonReason::Deadline
 //! [`AbandonReason::as_str`]: crate::error::AbandonReason::as_str
+//!
+//! # Reserve, then settle (tokens known after the answer)
+//!
+//! An LLM provider limits tokens per minute, reserves at admission what a request may use
+//! (OpenAI: the prompt plus `max_tokens`) and learns its real cost only from the answer. With
+//! the feature `settle`, the allowance does the same: the request's [`Cost`](crate::Cost) is
+//! the reservation, charged at admission; a `cost::settle::SettleLayer` under the allowance's
+//! layer reads what the answer used (a `cost::settle::UsageReader`: `OpenAiUsage`, `AnthropicUsage`, or
+//! your own; the body is read as it streams to the caller, never taken from it) and settles
+//! the reservation in one store call: the unused part comes back (no earlier than now, never
+//! fuller than the bucket's bound once everything outstanding is counted), an under-estimate is
+//! debited, a 429 gives the whole reservation back, a failure or a cancellation keeps it
+//! charged. Callers waiting on reserved slots move earlier when tokens come back, in every
+//! process.
+//!
+//! Whether unused reservations come back is the provider's rule. `Settlement::learned()` (set
+//! with `AllowanceConfig::with_settlement`) learns it from the `x-ratelimit-remaining-tokens`
+//! the answers carry (all, none, or a share), keeps it in the store's state for every process,
+//! and never lets the allowance believe it has more than the provider says, less what the
+//! provider may not have seen yet. Configure the limit counted in cost exactly as the provider
+//! states it (`Limit::exact`). For OpenAI: requests and tokens per minute, `Cost` = prompt
+//! estimate + `max_tokens`, `OpenAiUsage`, `Settlement::learned()` (streams: ask for
+//! `include_usage`). For Anthropic: a limit on the tokens its `anthropic-ratelimit-tokens-*`
+//! headers report, `AnthropicUsage`, `Settlement::learned()` or `Settlement::all()` (Anthropic
+//! documents adjusting its output-token estimate to the tokens used). The repository's
+//! `docs/settle.md` has the details and `allowance-sim tokens` the measurements.

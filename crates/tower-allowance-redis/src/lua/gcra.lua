@@ -39,6 +39,7 @@ local function admit(cost, retry, not_before, max_wait, deposits)
     return {2, wait, cd}
   end
   for l = 1, P.n do s[TAT[l]] = new[l] end
+  settle_admitted(cost)
   local budget_slot = 0
   if retry then budget_slot = spend() end
   if wait == 0 then return {0} end

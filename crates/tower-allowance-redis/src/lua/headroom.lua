@@ -1,10 +1,10 @@
 -- The headroom (config/limit.rs, rule/gcra.rs `next_tat`): a time each limit's schedule moves
 -- later when an admission finds its bucket full.
 
--- The params block "headroom", the text's last `MAX_LIMITS` values: each limit's headroom.
+-- The params block "headroom", the `MAX_LIMITS` values after the first 27: each limit's
+-- headroom (the blocks after it start with their markers).
 local function headroom(p, v)
-  local n = #v
-  p.hr = {v[n - 3], v[n - 2], v[n - 1], v[n]}
+  p.hr = {v[28], v[29], v[30], v[31]}
 end
 
 -- A limit's arrival time after an admission at `at` (`start` before the slot grid's rounding)

@@ -75,7 +75,8 @@ local function params(text)
     ad_ceil = v[24], ad_burst = v[25], ad_adopt = v[26],
     idle_ms = v[27],
   }
-  if #v ~= 27 + 4 or MAX_LIMITS ~= 4 then return nil end
+  -- Block "headroom" at 28..31; later blocks ("settle", ...) follow their markers.
+  if #v < 27 + 4 or MAX_LIMITS ~= 4 then return nil end
   headroom(p, v)
   if PARAMS_COUNT >= 1000 then PARAMS, PARAMS_COUNT = {}, 0 end
   PARAMS[text] = p

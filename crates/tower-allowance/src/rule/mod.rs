@@ -110,6 +110,8 @@ mod probe;
 mod ser;
 #[cfg(feature = "shares")]
 mod shares;
+#[cfg(feature = "settle")]
+pub mod settle;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;
@@ -256,6 +258,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
         }
         #[cfg(feature = "shares")]
         Op::Share(req) => Reply::Share(admit_share(state, now, params, &req)),
+        #[cfg(feature = "settle")]
+        Op::Settle(s) => Reply::Settled(settle::settle(state, now, params, &s)),
     }
 }
 

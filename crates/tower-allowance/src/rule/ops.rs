@@ -173,6 +173,8 @@ impl Reservation {
             }
             EventKind::Closed { .. } => Applied::Closed,
             EventKind::Cleared | EventKind::Created => Applied::Moved(0),
+            #[cfg(feature = "settle")]
+            EventKind::Settled(shift) => shift.apply(self, params),
         }
     }
 }
@@ -191,6 +193,10 @@ pub enum Applied {
     /// The store lost the state the reservation was made in (and made a new one): ask
     /// again, no earlier than the slot, so the new state schedules it.
     Lost,
+    /// Applied: the slot is now this many microseconds earlier (a settlement gave unused
+    /// reservations back; feature `settle`).
+    #[cfg(feature = "settle")]
+    Earlier(u64),
 }
 
 /// Something every holder of a reservation must hear of, published by the store.
@@ -248,6 +254,10 @@ pub enum EventKind {
     /// a store makes it: the memory store never loses its state.)
     #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     Created,
+    /// A settlement gave unused reservations back (feature `settle`): each limit's pending
+    /// schedule moved earlier.
+    #[cfg(feature = "settle")]
+    Settled(super::settle::Shift),
 }
 
 /// Why an allowance is closed.
@@ -419,6 +429,9 @@ pub enum Op {
     /// Admit one attempt of a class (feature `shares`): a share of the same bucket.
     #[cfg(feature = "shares")]
     Share(super::ShareRequest),
+    /// Settle an admitted attempt's reservation to what its answer used (feature `settle`).
+    #[cfg(feature = "settle")]
+    Settle(super::settle::Settle),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -455,4 +468,7 @@ pub enum Reply {
     /// To `Op::Share`.
     #[cfg(feature = "shares")]
     Share(super::ShareReply),
+    /// To `Op::Settle`.
+    #[cfg(feature = "settle")]
+    Settled(super::settle::Settled),
 }

@@ -69,6 +69,8 @@ pub struct Params {
     pub(crate) probe_backoff_min_us: u64,
     pub(crate) probe_backoff_max_us: u64,
     pub(crate) adaptive: Option<AdaptiveParams>,
+    #[cfg(feature = "settle")]
+    pub(crate) settle: Option<super::settle::SettleParams>,
 }
 
 impl Params {

@@ -63,6 +63,9 @@ pub struct State {
     #[cfg(feature = "shares")]
     #[cfg_attr(feature = "serde", serde(default))]
     pub(crate) classes: super::ClassState,
+    /// Reserve, then settle: what the settlements remember (feature `settle`).
+    #[cfg(feature = "settle")]
+    pub(crate) settle: super::settle::SettleState,
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that

@@ -113,6 +113,13 @@ impl Event {
             }
             EventKind::Cleared => w[3] = 3,
             EventKind::Created => w[3] = 4,
+            #[cfg(feature = "settle")]
+            EventKind::Settled(s) => {
+                w[3] = 5;
+                w[4] = s.floor;
+                w[5..5 + MAX_LIMITS].copy_from_slice(&s.shift);
+                w[9] = u64::from(s.later);
+            }
         }
         w
     }
@@ -138,6 +145,16 @@ impl Event {
             },
             3 => EventKind::Cleared,
             4 => EventKind::Created,
+            #[cfg(feature = "settle")]
+            5 => {
+                let mut shift = [0; MAX_LIMITS];
+                shift.copy_from_slice(&w[5..5 + MAX_LIMITS]);
+                EventKind::Settled(super::settle::Shift {
+                    floor: w[4],
+                    shift,
+                    later: w[9] == 1,
+                })
+            }
             _ => return None,
         };
         Some(Self {

@@ -465,6 +465,8 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                     .checked_add(Duration::from_micros(us))
                     .unwrap_or(entry.at);
             }
+            #[cfg(feature = "settle")]
+            Applied::Earlier(us) => entry.at = crate::rule::settle::earlier(entry.at, us),
             Applied::Closed => {
                 let (until, by) = match event.kind() {
                     EventKind::Closed { until, by } => (until, by),

@@ -1,0 +1,214 @@
+//! The settlement rule against a strict provider bucket, in integer time.
+
+use super::super::{apply, Admission, AdmitRequest, Applied, Op, Reply, Reservation};
+use super::*;
+use crate::{AllowanceConfig, Limit};
+
+const SEC: u64 = 1_000_000;
+
+/// 100 requests/s and 1,000 tokens/s (bursts of 100 and 1,000), exact, settling as told.
+fn params(settle: SettleParams) -> Params {
+    let config = AllowanceConfig::per_second(100, 100)
+        .and_then(|c| {
+            c.exact()
+                .with_limit(Limit::per_second(1_000, 1_000)?.exact().counting_cost())
+        })
+        .expect("valid");
+    let mut p = *config.rule_params();
+    p.settle = Some(settle);
+    p
+}
+
+const LEARN: SettleParams = SettleParams {
+    share_milli: 0,
+    learn: true,
+};
+
+/// A provider's token bucket: `level` tokens at `at`, refilled 1 per ms, at most 1,000.
+struct Provider {
+    level: u64,
+    at: u64,
+    share_milli: u64,
+}
+
+impl Provider {
+    fn refill(&mut self, now: u64) {
+        self.level = (self.level + (now - self.at) / 1_000).min(1_000);
+        self.at = now;
+    }
+
+    /// Charges `cost` at `now` (false: a 429), gives the share of `cost - used` back.
+    fn serve(&mut self, now: u64, cost: u64, used: u64) -> bool {
+        self.refill(now);
+        if self.level < cost {
+            return false;
+        }
+        self.level -= cost;
+        self.level = (self.level + (cost - used) * self.share_milli / 1000).min(1_000);
+        true
+    }
+}
+
+fn admit(s: &mut State, now: u64, p: &Params, cost: u32) -> u64 {
+    match apply(s, now, p, &Op::Admit(AdmitRequest::first().cost(cost))) {
+        Reply::Admit(Admission::Admitted) => now,
+        Reply::Admit(Admission::Reserved { reservation, .. }) => reservation.slot(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn settle_at(s: &mut State, now: u64, p: &Params, op: Settle) -> Settled {
+    match apply(s, now, p, &Op::Settle(op)) {
+        Reply::Settled(settled) => settled,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// One request at a time, each reserving 300 and using 100: how many the provider served in
+/// `secs`, and the share learned. Never a 429.
+fn one_at_a_time(share_milli: u64, secs: u64) -> (u64, u64) {
+    let p = params(LEARN);
+    let mut s = State::default();
+    let mut provider = Provider {
+        level: 1_000,
+        at: 0,
+        share_milli,
+    };
+    let (mut now, mut served) = (0, 0);
+    loop {
+        now = admit(&mut s, now, &p, 300);
+        if now >= secs * SEC {
+            break;
+        }
+        assert!(provider.serve(now, 300, 100), "a 429 at {now}");
+        served += 1;
+        settle_at(
+            &mut s,
+            now,
+            &p,
+            Settle::used(300, 100)
+                .observed(1_000, provider.level)
+                .sent(std::time::Duration::ZERO),
+        );
+    }
+    (served, s.settle.share_milli)
+}
+
+#[test]
+fn the_share_is_learned_and_the_unused_part_spent() {
+    // All back: 100 tokens each, 1,000 + 1,000/s: about 10 a second plus the burst.
+    let (served, share) = one_at_a_time(1000, 10);
+    assert_eq!(share, 1000);
+    assert!(served >= 105, "{served}");
+    // None back: 300 each: about 3.3 a second.
+    let (served, share) = one_at_a_time(0, 10);
+    assert_eq!(share, 0);
+    assert!((34..=38).contains(&served), "{served}");
+    // Half back: 200 each; the share learned never exceeds the provider's.
+    let (served, share) = one_at_a_time(500, 10);
+    assert!((450..=500).contains(&share), "{share}");
+    assert!(served >= 52, "{served}");
+}
+
+#[test]
+fn a_refusal_gives_the_whole_reservation_back() {
+    let p = params(SettleParams {
+        share_milli: 0,
+        learn: false,
+    });
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 600);
+    assert_eq!(s.settle.outstanding, 600);
+    let settled = settle_at(&mut s, 0, &p, Settle::refused(600));
+    assert_eq!(settled.moved, 600);
+    assert_eq!(s.settle.outstanding, 0);
+    assert_eq!(s.tat[1], 0, "the bucket is full again");
+}
+
+#[test]
+fn an_under_estimate_is_debited_and_nothing_comes_back_unasked() {
+    let p = params(SettleParams {
+        share_milli: 0,
+        learn: false,
+    });
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 100);
+    let settled = settle_at(&mut s, 0, &p, Settle::used(100, 250));
+    assert_eq!(settled.moved, -150);
+    // 250 used in all: 250 ms of refill.
+    assert_eq!(s.tat[1], 250_000);
+    admit(&mut s, 0, &p, 100);
+    assert_eq!(settle_at(&mut s, 0, &p, Settle::used(100, 10)).moved, 0);
+}
+
+#[test]
+fn a_credit_never_goes_below_what_is_outstanding() {
+    let p = params(SettleParams {
+        share_milli: 1000,
+        learn: false,
+    });
+    let mut s = State::default();
+    // Three of 400: two now, one reserved 200 ms ahead.
+    admit(&mut s, 0, &p, 400);
+    admit(&mut s, 0, &p, 400);
+    let slot = admit(&mut s, 0, &p, 400);
+    assert_eq!(slot, 200_000);
+    // The first used nothing: 400 back, but 800 are outstanding and the deficit is 1,200.
+    let settled = settle_at(&mut s, 0, &p, Settle::used(400, 0));
+    assert_eq!(settled.moved, 400);
+    // The second too: the deficit (800) is what is outstanding (400)... plus 400: all back.
+    let settled = settle_at(&mut s, 0, &p, Settle::used(400, 0));
+    assert_eq!(settled.moved, 400);
+    assert_eq!(s.tat[1], 400_000, "the third's 400 stay charged");
+    // A reading that says less than the allowance counts corrects it down.
+    let settled = settle_at(&mut s, 0, &p, Settle::used(400, 400).observed(1_000, 100));
+    assert_eq!(settled.moved, -500);
+}
+
+#[test]
+fn a_credit_moves_the_holders_earlier_never_before_the_floor() {
+    let p = params(SettleParams {
+        share_milli: 1000,
+        learn: false,
+    });
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 900);
+    let Reply::Admit(Admission::Reserved { reservation, .. }) =
+        apply(&mut s, 0, &p, &Op::Admit(AdmitRequest::first().cost(900)))
+    else {
+        panic!("a reservation")
+    };
+    let mut held: Reservation = reservation;
+    assert_eq!(held.slot(), 800_000);
+    // The first used 100: 800 back; the second may go at once (not before now = 10 ms).
+    let settled = settle_at(&mut s, 10_000, &p, Settle::used(900, 100));
+    assert_eq!(settled.moved, 800);
+    let event = settled.event.expect("a holder to move");
+    assert_eq!(held.apply(&event, &p), Applied::Earlier(790_000));
+    assert_eq!(held.slot(), 10_000);
+    // The rule agrees: the bucket holds 900 - 900 + ... the next 200 wait for the second's.
+    assert_eq!(held.apply(&event, &p), Applied::Seen);
+}
+
+#[test]
+fn a_stale_reading_gives_nothing_back() {
+    let p = params(LEARN);
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 500);
+    admit(&mut s, 1_000, &p, 500);
+    // The second request's answer settles first (sent 1 ms ago, fresh), its reading says the
+    // provider gave back nothing.
+    // The reading counts the first as charged; the allowance, not knowing it, counts it
+    // outstanding and corrects itself down by it (999 owed, 500 of them outstanding).
+    let second = Settle::used(500, 100)
+        .observed(1_000, 1)
+        .sent(std::time::Duration::ZERO);
+    assert_eq!(settle_at(&mut s, 1_000, &p, second).moved, -500);
+    // The first's answer, settled after it but sent before it, says 400 came back (it was
+    // answered before the second was charged): stale, so nothing is given back on its word.
+    let first = Settle::used(500, 100)
+        .observed(1_000, 900)
+        .sent(std::time::Duration::from_millis(2));
+    let settled = settle_at(&mut s, 2_000, &p, first);
+    assert_eq!((settled.moved, settled.share_milli), (0, 0));
+}
