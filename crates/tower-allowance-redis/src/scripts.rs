@@ -437,6 +437,8 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             _ => return Err(BadReply),
         },
         Op::Share(req) => Reply::Share(decode_share(req.admit_request(), reply)?),
+        #[cfg(feature = "settle")]
+        Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
     })
 }
 
@@ -460,8 +462,6 @@ fn decode_share(req: &AdmitRequest, reply: &[i64]) -> Result<ShareReply, BadRepl
         admission: decode_admit(req, admission)?,
         event,
         classes,
-        #[cfg(feature = "settle")]
-        Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
     })
 }
 
