@@ -68,6 +68,7 @@ impl ApplyScript {
                 include_str!("lua/cooldown.lua"),
                 include_str!("lua/gcra.lua"),
                 include_str!("lua/probe.lua"),
+                include_str!("lua/grant.lua"),
                 include_str!("apply.lua"),
             ],
         );
@@ -151,10 +152,11 @@ fn op_code(op: &Op) -> u64 {
         Op::Read { .. } => 8,
         Op::Throttle { .. } => 9,
         Op::Advertise { .. } => 10,
+        Op::Grant(_) => 13,
     }
 }
 
-fn exact(v: u64) -> u64 {
+pub(crate) fn exact(v: u64) -> u64 {
     v.min(MAX_EXACT)
 }
 
@@ -284,6 +286,7 @@ pub(crate) fn argv<'a>(
             a.push(Arg::N(exact(age_us)));
         }
         Op::Advertise { rate_milli } => a.push(Arg::N(exact(rate_milli))),
+        Op::Grant(req) => crate::lease_wire::push_grant(&mut a, &req),
     }
     a
 }
@@ -318,7 +321,7 @@ fn push_release(a: &mut Vec<Arg<'_>>, res: &Reservation) {
 #[derive(Debug)]
 pub(crate) struct BadReply;
 
-fn n(v: i64) -> Result<u64, BadReply> {
+pub(crate) fn n(v: i64) -> Result<u64, BadReply> {
     u64::try_from(v).map_err(|_| BadReply)
 }
 
@@ -397,10 +400,11 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
             }
             _ => return Err(BadReply),
         },
+        Op::Grant(_) => Reply::Grant(crate::lease_wire::decode_grant(reply)?),
     })
 }
 
-fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admission, BadReply> {
+pub(crate) fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admission, BadReply> {
     Ok(match reply {
         [0] => Admission::Admitted,
         [1, wait, slot, rest @ ..] if rest.len() == MAX_LIMITS + 4 => {
@@ -571,6 +575,7 @@ mod tests {
             "lua/cooldown.lua",
             "lua/gcra.lua",
             "lua/probe.lua",
+            "lua/grant.lua",
             "apply.lua",
         ]
         .map(read);

@@ -22,9 +22,12 @@ end
 local PROBE = {'lu', 'lt', 'np', 'pf', 'pc'}
 local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
 local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a'}
+-- Leases (rule/grant.rs): the holders' window, its count, the last window's count.
+local HOLDERS = {'hw', 'hh', 'hp'}
+FIELD[HOLDERS] = 'l'
 -- (Built without globals: a library's load-time code under `FUNCTION LOAD` sees none.)
 local FORMAT = {}
-local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE}
+local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE, HOLDERS}
 for g = 1, #GROUPS do
   local f = '<'
   for _ = 1, #GROUPS[g] do f = f .. 'd' end

@@ -102,6 +102,8 @@ mod budget;
 mod clock;
 mod cooldown;
 mod gcra;
+#[cfg(feature = "lease")]
+mod grant;
 mod ops;
 mod params;
 #[cfg(feature = "quota")]
@@ -139,6 +141,10 @@ pub use self::adaptive::{
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
+#[cfg(feature = "lease")]
+pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
+#[cfg(feature = "lease")]
+use self::grant::grant;
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
@@ -215,6 +221,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     if state.generation == 0 && !matches!(op, Op::Read { .. }) {
         state.generation = now.max(1);
         let first_use = matches!(op, Op::Admit(req) if req.known_generation == 0);
+        #[cfg(feature = "lease")]
+        let first_use = first_use || matches!(op, Op::Grant(req) if req.known_generation == 0);
         if !first_use {
             recreated(state, now, params);
         }
@@ -245,6 +253,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
+        #[cfg(feature = "lease")]
+        Op::Grant(req) => Reply::Grant(grant(state, now, params, &req)),
     }
 }
 

@@ -416,6 +416,9 @@ pub enum Op {
         /// Successes to record first.
         deposits: u64,
     },
+    /// Take a lease of tokens from the shared bucket (feature `lease`).
+    #[cfg(feature = "lease")]
+    Grant(super::GrantRequest),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -449,4 +452,7 @@ pub enum Reply {
     ProbeFinished(Option<Event>),
     /// To [`Op::Read`].
     State(StoreState),
+    /// To `Op::Grant` (feature `lease`).
+    #[cfg(feature = "lease")]
+    Grant(super::Grant),
 }
