@@ -5,7 +5,7 @@
 //! a call past its valid-until is refused unapplied; holders are counted per window (a
 //! heartbeat) so that a process in an outage knows its share.
 
-use super::{closed, effective_limits, schedule, us, Admission, Params, State, MAX_LIMITS};
+use super::{closed, effective_limits, gcra::schedule, us, Admission, Params, State, MAX_LIMITS};
 
 /// How long a window of the holders' count lasts: a holder calls at least once per window
 /// (its lease's period is shorter, or it sends a heartbeat), so the count of distinct

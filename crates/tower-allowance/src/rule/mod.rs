@@ -142,6 +142,7 @@ pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
 #[cfg(feature = "lease")]
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
 #[cfg(feature = "lease")]
 use self::grant::grant;
