@@ -90,6 +90,7 @@ mod budget;
 mod cooldown;
 mod harness;
 mod layers;
+mod lease;
 mod shared;
 
 /// Runs every check, each on a fresh store from `make`.
@@ -125,4 +126,9 @@ where
     bucket::headroom_keeps_a_token_of_a_short_interval(make().await).await;
     bucket::headroom_at_burst_one_lengthens_the_interval(make().await).await;
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
+    lease::a_lease_is_admissions_in_a_row(make().await).await;
+    lease::a_lease_s_tail_goes_back(make().await).await;
+    lease::a_stale_lease_call_is_refused(make().await).await;
+    lease::holders_are_counted_per_window(make().await).await;
+    lease::a_debit_charges_the_bucket(make().await).await;
 }

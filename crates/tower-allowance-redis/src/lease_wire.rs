@@ -35,7 +35,10 @@ pub(crate) fn decode_grant(reply: &[i64]) -> Result<Grant, BadReply> {
             admission,
         )?)),
         [0, rest @ ..] if rest.len() == 3 + 2 * MAX_LIMITS + 6 => {
-            let v = rest.iter().map(|x| n(*x)).collect::<Result<Vec<u64>, _>>()?;
+            let v = rest
+                .iter()
+                .map(|x| n(*x))
+                .collect::<Result<Vec<u64>, _>>()?;
             let mut tat = [0; MAX_LIMITS];
             let mut end_tat = [0; MAX_LIMITS];
             tat.copy_from_slice(&v[3..3 + MAX_LIMITS]);

@@ -6,9 +6,9 @@ local MAX_GRANT = 10000
 -- Counts the holder in the current window (once per window): {live holders, window}.
 local function heartbeat(mark)
   load(HOLDERS)
-  if now >= s.hw + HOLDER_WINDOW_US then
+  if s.hw == 0 or now >= s.hw + HOLDER_WINDOW_US then
     if now < s.hw + 2 * HOLDER_WINDOW_US then s.hp = s.hh else s.hp = 0 end
-    s.hw = now
+    s.hw = max(now, 1)
     s.hh = 0
   end
   if mark ~= s.hw then s.hh = s.hh + 1 end

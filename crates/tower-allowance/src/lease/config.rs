@@ -131,7 +131,11 @@ impl FromStr for Lease {
         let period = if let Some(ms) = d.strip_suffix("ms") {
             ms.parse().map(Duration::from_millis).map_err(|_| bad())?
         } else {
-            let secs: f64 = d.strip_suffix('s').unwrap_or(d).parse().map_err(|_| bad())?;
+            let secs: f64 = d
+                .strip_suffix('s')
+                .unwrap_or(d)
+                .parse()
+                .map_err(|_| bad())?;
             Duration::try_from_secs_f64(secs).map_err(|_| bad())?
         };
         Self::fixed(n, period)

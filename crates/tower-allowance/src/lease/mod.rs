@@ -164,6 +164,10 @@ struct Local {
     outage_sent: VecDeque<Instant>,
     /// Lease calls made (for the figures).
     calls: u64,
+    /// Tokens dropped unused (their slot passed).
+    expired: u64,
+    /// Tokens granted.
+    granted: u64,
 }
 
 struct Outage {
@@ -253,6 +257,7 @@ impl Local {
             .is_some_and(|t| t.at + TOKEN_GRACE < now)
         {
             self.tokens.pop_front();
+            self.expired += 1;
         }
     }
 
@@ -260,8 +265,7 @@ impl Local {
     fn count(&mut self, now: Instant, period: Duration) {
         self.first_admission.get_or_insert(now);
         self.recent.push_back(now);
-        while self.recent.front().is_some_and(|t| *t + period < now) || self.recent.len() > 65_536
-        {
+        while self.recent.front().is_some_and(|t| *t + period < now) || self.recent.len() > 65_536 {
             self.recent.pop_front();
         }
     }
@@ -279,7 +283,14 @@ impl Local {
             .map_or(period, |t| now.saturating_duration_since(t))
             .max(period / 10);
         let rate = seen / elapsed.min(period).as_secs_f64();
-        let n = (rate * period.as_secs_f64()).floor() as u64;
+        let mut n = (rate * period.as_secs_f64()).floor() as u64;
+        // Never more than this process's share of the period's tokens (the holders the store
+        // counted): a burst measured at the start is not a rate.
+        if let Some(p) = self.params {
+            let interval = p.limits().first().map_or(1, |l| l.interval_us.max(1));
+            let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+            n = n.min(period_us / interval / self.holders.max(1));
+        }
         let n = n.max(self.waiters.len() as u64).max(1);
         u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
     }
@@ -312,10 +323,15 @@ impl Local {
 
     /// Hands the next token to a caller willing to wait `max_wait`; `None` when none is held.
     fn take(&mut self, now: Instant, max_wait: Duration) -> Option<Result<Reply, StoreError>> {
-        self.expire(now);
+        // Rejoining after an outage, the share's pace bounds the rate: a token is used late
+        // rather than dropped.
+        let pacing = self.pace_until.is_some_and(|u| now < u);
+        if !pacing {
+            self.expire(now);
+        }
         let token = *self.tokens.front()?;
         let mut at = token.at;
-        if self.pace_until.is_some_and(|u| now < u) {
+        if pacing {
             at = self.paced(now, at).unwrap_or(at);
         }
         let wait = at.saturating_duration_since(now);
@@ -367,6 +383,7 @@ impl Local {
     /// Takes in a lease granted at `at` (our clock, when the reply arrived).
     fn take_in(&mut self, lease: Granted, at: Instant, params: &rule::Params) {
         self.generation = lease.generation;
+        self.granted += u64::from(lease.tokens);
         self.mark = lease.window;
         self.holders = lease.holders;
         for (slot, tat) in lease_slots(&lease, params) {
@@ -440,10 +457,12 @@ impl<S: Store> Inner<S> {
         }
         if local.outage.is_some() || !local.outage_sent.is_empty() {
             // What was admitted locally within the last burst window (and ahead): charged.
-            let window = local.params.map_or(0, |p| {
-                p.limits().first().map_or(0, |l| l.tolerance_us)
-            });
-            let since = now.checked_sub(Duration::from_micros(window)).unwrap_or(now);
+            let window = local
+                .params
+                .map_or(0, |p| p.limits().first().map_or(0, |l| l.tolerance_us));
+            let since = now
+                .checked_sub(Duration::from_micros(window))
+                .unwrap_or(now);
             let debit = local.outage_sent.iter().filter(|t| **t >= since).count();
             req = req.debit(u32::try_from(debit).unwrap_or(u32::MAX));
         }
@@ -473,7 +492,8 @@ impl<S: Store> Inner<S> {
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
                 // Not one token: every waiting caller hears what a first attempt would have.
                 for w in local.waiters.drain(..) {
-                    let _ = w.tx.send(Served::Reply(Ok(Reply(rule::Reply::Admit(answer)))));
+                    let _ =
+                        w.tx.send(Served::Reply(Ok(Reply(rule::Reply::Admit(answer)))));
                 }
                 return;
             }
@@ -488,7 +508,10 @@ impl<S: Store> Inner<S> {
             Err(e)
                 if e.is_unavailable() && self.lease.get_local_fallback() && local.holders > 0 =>
             {
-                local.outage.get_or_insert(Outage { last_try: now }).last_try = now;
+                local
+                    .outage
+                    .get_or_insert(Outage { last_try: now })
+                    .last_try = now;
             }
             Err(e) => {
                 let mut first = Some(e);
@@ -701,6 +724,21 @@ impl<S: Store> Store for LeaseStore<S> {
     }
 }
 
+impl<S> Drop for Inner<S> {
+    fn drop(&mut self) {
+        if std::env::var_os("LEASE_DEBUG").is_some() {
+            let l = self.lock();
+            eprintln!(
+                "lease: calls {} granted {} expired {} held {}",
+                l.calls,
+                l.granted,
+                l.expired,
+                l.tokens.len()
+            );
+        }
+    }
+}
+
 impl<S: Store> LeaseStore<S> {
     /// A lease token its caller did not use: back in line, if its slot is still ahead.
     fn put_back(&self, res: Reservation) {
@@ -822,7 +860,6 @@ pub(crate) fn check(size: u32, period: Duration) -> Result<(), ConfigError> {
     }
     Ok(())
 }
-
 
 // The array length the give-back carries.
 const _: () = assert!(MAX_LIMITS == 4);

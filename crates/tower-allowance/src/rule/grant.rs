@@ -140,19 +140,22 @@ pub enum Grant {
 
 /// Counts the holder in the current window (once per window).
 fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64) {
-    if now >= state.holders_window.saturating_add(HOLDER_WINDOW_US) {
+    if state.holders_window == 0 || now >= state.holders_window.saturating_add(HOLDER_WINDOW_US) {
         state.holders_prev = if now < state.holders_window.saturating_add(2 * HOLDER_WINDOW_US) {
             state.holders
         } else {
             0
         };
-        state.holders_window = now;
+        state.holders_window = now.max(1);
         state.holders = 0;
     }
     if mark != state.holders_window {
         state.holders += 1;
     }
-    (state.holders.max(state.holders_prev).max(1), state.holders_window)
+    (
+        state.holders.max(state.holders_prev).max(1),
+        state.holders_window,
+    )
 }
 
 /// Applies one grant at `now`: stale check, heartbeat, give-back, debit, then the tokens.

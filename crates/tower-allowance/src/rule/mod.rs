@@ -137,15 +137,15 @@ pub use self::adaptive::{
     ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
     ROUND_GRACE_US, SLOW_START_DOUBLING_US,
 };
+#[cfg(feature = "lease")]
+use self::grant::grant;
+#[cfg(feature = "lease")]
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
+pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
 #[cfg(any(feature = "rule", feature = "adaptive", test))]
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
-#[cfg(feature = "lease")]
-#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
-pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
-#[cfg(feature = "lease")]
-use self::grant::grant;
 #[cfg(any(feature = "rule", test))]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::{
