@@ -89,9 +89,16 @@ const FROM_LEASE: u64 = u64::MAX;
 /// # Clone
 ///
 /// Cheap: clones share the lease.
-#[derive(Clone)]
 pub struct LeaseStore<S> {
     inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for LeaseStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
 }
 
 struct Inner<S> {
@@ -164,6 +171,8 @@ struct Local {
     outage_sent: VecDeque<Instant>,
     /// Lease calls made (for the figures).
     calls: u64,
+    /// The answer of a lease call that granted nothing (for the caller that asked).
+    denied: Option<Admission>,
     /// Tokens dropped unused (their slot passed).
     expired: u64,
     /// Tokens granted.
@@ -206,6 +215,11 @@ impl<S: Store> LeaseStore<S> {
     /// Unused tokens held now.
     pub fn tokens_held(&self) -> usize {
         self.inner.lock().tokens.len()
+    }
+
+    /// Whether the store is not answering and admissions are decided here, at the share.
+    pub fn in_outage(&self) -> bool {
+        self.inner.lock().outage.is_some()
     }
 
     /// The live holders the store counted at the last lease call (0: none yet).
@@ -490,6 +504,7 @@ impl<S: Store> Inner<S> {
                 local.take_in(lease, now, params);
             }
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
+                local.denied = Some(answer);
                 // Not one token: every waiting caller hears what a first attempt would have.
                 for w in local.waiters.drain(..) {
                     let _ =
@@ -625,9 +640,29 @@ impl<S: Store> LeaseStore<S> {
         ) {
             local.count(now, self.inner.lease.period());
         }
-        let low = (local.size(now, &self.inner.lease) as usize).div_ceil(2);
-        if answer.is_none() || local.tokens.len() < low {
+        // The next lease is asked for when half of this one is spent (one of a single token:
+        // when a caller needs it).
+        let low = local.size(now, &self.inner.lease) as usize / 2;
+        if answer.is_none() || local.tokens.len() < low || local.outage.is_some() {
+            local.denied = None;
             refill(&self.inner, local, params, now);
+            if let (None, Some(denied)) = (&answer, local.denied.take()) {
+                return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(denied)))));
+            }
+            if answer.is_none() && local.waiters.is_empty() {
+                // A store without I/O has answered already.
+                if let Some(a) = local.take(now, max_wait) {
+                    if matches!(
+                        a,
+                        Ok(Reply(rule::Reply::Admit(
+                            Admission::Admitted | Admission::Reserved { .. }
+                        )))
+                    ) {
+                        local.count(now, self.inner.lease.period());
+                    }
+                    return Some(Served::Reply(a));
+                }
+            }
         }
         answer
     }
@@ -863,3 +898,5 @@ pub(crate) fn check(size: u32, period: Duration) -> Result<(), ConfigError> {
 
 // The array length the give-back carries.
 const _: () = assert!(MAX_LIMITS == 4);
+#[cfg(test)]
+mod tests;
