@@ -305,7 +305,12 @@ impl Local {
             let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
             n = n.min(period_us / interval / self.holders.max(1));
         }
-        let n = n.max(self.waiters.len() as u64).max(1);
+        // At most twice the last lease (a slow start: the holders are counted meanwhile).
+        let last = self.last.map_or(1, |(g, _)| u64::from(g.tokens).max(1));
+        let n = n
+            .min(last.saturating_mul(2))
+            .max(self.waiters.len() as u64)
+            .max(1);
         u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
     }
 
@@ -399,7 +404,14 @@ impl Local {
         self.generation = lease.generation;
         self.granted += u64::from(lease.tokens);
         self.mark = lease.window;
-        self.holders = lease.holders;
+        // Rejoining after an outage the store counts afresh (the others have not called yet):
+        // the count from before stands until the pace ends.
+        let rejoining = self.pace_until.is_some_and(|u| at < u);
+        self.holders = if rejoining {
+            self.holders.max(lease.holders)
+        } else {
+            lease.holders
+        };
         for (slot, tat) in lease_slots(&lease, params) {
             let res = Reservation {
                 slot,
