@@ -19,7 +19,7 @@ use proptest::{
 };
 use tower_allowance::{
     rule::AdmitRequest,
-    rule::{Admission, ClosedBy, Op, ProbeOutcome, Reply, ShareReply, ShareRequest},
+    rule::{Admission, ClosedBy, Grant, GrantRequest, Op, ProbeOutcome, Reply, ShareReply, ShareRequest},
     store::{MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };
@@ -135,6 +135,12 @@ fn op() -> impl Strategy<Value = Op> {
                 r = r.cost(cost).max_wait(Duration::from_micros(max_wait)).deposits(deposits);
                 Op::Share(ShareRequest::new(r, class, weight).high(high).start(start))
             }),
+        // Leases (op 13): tokens, a valid-until (0: none; else maybe already past), a
+        // holder's window mark, a debit.
+        3 => (0u32..30, prop_oneof![Just(0u64), 1u64..20_000_000], prop_oneof![Just(0u64), 1u64..5_000_000], 0u32..4)
+            .prop_map(|(n, valid_until, mark, debit)| Op::Grant(
+                GrantRequest::new(n).valid_until_us(valid_until).mark(mark).debit(debit),
+            )),
     ]
 }
 
@@ -212,11 +218,16 @@ fn differential(functions: bool) {
                 let memory = MemoryStore::new();
                 let params = config.params();
                 let mut last = None;
+                let mut last_lease: Option<tower_allowance::rule::Granted> = None;
                 for (i, (gap, op, release)) in ops.into_iter().enumerate() {
                     tokio::time::advance(Duration::from_micros(gap)).await;
-                    let op = match (release, last.take()) {
-                        (true, Some(r)) => Op::Release(r),
-                        _ => op,
+                    let op = match (release, last.take(), op, last_lease) {
+                        // A lease call giving back part of the last lease's tail.
+                        (true, _, Op::Grant(req), Some(g)) => {
+                            Op::Grant(req.back(g.tokens.div_ceil(2), &g))
+                        }
+                        (true, Some(r), _, _) => Op::Release(r),
+                        (_, _, op, _) => op,
                     };
                     let now = tokio::time::Instant::now();
                     let want = memory
@@ -239,6 +250,9 @@ fn differential(functions: bool) {
                     }) = got
                     {
                         last = Some(reservation);
+                    }
+                    if let Reply::Grant(Grant::Granted(g)) = got {
+                        last_lease = Some(g);
                     }
                 }
                 Ok(())

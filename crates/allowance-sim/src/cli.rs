@@ -295,6 +295,12 @@ pub struct Workload {
     /// Classes of callers sharing the allowance (`--class`, `--window`).
     #[command(flatten)]
     pub classes: crate::classes::ClassArgs,
+    /// Admit from leases of the shared bucket (real-time runs): `auto` (sized by the measured
+    /// rate) or N:DURATION (N tokens per lease, the rate measured over DURATION). With
+    /// --on-store-outage local-fallback, the lease holder falls back at its share (the rate
+    /// divided by the holders Redis counted), not at the rate divided by --processes.
+    #[arg(long, value_name = "auto|N:DURATION")]
+    pub lease: Option<tower_allowance::lease::Lease>,
 }
 
 impl Workload {
@@ -597,6 +603,7 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     };
     if let Some(w) = workload {
         live::set_redis_connect(w.redis_connect()?);
+        live::set_lease(w.lease);
     }
     match cli.command {
         Command::Seed { json } => seed(json, out),

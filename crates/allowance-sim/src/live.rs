@@ -43,6 +43,7 @@ use rustls::{
 };
 use tokio::time::Instant;
 use tower::{retry::Retry, util::BoxCloneService, ServiceBuilder, ServiceExt};
+use tower_allowance::lease::LeaseStore;
 use tower_allowance::{
     quota::{QuotaProbe, QuotaStatus, QuotaTrigger},
     retry::RetryConfig,
@@ -350,6 +351,19 @@ pub fn redis_connect() -> RedisConnect {
     REDIS_CONNECT.get().cloned().unwrap_or_default()
 }
 
+static LEASE: std::sync::OnceLock<Option<tower_allowance::lease::Lease>> =
+    std::sync::OnceLock::new();
+
+/// Sets the lease this process's allowances admit from (`--lease`; the first call wins).
+pub fn set_lease(lease: Option<tower_allowance::lease::Lease>) {
+    let _ = LEASE.set(lease);
+}
+
+/// The lease of [`set_lease`], if any.
+pub fn lease() -> Option<tower_allowance::lease::Lease> {
+    LEASE.get().copied().flatten()
+}
+
 /// Connects the Redis store `name` at `url` as [`redis_connect`] says: one server or a
 /// cluster's seed nodes (comma-separated), the CA to trust for `rediss://`.
 ///
@@ -497,6 +511,10 @@ impl Allowances {
                 StoreChoice::Memory => None,
                 StoreChoice::Redis { url, .. } => {
                     let options = match s.on_store_outage {
+                        // A lease holder falls back itself, at its share of the holders.
+                        OnStoreOutage::LocalFallback { .. } if lease().is_some() => {
+                            RedisStoreOptions::new()
+                        }
                         OnStoreOutage::LocalFallback { expected_processes } => {
                             RedisStoreOptions::new()
                                 .failure_policy(FailurePolicy::LocalFallback { expected_processes })
@@ -512,9 +530,20 @@ impl Allowances {
             if let (Some(probe), false) = (&probe, s.mode == Mode::Naive) {
                 builder = builder.quota_probe(probe.clone(), QuotaTrigger::after_consecutive(1)?);
             }
-            builder = match redis {
-                Some(store) => builder.store(CountReleases::new(store, this.releases.clone())),
-                None => builder.store(CountReleases::new(
+            let fallback = matches!(s.on_store_outage, OnStoreOutage::LocalFallback { .. });
+            builder = match (redis, lease()) {
+                (Some(store), Some(lease)) => builder.store(CountReleases::new(
+                    LeaseStore::new(store, lease.local_fallback(fallback)),
+                    this.releases.clone(),
+                )),
+                (None, Some(lease)) => builder.store(CountReleases::new(
+                    LeaseStore::new(MemoryStore::new(), lease),
+                    this.releases.clone(),
+                )),
+                (Some(store), None) => {
+                    builder.store(CountReleases::new(store, this.releases.clone()))
+                }
+                (None, None) => builder.store(CountReleases::new(
                     MemoryStore::new(),
                     this.releases.clone(),
                 )),

@@ -273,6 +273,9 @@ fn child_args(
     if s.exact {
         args.push("--exact".to_owned());
     }
+    if let Some(lease) = live::lease() {
+        args.extend(["--lease".to_owned(), lease.to_string()]);
+    }
     if let Some(a) = &s.adaptive {
         args.extend([
             "--adaptive".to_owned(),

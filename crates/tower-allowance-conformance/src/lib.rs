@@ -92,6 +92,7 @@ mod harness;
 mod layers;
 #[cfg(feature = "settle")]
 mod settle;
+mod lease;
 mod shared;
 mod shares;
 
@@ -135,4 +136,9 @@ where
         settle::a_settlement_moves_waiting_callers_earlier(make().await).await;
         settle::the_layer_settles_429s_and_usage(make().await).await;
     }
+    lease::a_lease_is_admissions_in_a_row(make().await).await;
+    lease::a_lease_s_tail_goes_back(make().await).await;
+    lease::a_stale_lease_call_is_refused(make().await).await;
+    lease::holders_are_counted_per_window(make().await).await;
+    lease::a_debit_charges_the_bucket(make().await).await;
 }

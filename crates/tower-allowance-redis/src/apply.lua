@@ -34,7 +34,8 @@ local function apply(keys, args)
   local created = s.gn == 0 and OP ~= 8
   if created then
     s.gn = max(now, 1)
-    if (OP ~= 1 and OP ~= 11) or arg(5) ~= 0 then recreated() end
+    local first_use = ((OP == 1 or OP == 11) and arg(5) == 0) or (OP == 13 and arg(12) == 0)
+    if not first_use then recreated() end
   end
   local reply
   local ev_at
@@ -72,6 +73,8 @@ local function apply(keys, args)
   elseif OP == 12 then
     reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6))
     if reply[3] == 1 then ev_at = 4 end
+  elseif OP == 13 then
+    reply = grant(arg(0), arg(1), arg(2), arg(3), arg(4), {arg(5), arg(6), arg(7), arg(8)}, arg(9), arg(10), arg(11))
   else
     return redis.error_reply('ERR tower-allowance: unknown operation')
   end

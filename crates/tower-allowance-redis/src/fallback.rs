@@ -66,6 +66,10 @@ impl Fallback {
     ///
     /// A [`CallErrorKind::Fallback`] rejection when the divided configuration is invalid.
     pub(crate) fn decide(&self, params: &Params, op: &Op) -> Option<Result<Reply, StoreError>> {
+        // A lease is the store's tokens or none: its holder falls back at its own share.
+        if matches!(op, Op::Grant(_)) {
+            return None;
+        }
         let local_params = match fallback_config(params, self.processes) {
             Ok(config) => config,
             Err(c) => {

@@ -81,6 +81,7 @@ impl ApplyScript {
                 include_str!("lua/gcra.lua"),
                 include_str!("lua/probe.lua"),
                 include_str!("lua/shares.lua"),
+                include_str!("lua/grant.lua"),
                 include_str!("apply.lua"),
             ],
         );
@@ -169,10 +170,11 @@ fn op_code(op: &Op) -> u64 {
         Op::Share(_) => 11,
         #[cfg(feature = "settle")]
         Op::Settle(_) => 12,
+        Op::Grant(_) => 13,
     }
 }
 
-fn exact(v: u64) -> u64 {
+pub(crate) fn exact(v: u64) -> u64 {
     v.min(MAX_EXACT)
 }
 
@@ -323,6 +325,7 @@ pub(crate) fn argv<'a>(
         }
         #[cfg(feature = "settle")]
         Op::Settle(s) => settle::push_settle(&mut a, &s),
+        Op::Grant(req) => crate::lease_wire::push_grant(&mut a, &req),
     }
     a
 }
@@ -357,7 +360,7 @@ fn push_release(a: &mut Vec<Arg<'_>>, res: &Reservation) {
 #[derive(Debug)]
 pub(crate) struct BadReply;
 
-fn n(v: i64) -> Result<u64, BadReply> {
+pub(crate) fn n(v: i64) -> Result<u64, BadReply> {
     u64::try_from(v).map_err(|_| BadReply)
 }
 
@@ -439,6 +442,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
         Op::Share(req) => Reply::Share(decode_share(req.admit_request(), reply)?),
         #[cfg(feature = "settle")]
         Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
+        Op::Grant(_) => Reply::Grant(crate::lease_wire::decode_grant(reply)?),
     })
 }
 
@@ -465,7 +469,7 @@ fn decode_share(req: &AdmitRequest, reply: &[i64]) -> Result<ShareReply, BadRepl
     })
 }
 
-fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admission, BadReply> {
+pub(crate) fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admission, BadReply> {
     Ok(match reply {
         [0] => Admission::Admitted,
         [1, wait, slot, rest @ ..] if rest.len() == MAX_LIMITS + 4 => {
@@ -640,6 +644,7 @@ mod tests {
             "lua/gcra.lua",
             "lua/probe.lua",
             "lua/shares.lua",
+            "lua/grant.lua",
             "apply.lua",
         ]
         .map(read);

@@ -98,6 +98,8 @@ pub mod grpc;
 pub mod guide;
 #[cfg(feature = "keyed")]
 pub mod keyed;
+#[cfg(feature = "lease")]
+pub mod lease;
 #[cfg(feature = "quota")]
 pub mod quota;
 pub mod retry;

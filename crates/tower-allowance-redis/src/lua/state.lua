@@ -24,10 +24,12 @@ local ADAPTIVE = {'rc', 'ca', 'sa', 'av'}
 -- The classes' virtual times (rule/shares.rs): `vt`, then `c1` to `c8` (MAX_CLASSES).
 local CLASSES = {'vt'}
 for i = 1, MAX_CLASSES do CLASSES[#CLASSES + 1] = 'c' .. i end
-local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a', [CLASSES] = 'c'}
+-- Leases (rule/grant.rs): the holders' window, its count, the last window's count.
+local HOLDERS = {'hw', 'hh', 'hp'}
+local FIELD = {[BASE] = 'b', [BUDGET] = 'u', [PROBE] = 'q', [ADAPTIVE] = 'a', [CLASSES] = 'c', [HOLDERS] = 'l'}
 -- (Built without globals: a library's load-time code under `FUNCTION LOAD` sees none.)
 local FORMAT = {}
-local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE, CLASSES}
+local GROUPS = {BASE, BUDGET, PROBE, ADAPTIVE, CLASSES, HOLDERS}
 for g = 1, #GROUPS do
   local f = '<'
   for _ = 1, #GROUPS[g] do f = f .. 'd' end

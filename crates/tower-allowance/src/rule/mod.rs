@@ -102,6 +102,8 @@ mod budget;
 mod clock;
 mod cooldown;
 mod gcra;
+#[cfg(feature = "lease")]
+mod grant;
 mod ops;
 mod params;
 #[cfg(feature = "quota")]
@@ -139,6 +141,11 @@ pub use self::adaptive::{
     ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
     ROUND_GRACE_US, SLOW_START_DOUBLING_US,
 };
+#[cfg(feature = "lease")]
+use self::grant::grant;
+#[cfg(feature = "lease")]
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
+pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
 #[cfg(any(feature = "rule", feature = "adaptive", test))]
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
@@ -224,6 +231,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             Op::Admit(req) => req.known_generation == 0,
             #[cfg(feature = "shares")]
             Op::Share(req) => req.admit.known_generation == 0,
+            #[cfg(feature = "lease")]
+            Op::Grant(req) => req.known_generation == 0,
             _ => false,
         };
         if !first_use {
@@ -260,6 +269,8 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
         Op::Share(req) => Reply::Share(admit_share(state, now, params, &req)),
         #[cfg(feature = "settle")]
         Op::Settle(s) => Reply::Settled(settle::settle(state, now, params, &s)),
+        #[cfg(feature = "lease")]
+        Op::Grant(req) => Reply::Grant(grant(state, now, params, &req)),
     }
 }
 

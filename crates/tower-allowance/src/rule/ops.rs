@@ -432,6 +432,9 @@ pub enum Op {
     /// Settle an admitted attempt's reservation to what its answer used (feature `settle`).
     #[cfg(feature = "settle")]
     Settle(super::settle::Settle),
+    /// Take a lease of tokens from the shared bucket (feature `lease`).
+    #[cfg(feature = "lease")]
+    Grant(super::GrantRequest),
 }
 
 /// The answer to an [`Op`], variant for variant.
@@ -471,4 +474,7 @@ pub enum Reply {
     /// To `Op::Settle`.
     #[cfg(feature = "settle")]
     Settled(super::settle::Settled),
+    /// To `Op::Grant` (feature `lease`).
+    #[cfg(feature = "lease")]
+    Grant(super::Grant),
 }

@@ -1,0 +1,119 @@
+//! Leases (op 13, `Op::Grant`): tokens taken from every limit in one step as that many first
+//! attempts in a row would be; the tail given back; a call past its valid-until refused
+//! unapplied; holders counted once per window.
+
+use std::time::Duration;
+
+use tower_allowance::{
+    rule::{lease_slots, Admission, AdmitRequest, Grant, GrantRequest, Granted, Op, Reply},
+    store::Store,
+};
+
+use crate::harness::{allowance, per_second, Direct, MS};
+
+async fn grant(direct: &Direct, req: GrantRequest) -> Grant {
+    match direct.apply(Op::Grant(req)).await {
+        Ok(Reply::Grant(g)) => g,
+        other => panic!("grant answered {other:?}"),
+    }
+}
+
+fn granted(g: Grant) -> Granted {
+    match g {
+        Grant::Granted(g) => g,
+        other => panic!("expected a lease, got {other:?}"),
+    }
+}
+
+/// Burst 5 at 10/s: a lease of 8 is the burst now and three slots 100 ms apart; the next
+/// admission is reserved after the lease, as the 9th caller's would be.
+pub(crate) async fn a_lease_is_admissions_in_a_row<S: Store>(store: S) {
+    let config = per_second(10, 5);
+    let params = *config.params().rule();
+    let (_, direct) = allowance(config, store);
+    let lease = granted(grant(&direct, GrantRequest::new(8)).await);
+    assert_eq!(lease.tokens, 8);
+    let now = lease.now;
+    let waits: Vec<u64> = lease_slots(&lease, &params)
+        .iter()
+        .map(|(slot, _)| (slot - now) / 1_000)
+        .collect();
+    assert_eq!(waits, [0, 0, 0, 0, 0, 100, 200, 300]);
+    let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
+        panic!("the lease spent the bucket: reserved");
+    };
+    assert_eq!(wait, 400 * MS);
+}
+
+/// The unused tail goes back while no later slot follows it; once one does, it does not.
+pub(crate) async fn a_lease_s_tail_goes_back<S: Store>(store: S) {
+    let (_, direct) = allowance(per_second(10, 5), store);
+    let lease = granted(grant(&direct, GrantRequest::new(8)).await);
+    let back = granted(grant(&direct, GrantRequest::new(0).back(3, &lease)).await);
+    assert!(back.returned, "the tail went back");
+    // 5 tokens taken: the next slot is 100 ms away, not 400.
+    let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, 100 * MS);
+    // Giving the same tail back again changes nothing: a reservation follows it.
+    let again = granted(grant(&direct, GrantRequest::new(0).back(3, &lease)).await);
+    assert!(!again.returned);
+    let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
+        panic!("reserved");
+    };
+    assert_eq!(wait, 200 * MS);
+}
+
+/// A call that reaches the store after its valid-until is refused and changes nothing.
+pub(crate) async fn a_stale_lease_call_is_refused<S: Store>(store: S) {
+    let (_, direct) = allowance(per_second(10, 5), store);
+    let first = granted(grant(&direct, GrantRequest::new(1)).await);
+    // Valid for 50 ms on the store's clock; delayed 80 ms on the way.
+    let valid_until = first.now + 50_000;
+    tokio::time::advance(80 * MS).await;
+    let stale = grant(&direct, GrantRequest::new(4).valid_until_us(valid_until)).await;
+    assert_eq!(stale, Grant::Stale);
+    // The bucket holds 4 more (5 less the first): nothing was taken.
+    for i in 0..4 {
+        let adm = direct.admit(AdmitRequest::first()).await;
+        assert_eq!(adm, Admission::Admitted, "#{i}");
+    }
+    // In time, it is applied.
+    let fresh = grant(
+        &direct,
+        GrantRequest::new(1).valid_until_us(first.now + 1_000_000),
+    )
+    .await;
+    assert!(matches!(fresh, Grant::Granted(g) if g.tokens == 1));
+}
+
+/// Holders are counted once per window: two holders, one calling twice, count two.
+pub(crate) async fn holders_are_counted_per_window<S: Store>(store: S) {
+    let (_, direct) = allowance(per_second(100, 10), store);
+    let a = granted(grant(&direct, GrantRequest::new(1)).await);
+    assert_eq!(a.holders, 1);
+    let b = granted(grant(&direct, GrantRequest::new(1)).await);
+    assert_eq!(b.holders, 2);
+    let a2 = granted(grant(&direct, GrantRequest::new(1).mark(a.window)).await);
+    assert_eq!(a2.holders, 2, "a holder already counted in this window");
+    // Next window: the last one's count stands until this one's is higher.
+    tokio::time::advance(Duration::from_millis(2_100)).await;
+    let a3 = granted(grant(&direct, GrantRequest::new(1).mark(a.window)).await);
+    assert_eq!(a3.holders, 2, "{a:?} {a3:?}");
+    assert_ne!(a3.window, a.window);
+    // Two windows without b: only a is left.
+    tokio::time::advance(Duration::from_millis(2_100)).await;
+    let a4 = granted(grant(&direct, GrantRequest::new(1).mark(a3.window)).await);
+    assert_eq!(a4.holders, 1);
+}
+
+/// A debit charges tokens sent during an outage as if admitted now.
+pub(crate) async fn a_debit_charges_the_bucket<S: Store>(store: S) {
+    let (_, direct) = allowance(per_second(10, 5), store);
+    granted(grant(&direct, GrantRequest::new(0).debit(5)).await);
+    let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {
+        panic!("the debit emptied the bucket: reserved");
+    };
+    assert_eq!(wait, 100 * MS);
+}

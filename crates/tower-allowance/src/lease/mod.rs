@@ -1,0 +1,919 @@
+//! Leases carved out of the shared bucket (feature `lease`): far fewer store calls than
+//! admissions, and no overshoot.
+//!
+//! A [`LeaseStore`] wraps any [`Store`]. Instead of one store call per admission, it takes a
+//! *lease*: several tokens of the shared bucket in one call, scheduled in the store exactly as
+//! that many first attempts in a row would be, so that the bucket's bound holds whatever this
+//! process does with them. It then admits locally, first come first served, each caller on
+//! the next token's slot (now, or a reserved slot it sleeps to, like any reservation). When a
+//! token's slot has passed unused it is dropped, never sent late; unused tokens at the tail of
+//! the schedule go back to the bucket with the next call.
+//!
+//! The lease's size follows this process's measured rate: the admissions of the last
+//! [`Lease::period`] (at least one token, at most [`MAX_LEASE`]), so that at a provider's
+//! 2/s it is one call per admission as without a lease, and at high rates one call per
+//! period. A new lease is taken when half of the current one is spent, before the callers
+//! need it.
+//!
+//! Everything else still holds: every event the store publishes (a cooldown, a closure, a
+//! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
+//! cooldown moves them past its end; a closure drops them). Retries (they spend the shared
+//! retry budget), requests of a cost above one, requests with a `not_before`, and allowances
+//! with an adaptive rate go to the store as without a lease.
+//!
+//! # Outages
+//!
+//! With [`Lease::local_fallback`], a store that does not answer does not stop admissions:
+//! the process admits from its lease, then at its share of the rate: the rate divided by the
+//! holders the store counted in its last window (a heartbeat every lease call carries), with
+//! no burst. It asks the store again in the background; the first answer charges what it
+//! admitted meanwhile (the tokens within the last burst window), and for one holders' window
+//! after that it keeps pacing at its share too, until every process has rejoined.
+//!
+//! # Stale calls
+//!
+//! Every lease call carries the instant, on the store's clock, after which it must not be
+//! applied ([`Lease::call_timeout`] after it was sent, estimated from the last reply): a call
+//! delayed past it (a partition, a paused server) is refused by the store unapplied, so it
+//! reserves nothing for a caller that has gone.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_allowance::{lease::{Lease, LeaseStore}, store::MemoryStore, Allowance, AllowanceConfig};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_allowance::BoxError> {
+//! let store = LeaseStore::new(MemoryStore::new(), Lease::auto());
+//! let allowance = Allowance::with_store(AllowanceConfig::per_second(100, 10)?, store);
+//! allowance.acquire().await?;
+//! let fixed = Lease::fixed(20, Duration::from_millis(200))?;
+//! assert_eq!(fixed.size(), Some(20));
+//! # Ok(())
+//! # }
+//! ```
+
+use std::{
+    collections::VecDeque,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
+
+use tokio::{sync::oneshot, time::Instant};
+
+use crate::{
+    rule::{
+        self, lease_slots, Admission, Applied, Grant, GrantRequest, Granted, LimitParams,
+        Reservation, HOLDER_WINDOW_US, MAX_LIMITS,
+    },
+    store::{EventSink, Op, Params, Reply, Store, StoreError, StoreFuture, Watcher},
+    ConfigError,
+};
+
+mod config;
+pub use config::{Lease, MAX_LEASE};
+
+/// How late after its slot a token may still be used (a timer's lateness); later, it is
+/// dropped: sent later, it could meet the next slots' requests at the upstream.
+const TOKEN_GRACE: Duration = Duration::from_millis(5);
+
+/// How often a process in an outage asks the store again.
+const REJOIN_PROBE: Duration = Duration::from_millis(100);
+
+/// `budget_slot` of a reservation made from a lease (a first attempt's is 0): its release
+/// goes back to the lease, not to the store.
+const FROM_LEASE: u64 = u64::MAX;
+
+/// A [`Store`] that admits from leases of the store it wraps (see the [module](self)).
+///
+/// # Clone
+///
+/// Cheap: clones share the lease.
+pub struct LeaseStore<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for LeaseStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<S> {
+    store: S,
+    lease: Lease,
+    local: Mutex<Local>,
+}
+
+/// One unused token: its reservation (on the store's clock) and its slot on ours.
+#[derive(Clone, Copy, Debug)]
+struct Token {
+    res: Reservation,
+    at: Instant,
+}
+
+/// What a waiting caller is told: the answer, or (an outage's share) sleep to this instant,
+/// then go.
+enum Served {
+    Reply(Result<Reply, StoreError>),
+    At(Instant),
+}
+
+type Waiter = oneshot::Sender<Served>;
+
+/// The answer to a caller admitted at `at` locally: now, or after a sleep in the future.
+fn admitted_at(at: Instant, now: Instant) -> StoreFuture<Reply> {
+    let admitted = Ok(Reply(rule::Reply::Admit(Admission::Admitted)));
+    if at <= now {
+        return Box::pin(std::future::ready(admitted));
+    }
+    Box::pin(async move {
+        tokio::time::sleep_until(at).await;
+        admitted
+    })
+}
+
+struct Waiting {
+    max_wait: Duration,
+    tx: Waiter,
+}
+
+#[derive(Default)]
+struct Local {
+    /// The allowance's parameters, from the first call.
+    params: Option<rule::Params>,
+    /// Unused tokens, in slot order.
+    tokens: VecDeque<Token>,
+    /// Callers waiting for the next lease, in arrival order.
+    waiters: VecDeque<Waiting>,
+    /// A lease call in flight.
+    refilling: bool,
+    /// Admissions of the last period (their instants).
+    recent: VecDeque<Instant>,
+    first_admission: Option<Instant>,
+    /// The last lease, and where its `now` falls on our clock.
+    last: Option<(Granted, Instant)>,
+    /// The store's state generation last heard of.
+    generation: u64,
+    /// The holders' window this process was counted in, and the live holders then.
+    mark: u64,
+    holders: u64,
+    /// While the store does not answer (local fallback): since when, the next local slot, the
+    /// local admissions (their slots), the last attempt to rejoin.
+    outage: Option<Outage>,
+    /// After an outage: keep pacing at the share until then.
+    pace_until: Option<Instant>,
+    /// The next slot of the share's pace (outage and rejoin).
+    pace_next: Option<Instant>,
+    /// Local admissions during the outage, to charge on rejoining.
+    outage_sent: VecDeque<Instant>,
+    /// Lease calls made (for the figures).
+    calls: u64,
+    /// The answer of a lease call that granted nothing (for the caller that asked).
+    denied: Option<Admission>,
+    /// Tokens dropped unused (their slot passed).
+    expired: u64,
+    /// Tokens granted.
+    granted: u64,
+}
+
+struct Outage {
+    last_try: Instant,
+}
+
+// === impl LeaseStore ===
+
+impl<S: Store> LeaseStore<S> {
+    /// Wraps `store`: admissions come from leases of its bucket, as `lease` says.
+    pub fn new(store: S, lease: Lease) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                lease,
+                local: Mutex::new(Local::default()),
+            }),
+        }
+    }
+
+    /// The lease settings.
+    pub fn lease(&self) -> Lease {
+        self.inner.lease
+    }
+
+    /// The store it wraps.
+    pub fn inner(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// Lease calls made so far (each one store call).
+    pub fn lease_calls(&self) -> u64 {
+        self.inner.lock().calls
+    }
+
+    /// Unused tokens held now.
+    pub fn tokens_held(&self) -> usize {
+        self.inner.lock().tokens.len()
+    }
+
+    /// Whether the store is not answering and admissions are decided here, at the share.
+    pub fn in_outage(&self) -> bool {
+        self.inner.lock().outage.is_some()
+    }
+
+    /// The live holders the store counted at the last lease call (0: none yet).
+    pub fn holders(&self) -> u64 {
+        self.inner.lock().holders
+    }
+}
+
+impl<S> fmt::Debug for LeaseStore<S>
+where
+    S: fmt::Debug,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseStore")
+            .field("store", &self.inner.store)
+            .field("lease", &self.inner.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Inner<S> {
+    fn lock(&self) -> MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether `op` is one a lease can answer: a first attempt of cost 1, no `not_before`, on an
+/// allowance without an adaptive rate.
+fn leasable(params: &rule::Params, op: &rule::Op) -> Option<rule::AdmitRequest> {
+    match op {
+        rule::Op::Admit(req)
+            if !req.retry
+                && req.cost == 1
+                && req.not_before_us == 0
+                && params.adaptive.is_none() =>
+        {
+            Some(*req)
+        }
+        _ => None,
+    }
+}
+
+impl Local {
+    /// Drops tokens whose slot passed more than the grace ago.
+    fn expire(&mut self, now: Instant) {
+        while self
+            .tokens
+            .front()
+            .is_some_and(|t| t.at + TOKEN_GRACE < now)
+        {
+            self.tokens.pop_front();
+            self.expired += 1;
+        }
+    }
+
+    /// Records an admission (the rate's measure; during an outage, the charge to come).
+    fn count(&mut self, now: Instant, period: Duration) {
+        self.first_admission.get_or_insert(now);
+        self.recent.push_back(now);
+        while self.recent.front().is_some_and(|t| *t + period < now) || self.recent.len() > 65_536 {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The next lease's size: this period's admissions (extrapolated over a first period),
+    /// the callers waiting now, at least one.
+    fn size(&self, now: Instant, lease: &Lease) -> u32 {
+        if let Some(n) = lease.size() {
+            return n;
+        }
+        let period = lease.period();
+        let seen = self.recent.len() as f64;
+        let elapsed = self
+            .first_admission
+            .map_or(period, |t| now.saturating_duration_since(t))
+            .max(period / 10);
+        let rate = seen / elapsed.min(period).as_secs_f64();
+        let mut n = (rate * period.as_secs_f64()).floor() as u64;
+        // Never more than this process's share of the period's tokens (the holders the store
+        // counted): a burst measured at the start is not a rate.
+        if let Some(p) = self.params {
+            let interval = p.limits().first().map_or(1, |l| l.interval_us.max(1));
+            let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+            n = n.min(period_us / interval / self.holders.max(1));
+        }
+        // At most twice the last lease (a slow start: the holders are counted meanwhile).
+        let last = self.last.map_or(1, |(g, _)| u64::from(g.tokens).max(1));
+        let n = n
+            .min(last.saturating_mul(2))
+            .max(self.waiters.len() as u64)
+            .max(1);
+        u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
+    }
+
+    /// The share's pace while in an outage (or rejoining): the next slot at the rate divided
+    /// by the holders, no burst. `None` when no holder count is known yet.
+    fn paced(&mut self, now: Instant, at: Instant) -> Option<Instant> {
+        let params = self.params?;
+        if self.holders == 0 {
+            return None;
+        }
+        let every = params
+            .limits()
+            .iter()
+            .map(|l: &LimitParams| l.interval_us)
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(self.holders);
+        let slot = self.pace_next.map_or(at, |n| n.max(at)).max(now);
+        self.pace_next = Some(slot + Duration::from_micros(every));
+        Some(slot)
+    }
+
+    /// The store's clock now, estimated from the last lease (`None`: never heard).
+    fn store_now(&self, now: Instant) -> Option<u64> {
+        let (g, at) = self.last.as_ref()?;
+        let since = u64::try_from(now.saturating_duration_since(*at).as_micros()).ok()?;
+        Some(g.now.saturating_add(since))
+    }
+
+    /// Hands the next token to a caller willing to wait `max_wait`; `None` when none is held.
+    fn take(&mut self, now: Instant, max_wait: Duration) -> Option<Result<Reply, StoreError>> {
+        // Rejoining after an outage, the share's pace bounds the rate: a token is used late
+        // rather than dropped.
+        let pacing = self.pace_until.is_some_and(|u| now < u);
+        if !pacing {
+            self.expire(now);
+        }
+        let token = *self.tokens.front()?;
+        let mut at = token.at;
+        if pacing {
+            at = self.paced(now, at).unwrap_or(at);
+        }
+        let wait = at.saturating_duration_since(now);
+        if wait > max_wait {
+            return Some(Ok(Reply(rule::Reply::Admit(Admission::Refused {
+                wait,
+                cooldown: false,
+            }))));
+        }
+        self.tokens.pop_front();
+        Some(Ok(Reply(rule::Reply::Admit(if wait.is_zero() {
+            Admission::Admitted
+        } else {
+            let mut res = token.res;
+            // The slot the caller sleeps to, on the store's clock.
+            let late = u64::try_from(at.saturating_duration_since(token.at).as_micros())
+                .unwrap_or(u64::MAX);
+            res.slot = res.slot.saturating_add(late);
+            Admission::Reserved {
+                wait,
+                reservation: res,
+            }
+        }))))
+    }
+
+    /// During an outage: an admission at the share's pace (`None`: no share known).
+    fn take_local(&mut self, now: Instant, max_wait: Duration) -> Option<Served> {
+        let after = self.last_token_end().unwrap_or(now);
+        let pace = self.pace_next;
+        let at = self.paced(now, after)?;
+        let wait = at.saturating_duration_since(now);
+        if wait > max_wait {
+            self.pace_next = pace;
+            return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(
+                Admission::Refused {
+                    wait,
+                    cooldown: false,
+                },
+            )))));
+        }
+        self.outage_sent.push_back(at);
+        Some(Served::At(at))
+    }
+
+    fn last_token_end(&self) -> Option<Instant> {
+        self.tokens.back().map(|t| t.at)
+    }
+
+    /// Takes in a lease granted at `at` (our clock, when the reply arrived).
+    fn take_in(&mut self, lease: Granted, at: Instant, params: &rule::Params) {
+        self.generation = lease.generation;
+        self.granted += u64::from(lease.tokens);
+        self.mark = lease.window;
+        // Rejoining after an outage the store counts afresh (the others have not called yet):
+        // the count from before stands until the pace ends.
+        let rejoining = self.pace_until.is_some_and(|u| at < u);
+        self.holders = if rejoining {
+            self.holders.max(lease.holders)
+        } else {
+            lease.holders
+        };
+        for (slot, tat) in lease_slots(&lease, params) {
+            let res = Reservation {
+                slot,
+                tat,
+                generation: lease.generation,
+                epoch: lease.epoch,
+                rebased: lease.rebased,
+                cost: 1,
+                retry: false,
+                budget_slot: FROM_LEASE,
+            };
+            let on_ours = at + Duration::from_micros(slot.saturating_sub(lease.now));
+            self.tokens.push_back(Token { res, at: on_ours });
+        }
+        self.last = Some((lease, at));
+    }
+
+    /// Applies an event the store published to every unused token.
+    fn hear(&mut self, event: &rule::Event) {
+        let Some(params) = self.params else {
+            return;
+        };
+        let mut drop_all = false;
+        for t in &mut self.tokens {
+            match t.res.apply(event, &params) {
+                Applied::Moved(d) => t.at += Duration::from_micros(d),
+                // A settlement gave unused reservations back: the token may go earlier.
+                #[cfg(feature = "settle")]
+                Applied::Earlier(d) => {
+                    t.at = t.at.checked_sub(Duration::from_micros(d)).unwrap_or(t.at);
+                }
+                Applied::Seen => {}
+                Applied::Gap | Applied::Closed | Applied::Lost => drop_all = true,
+            }
+        }
+        if drop_all {
+            self.tokens.clear();
+        }
+    }
+
+    /// The give-back of the tail of the last lease: its unused tokens, when all of them are
+    /// still ahead (the lease's tail, in order).
+    fn give_back(&self, now: Instant) -> (u32, Option<Granted>) {
+        let Some((lease, _)) = self.last else {
+            return (0, None);
+        };
+        let unused = self
+            .tokens
+            .iter()
+            .rev()
+            .take_while(|t| t.res.generation == lease.generation && t.at > now)
+            .count();
+        let ends = self
+            .tokens
+            .back()
+            .is_some_and(|t| t.res.tat == lease.end_tat);
+        if ends && unused > 0 {
+            (u32::try_from(unused).unwrap_or(0), Some(lease))
+        } else {
+            (0, None)
+        }
+    }
+}
+
+impl<S: Store> Inner<S> {
+    /// The request for the next lease of `n` tokens (with the give-back and debit due).
+    fn request(&self, local: &mut Local, now: Instant, n: u32) -> GrantRequest {
+        let mut req = GrantRequest::new(n)
+            .mark(local.mark)
+            .known_generation(local.generation);
+        if let Some(store_now) = local.store_now(now) {
+            let timeout = u64::try_from(self.lease.get_call_timeout().as_micros()).unwrap_or(0);
+            req = req.valid_until_us(store_now.saturating_add(timeout).max(1));
+        }
+        if local.outage.is_some() || !local.outage_sent.is_empty() {
+            // What was admitted locally within the last burst window (and ahead): charged.
+            let window = local
+                .params
+                .map_or(0, |p| p.limits().first().map_or(0, |l| l.tolerance_us));
+            let since = now
+                .checked_sub(Duration::from_micros(window))
+                .unwrap_or(now);
+            let debit = local.outage_sent.iter().filter(|t| **t >= since).count();
+            req = req.debit(u32::try_from(debit).unwrap_or(u32::MAX));
+        }
+        req
+    }
+
+    /// Takes in the answer to a lease call, and serves the waiting callers in order.
+    fn answered(
+        &self,
+        local: &mut Local,
+        sent: Instant,
+        reply: Result<Reply, StoreError>,
+        params: &rule::Params,
+    ) {
+        local.refilling = false;
+        let now = Instant::now();
+        match reply {
+            Ok(Reply(rule::Reply::Grant(Grant::Granted(lease)))) => {
+                if local.outage.take().is_some() || !local.outage_sent.is_empty() {
+                    // Rejoined: keep the share's pace for a window, until every process has.
+                    local.outage_sent.clear();
+                    local.pace_until = Some(now + Duration::from_micros(HOLDER_WINDOW_US));
+                }
+                let _ = sent;
+                local.take_in(lease, now, params);
+            }
+            Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
+                local.denied = Some(answer);
+                // Not one token: every waiting caller hears what a first attempt would have.
+                for w in local.waiters.drain(..) {
+                    let _ =
+                        w.tx.send(Served::Reply(Ok(Reply(rule::Reply::Admit(answer)))));
+                }
+                return;
+            }
+            Ok(Reply(rule::Reply::Grant(Grant::Stale))) => {}
+            Ok(_) => {
+                for w in local.waiters.drain(..) {
+                    let e = StoreError::protocol(crate::store::WrongReply);
+                    let _ = w.tx.send(Served::Reply(Err(e)));
+                }
+                return;
+            }
+            Err(e)
+                if e.is_unavailable() && self.lease.get_local_fallback() && local.holders > 0 =>
+            {
+                local
+                    .outage
+                    .get_or_insert(Outage { last_try: now })
+                    .last_try = now;
+            }
+            Err(e) => {
+                let mut first = Some(e);
+                for w in local.waiters.drain(..) {
+                    let e = first.take().unwrap_or_else(|| {
+                        StoreError::unavailable("the lease call failed (told the first caller)")
+                    });
+                    let _ = w.tx.send(Served::Reply(Err(e)));
+                }
+                return;
+            }
+        }
+        self.serve(local, now);
+    }
+
+    /// Serves waiting callers from the tokens (or the outage's share), in order.
+    fn serve(&self, local: &mut Local, now: Instant) {
+        while let Some(max_wait) = local.waiters.front().map(|w| w.max_wait) {
+            let served = match local.take(now, max_wait) {
+                Some(a) => Served::Reply(a),
+                None if local.outage.is_some() => match local.take_local(now, max_wait) {
+                    Some(a) => a,
+                    None => break,
+                },
+                None => break,
+            };
+            if matches!(
+                served,
+                Served::At(_)
+                    | Served::Reply(Ok(Reply(rule::Reply::Admit(
+                        Admission::Admitted | Admission::Reserved { .. }
+                    ))))
+            ) {
+                local.count(now, self.lease.period());
+            }
+            if let Some(w) = local.waiters.pop_front() {
+                let _ = w.tx.send(served);
+            }
+        }
+    }
+}
+
+/// Starts a lease call unless one is in flight (or the outage's next try is not due).
+fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, now: Instant) {
+    if local.refilling {
+        return;
+    }
+    if local
+        .outage
+        .as_ref()
+        .is_some_and(|o| now < o.last_try + REJOIN_PROBE)
+    {
+        return;
+    }
+    let n = local.size(now, &inner.lease);
+    let req = inner.request(local, now, n);
+    local.refilling = true;
+    local.calls += 1;
+    let op = Op(rule::Op::Grant(req));
+    let rule_params = params.0;
+    // A store that answers without I/O answers here; otherwise in the background.
+    if let Some(reply) = inner.store.try_apply(now, params, &op) {
+        inner.answered(local, now, reply, &rule_params);
+        return;
+    }
+    let fut = inner.store.apply(params, op);
+    let weak: Weak<Inner<S>> = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        let reply = fut.await;
+        if let Some(inner) = weak.upgrade() {
+            let mut local = inner.lock();
+            inner.answered(&mut local, now, reply, &rule_params);
+            // Half the lease spent already (a slow call): ask again.
+            if !local.waiters.is_empty() {
+                let p = Params(rule_params);
+                refill(&inner, &mut local, &p, Instant::now());
+            }
+        }
+    });
+}
+
+impl<S: Store> LeaseStore<S> {
+    /// Answers a leasable admission from the tokens held (or the outage's share), starting
+    /// the next lease call when half is spent; `None`: wait for the next lease.
+    fn admit_now(
+        &self,
+        local: &mut Local,
+        now: Instant,
+        params: &Params,
+        req: &rule::AdmitRequest,
+    ) -> Option<Served> {
+        local.params.get_or_insert(params.0);
+        let max_wait = Duration::from_micros(req.max_wait_us);
+        let answer = if local.waiters.is_empty() {
+            match local.take(now, max_wait) {
+                Some(a) => Some(Served::Reply(a)),
+                None if local.outage.is_some() => local.take_local(now, max_wait),
+                None => None,
+            }
+        } else {
+            None
+        };
+        if matches!(
+            answer,
+            Some(
+                Served::At(_)
+                    | Served::Reply(Ok(Reply(rule::Reply::Admit(
+                        Admission::Admitted | Admission::Reserved { .. }
+                    ))))
+            )
+        ) {
+            local.count(now, self.inner.lease.period());
+        }
+        // The next lease is asked for when half of this one is spent (one of a single token:
+        // when a caller needs it).
+        let low = local.size(now, &self.inner.lease) as usize / 2;
+        if answer.is_none() || local.tokens.len() < low || local.outage.is_some() {
+            local.denied = None;
+            refill(&self.inner, local, params, now);
+            if let (None, Some(denied)) = (&answer, local.denied.take()) {
+                return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(denied)))));
+            }
+            if answer.is_none() && local.waiters.is_empty() {
+                // A store without I/O has answered already.
+                if let Some(a) = local.take(now, max_wait) {
+                    if matches!(
+                        a,
+                        Ok(Reply(rule::Reply::Admit(
+                            Admission::Admitted | Admission::Reserved { .. }
+                        )))
+                    ) {
+                        local.count(now, self.inner.lease.period());
+                    }
+                    return Some(Served::Reply(a));
+                }
+            }
+        }
+        answer
+    }
+}
+
+impl<S: Store> Store for LeaseStore<S> {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        if let Some(req) = leasable(&params.0, &op.0) {
+            let now = Instant::now();
+            let rx = {
+                let mut local = self.inner.lock();
+                match self.admit_now(&mut local, now, params, &req) {
+                    Some(Served::Reply(answer)) => return Box::pin(std::future::ready(answer)),
+                    Some(Served::At(at)) => return admitted_at(at, now),
+                    None => {}
+                }
+                let (tx, rx) = oneshot::channel();
+                local.waiters.push_back(Waiting {
+                    max_wait: Duration::from_micros(req.max_wait_us),
+                    tx,
+                });
+                // The lease call may have answered already (a store without I/O).
+                self.inner.serve(&mut local, now);
+                rx
+            };
+            return Box::pin(async move {
+                match rx.await {
+                    Ok(Served::Reply(answer)) => answer,
+                    Ok(Served::At(at)) => admitted_at(at, Instant::now()).await,
+                    Err(_) => Err(StoreError::unavailable("the lease holder was dropped")),
+                }
+            });
+        }
+        if let rule::Op::Release(res) = op.0 {
+            if res.budget_slot == FROM_LEASE && !res.retry {
+                self.put_back(res);
+                return Box::pin(std::future::ready(Ok(Reply(rule::Reply::Release {
+                    released: true,
+                }))));
+            }
+        }
+        let fut = self.inner.store.apply(params, op);
+        let weak = Arc::downgrade(&self.inner);
+        Box::pin(async move {
+            let reply = fut.await;
+            if let (Ok(r), Some(inner)) = (&reply, weak.upgrade()) {
+                hear_reply(&mut inner.lock(), r);
+            }
+            reply
+        })
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        if let Some(req) = leasable(&params.0, &op.0) {
+            let mut local = self.inner.lock();
+            // An outage's share may mean a sleep: `apply` answers that.
+            if local.outage.is_some() && local.tokens.is_empty() {
+                return None;
+            }
+            return match self.admit_now(&mut local, now, params, &req)? {
+                Served::Reply(answer) => Some(answer),
+                Served::At(_) => None,
+            };
+        }
+        if matches!(op.0, rule::Op::Release(res) if res.budget_slot == FROM_LEASE && !res.retry) {
+            return None;
+        }
+        let reply = self.inner.store.try_apply(now, params, op)?;
+        if let Ok(r) = &reply {
+            hear_reply(&mut self.inner.lock(), r);
+        }
+        Some(reply)
+    }
+
+    fn is_settled(&self, now: Instant, params: &Params) -> bool {
+        self.inner.lock().tokens.is_empty() && self.inner.store.is_settled(now, params)
+    }
+
+    fn watch(&self, watcher: Watcher) {
+        let sink = Arc::new(LeaseSink {
+            inner: Arc::downgrade(&self.inner) as Weak<dyn Hear>,
+            next: watcher,
+        });
+        self.inner.store.watch(Watcher::new(sink));
+    }
+
+    fn name(&self) -> Option<&str> {
+        self.inner.store.name()
+    }
+}
+
+impl<S> Drop for Inner<S> {
+    fn drop(&mut self) {
+        if std::env::var_os("LEASE_DEBUG").is_some() {
+            let l = self.lock();
+            eprintln!(
+                "lease: calls {} granted {} expired {} held {}",
+                l.calls,
+                l.granted,
+                l.expired,
+                l.tokens.len()
+            );
+        }
+    }
+}
+
+impl<S: Store> LeaseStore<S> {
+    /// A lease token its caller did not use: back in line, if its slot is still ahead.
+    fn put_back(&self, res: Reservation) {
+        let mut local = self.inner.lock();
+        let Some(lease_at) = local.last.map(|(g, at)| (g, at)) else {
+            return;
+        };
+        let (g, at) = lease_at;
+        if res.generation != g.generation {
+            return;
+        }
+        let on_ours = match res.slot.checked_sub(g.now) {
+            Some(d) => at + Duration::from_micros(d),
+            None => return,
+        };
+        if on_ours + TOKEN_GRACE < Instant::now() {
+            return;
+        }
+        let i = local.tokens.partition_point(|t| t.res.slot <= res.slot);
+        local.tokens.insert(i, Token { res, at: on_ours });
+    }
+}
+
+/// Applies the event a reply carries (this process's own cooldowns and closures).
+fn hear_reply(local: &mut Local, reply: &Reply) {
+    let event = match reply.0 {
+        rule::Reply::Defer(d) => d.event,
+        rule::Reply::Changed(e) => Some(e),
+        _ => None,
+    };
+    if let Some(e) = event {
+        local.hear(&e);
+    }
+}
+
+/// What the event sink reaches of the lease, whatever the store type.
+trait Hear: Send + Sync {
+    fn hear(&self, event: &rule::Event);
+    fn resync(&self);
+}
+
+impl<S: Store> Hear for Inner<S> {
+    fn hear(&self, event: &rule::Event) {
+        self.lock().hear(event);
+    }
+
+    fn resync(&self) {
+        // Events may have been missed: the tokens' slots are unknown.
+        self.lock().tokens.clear();
+    }
+}
+
+/// Hears every event before the allowance does.
+struct LeaseSink {
+    inner: Weak<dyn Hear>,
+    next: Watcher,
+}
+
+impl EventSink for LeaseSink {
+    fn event(&self, event: crate::store::Event) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.hear(&event.0);
+        }
+        self.next.notify(event);
+    }
+
+    fn resync(&self) {
+        if let Some(inner) = self.inner.upgrade() {
+            inner.resync();
+        }
+        self.next.resync();
+    }
+
+    fn is_alive(&self) -> bool {
+        self.next.is_alive()
+    }
+}
+
+impl<S: Store> LeaseStore<S> {
+    /// Gives the unused tail of the last lease back to the store now (one store call), as
+    /// when the allowance is done: the tokens still ahead, when no later grant or
+    /// reservation follows them in the schedule. Returns how many went back.
+    ///
+    /// # Errors
+    ///
+    /// The store's.
+    pub async fn give_back(&self) -> Result<u32, StoreError> {
+        let (req, params) = {
+            let mut local = self.inner.lock();
+            let now = Instant::now();
+            let (n, lease) = local.give_back(now);
+            let (Some(lease), Some(params)) = (lease, local.params) else {
+                return Ok(0);
+            };
+            let req = self.inner.request(&mut local, now, 0).back(n, &lease);
+            local.tokens.clear();
+            local.calls += 1;
+            (req, params)
+        };
+        match self
+            .inner
+            .store
+            .apply(&Params(params), Op(rule::Op::Grant(req)))
+            .await?
+            .0
+        {
+            rule::Reply::Grant(Grant::Granted(g)) if g.returned => Ok(req.back),
+            _ => Ok(0),
+        }
+    }
+}
+
+/// Refuses a lease of no tokens or no period.
+pub(crate) fn check(size: u32, period: Duration) -> Result<(), ConfigError> {
+    if size == 0 || size > MAX_LEASE || period.is_zero() {
+        return Err(ConfigError::new(
+            "a lease holds 1 to 10,000 tokens and its period is not zero",
+        ));
+    }
+    Ok(())
+}
+
+// The array length the give-back carries.
+const _: () = assert!(MAX_LIMITS == 4);
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,289 @@
+//! The lease on a paused clock: store calls per admission, the bucket's bound, FIFO, a
+//! cooldown and a closure reaching the tokens, the tail given back, an outage at the share.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use super::{Lease, LeaseStore};
+use crate::{
+    rule::{self, Admission, AdmitRequest},
+    store::{MemoryStore, Op, Params, Reply, Store, StoreError, StoreFuture},
+    Allowance, AllowanceConfig,
+};
+
+fn config(rate: u32, burst: u32) -> AllowanceConfig {
+    AllowanceConfig::per_second(rate, burst)
+        .expect("valid")
+        .exact()
+}
+
+/// `jobs` acquisitions by `workers` tasks; the instants they were admitted at, sorted.
+async fn run(allowance: &Allowance, workers: usize, jobs: usize) -> Vec<Instant> {
+    let times = Arc::new(Mutex::new(Vec::new()));
+    let left = Arc::new(std::sync::atomic::AtomicUsize::new(jobs));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (a, times, left) = (allowance.clone(), times.clone(), left.clone());
+        tasks.push(tokio::spawn(async move {
+            while left
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                a.acquire().await.expect("admitted");
+                times.lock().expect("lock").push(Instant::now());
+                // The request's own time.
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+    let mut v = times.lock().expect("lock").clone();
+    v.sort();
+    v
+}
+
+/// Every stretch of admissions fits the bucket: `k` admissions within `d` need
+/// `k <= burst + rate * d` (each admission rounded to the millisecond grid: one more).
+fn within_the_bucket(times: &[Instant], rate: u32, burst: u32) {
+    for (i, a) in times.iter().enumerate() {
+        for (k, b) in times[i..].iter().enumerate() {
+            let d = b.duration_since(*a).as_secs_f64();
+            let allowed = f64::from(burst) + f64::from(rate) * d + 1.0;
+            assert!(
+                (k + 1) as f64 <= allowed,
+                "{} admissions in {d} s: over the bucket",
+                k + 1
+            );
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn far_fewer_calls_than_admissions_and_never_over_the_bucket() {
+    let store = LeaseStore::new(MemoryStore::new(), Lease::auto());
+    let allowance = Allowance::with_store(config(200, 20), store.clone());
+    let start = Instant::now();
+    let times = run(&allowance, 16, 2_000).await;
+    assert_eq!(times.len(), 2_000);
+    let calls = store.lease_calls();
+    // One holder at 200/s, 500 ms: leases of up to 100 tokens once the rate is measured.
+    assert!(
+        calls * 20 <= 2_000,
+        "{calls} lease calls for 2,000 admissions"
+    );
+    within_the_bucket(&times, 200, 20);
+    // The minimum is (2,000 - 20) / 200 = 9.9 s; stranded tokens <= 5%.
+    let took = times.last().expect("some").duration_since(start);
+    assert!(took <= Duration::from_millis(9_900 * 105 / 100), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_call_per_admission_at_a_low_rate() {
+    let store = LeaseStore::new(MemoryStore::new(), Lease::auto());
+    let allowance = Allowance::with_store(config(2, 1), store.clone());
+    for _ in 0..10 {
+        allowance.acquire().await.expect("admitted");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    assert_eq!(store.lease_calls(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn callers_are_admitted_in_arrival_order() {
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(4, Duration::from_millis(100)).expect("valid"),
+    );
+    let allowance = Allowance::with_store(config(50, 1), store);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (a, order) = (allowance.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            a.acquire().await.expect("admitted");
+            order.lock().expect("lock").push(i);
+        }));
+        // Each arrives before the next.
+        tokio::task::yield_now().await;
+    }
+    for t in tasks {
+        t.await.expect("caller");
+    }
+    assert_eq!(*order.lock().expect("lock"), (0..20).collect::<Vec<_>>());
+}
+
+fn admit(store: &impl Store, params: &Params) -> Admission {
+    let op = Op(rule::Op::Admit(AdmitRequest::first()));
+    match store.try_apply(Instant::now(), params, &op) {
+        Some(Ok(Reply(rule::Reply::Admit(a)))) => a,
+        other => panic!("admit answered {other:?}"),
+    }
+}
+
+fn wait(a: Admission) -> Duration {
+    match a {
+        Admission::Admitted => Duration::ZERO,
+        Admission::Reserved { wait, .. } => wait,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_freezes_the_lease() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(20, Duration::from_millis(200)).expect("valid"),
+    );
+    assert_eq!(wait(admit(&store, &params)), Duration::ZERO);
+    assert!(store.tokens_held() > 10, "a lease of 20 is held");
+    // A 429 here: a cooldown of one second.
+    let defer = Op(rule::Op::Defer {
+        delay_us: Some(1_000_000),
+    });
+    store.apply(&params, defer).await.expect("raised");
+    // Not one token of the lease goes out inside the cooldown.
+    for i in 0..15 {
+        let w = wait(admit(&store, &params));
+        assert!(
+            w >= Duration::from_secs(1),
+            "token #{i} inside the cooldown: {w:?}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_closure_drops_the_lease() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(20, Duration::from_millis(200)).expect("valid"),
+    );
+    admit(&store, &params);
+    let close = Op(rule::Op::Close {
+        delay_us: None,
+        by: rule::ClosedBy::Quota,
+    });
+    store.apply(&params, close).await.expect("closed");
+    assert_eq!(store.tokens_held(), 0);
+    let op = Op(rule::Op::Admit(AdmitRequest::first()));
+    let answer = store.apply(&params, op).await.expect("answered");
+    assert!(
+        matches!(answer.0, rule::Reply::Admit(Admission::Closed { .. })),
+        "{answer:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_unused_tail_goes_back() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let store = LeaseStore::new(
+        memory.clone(),
+        Lease::fixed(20, Duration::from_millis(200)).expect("valid"),
+    );
+    admit(&store, &params);
+    let held = store.tokens_held();
+    assert!(held > 10);
+    // The tokens still ahead go back: the bucket is as if only what was used was taken.
+    let back = store.give_back().await.expect("given back");
+    assert!(back >= 14, "{back} of {held} went back");
+    let w = wait(admit(&memory, &params));
+    assert!(w <= Duration::from_millis(10), "the bucket is back: {w:?}");
+}
+
+/// A store that stops answering on demand.
+#[derive(Debug, Clone)]
+struct Flaky {
+    store: Arc<MemoryStore>,
+    down: Arc<AtomicBool>,
+}
+
+impl Store for Flaky {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::unavailable("down"))));
+        }
+        self.store.apply(params, op)
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return Some(Err(StoreError::unavailable("down")));
+        }
+        self.store.try_apply(now, params, op)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_admits_at_the_share_of_the_holders() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let lease = Lease::fixed(1, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let flaky = Flaky {
+        store: memory.clone(),
+        down: down.clone(),
+    };
+    let a = LeaseStore::new(flaky.clone(), lease);
+    let b = LeaseStore::new(flaky, lease);
+    // Every call a heartbeat: `a` hears of `b` at its next one.
+    admit(&a, &params);
+    admit(&b, &params);
+    admit(&a, &params);
+    assert_eq!(a.holders(), 2);
+    down.store(true, Ordering::SeqCst);
+    // `a` goes on at half the rate (two holders): 20 ms apart, no burst.
+    let allowance = Allowance::with_store(c, a.clone());
+    let mut times = Vec::new();
+    for _ in 0..40 {
+        allowance.acquire().await.expect("admitted in the outage");
+        times.push(Instant::now());
+    }
+    let gaps: Vec<u128> = times
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_millis())
+        .collect();
+    let tail = &gaps[gaps.len() - 10..];
+    assert!(
+        tail.iter().all(|g| *g >= 20),
+        "at the share, no burst: {tail:?}"
+    );
+    // Back: the first call charges what was sent within the last burst window (50 ms:
+    // two or three sends at 20 ms), so the bucket is not full again.
+    down.store(false, Ordering::SeqCst);
+    let mut n = 0;
+    while a.in_outage() {
+        allowance.acquire().await.expect("admitted");
+        n += 1;
+        assert!(n < 20, "rejoined within 100 ms (5 admissions at the share)");
+    }
+    let mut at_once = 0;
+    while wait(admit(&*memory, &params)).is_zero() {
+        at_once += 1;
+    }
+    assert!(
+        at_once <= 2,
+        "{at_once} admitted at once: the outage's sends were not charged"
+    );
+}

@@ -1,0 +1,257 @@
+//! Leases carved out of the shared bucket (feature `lease`): one store call takes several
+//! tokens from every limit at once, scheduled exactly as that many first attempts in a row
+//! would be, so the bucket's bound holds whatever the holder does with them; unused tokens
+//! go back only from the schedule's tail (never making the bucket fuller than it would be);
+//! a call past its valid-until is refused unapplied; holders are counted per window (a
+//! heartbeat) so that a process in an outage knows its share.
+
+use super::{closed, effective_limits, gcra::schedule, us, Admission, Params, State, MAX_LIMITS};
+
+/// How long a window of the holders' count lasts: a holder calls at least once per window
+/// (its lease's period is shorter, or it sends a heartbeat), so the count of distinct
+/// holders in the last full window is the live processes.
+pub const HOLDER_WINDOW_US: u64 = 2_000_000;
+
+/// The most tokens one grant takes (a bound on the script's work per call).
+pub const MAX_GRANT: u32 = 10_000;
+
+/// What a holder asks for with [`Op::Grant`](super::Op::Grant).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrantRequest {
+    /// Tokens wanted (0: only the give-back, the debit and the heartbeat).
+    pub tokens: u32,
+    /// Grant no token whose slot is later than this from now.
+    pub max_wait_us: u64,
+    /// Refuse the call, unapplied, when the store's clock has passed this (0: no bound).
+    pub valid_until_us: u64,
+    /// The window the holder was last counted in (0: never).
+    pub mark: u64,
+    /// Tokens of the previous lease given back (its tail), with that lease's end.
+    pub back: u32,
+    /// The previous lease's theoretical arrival times after its last token.
+    pub back_tat: [u64; MAX_LIMITS],
+    /// The generation and clock-step total the previous lease was granted in.
+    pub back_generation: u64,
+    /// See `back_generation`.
+    pub back_rebased: u64,
+    /// Tokens admitted locally during an outage, charged to the bucket first.
+    pub debit: u32,
+    /// The generation of the state the holder last heard of (0: none), as
+    /// [`AdmitRequest::known_generation`](super::AdmitRequest::known_generation).
+    pub known_generation: u64,
+}
+
+impl GrantRequest {
+    /// Asks for `tokens` tokens.
+    pub const fn new(tokens: u32) -> Self {
+        Self {
+            tokens,
+            max_wait_us: u64::MAX,
+            valid_until_us: 0,
+            mark: 0,
+            back: 0,
+            back_tat: [0; MAX_LIMITS],
+            back_generation: 0,
+            back_rebased: 0,
+            debit: 0,
+            known_generation: 0,
+        }
+    }
+
+    /// The generation of the state the holder last heard of (0: none).
+    pub const fn known_generation(mut self, generation: u64) -> Self {
+        self.known_generation = generation;
+        self
+    }
+
+    /// No token later than `max_wait_us` from now.
+    pub const fn max_wait_us(mut self, max_wait_us: u64) -> Self {
+        self.max_wait_us = max_wait_us;
+        self
+    }
+
+    /// Refused when it reaches the store after `valid_until_us` (the store's clock).
+    pub const fn valid_until_us(mut self, valid_until_us: u64) -> Self {
+        self.valid_until_us = valid_until_us;
+        self
+    }
+
+    /// The window the holder was last counted in.
+    pub const fn mark(mut self, mark: u64) -> Self {
+        self.mark = mark;
+        self
+    }
+
+    /// Gives back `tokens` unused tokens at the tail of the lease `lease`.
+    pub const fn back(mut self, tokens: u32, lease: &Granted) -> Self {
+        self.back = tokens;
+        self.back_tat = lease.end_tat;
+        self.back_generation = lease.generation;
+        self.back_rebased = lease.rebased;
+        self
+    }
+
+    /// Charges `tokens` admitted during an outage first.
+    pub const fn debit(mut self, tokens: u32) -> Self {
+        self.debit = tokens;
+        self
+    }
+}
+
+/// A lease: `tokens` tokens, the i-th (from 0) at the slot [`schedule`] gives the i-th of
+/// that many first attempts from `t0` on, starting from the arrival times `tat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// Tokens granted (0: none, the bucket refused the first: see the grant's reply).
+    pub tokens: u32,
+    /// The store's clock when it decided.
+    pub now: u64,
+    /// The earliest slot (the cooldown's end, or now).
+    pub t0: u64,
+    /// Each limit's arrival time before the lease.
+    pub tat: [u64; MAX_LIMITS],
+    /// After the lease.
+    pub end_tat: [u64; MAX_LIMITS],
+    /// The state's generation, event epoch and clock-step total.
+    pub generation: u64,
+    /// See `generation`.
+    pub epoch: u64,
+    /// See `generation`.
+    pub rebased: u64,
+    /// Whether the give-back went back into the bucket.
+    pub returned: bool,
+    /// Live holders: distinct holders counted in the current or last window (at least 1).
+    pub holders: u64,
+    /// The window this holder is counted in now (its next `mark`).
+    pub window: u64,
+}
+
+/// The answer to [`Op::Grant`](super::Op::Grant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    /// Tokens granted (or only the give-back and heartbeat done, for 0 asked).
+    Granted(Granted),
+    /// Not one token: the answer a first attempt would have had (closed, refused beyond
+    /// `max_wait`, too costly). The give-back, debit and heartbeat were applied.
+    Denied(Admission),
+    /// The call reached the store after its valid-until: nothing applied.
+    Stale,
+}
+
+/// Counts the holder in the current window (once per window).
+fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64) {
+    if state.holders_window == 0 || now >= state.holders_window.saturating_add(HOLDER_WINDOW_US) {
+        state.holders_prev = if now < state.holders_window.saturating_add(2 * HOLDER_WINDOW_US) {
+            state.holders
+        } else {
+            0
+        };
+        state.holders_window = now.max(1);
+        state.holders = 0;
+    }
+    if mark != state.holders_window {
+        state.holders += 1;
+    }
+    (
+        state.holders.max(state.holders_prev).max(1),
+        state.holders_window,
+    )
+}
+
+/// Applies one grant at `now`: stale check, heartbeat, give-back, debit, then the tokens.
+pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantRequest) -> Grant {
+    if req.valid_until_us != 0 && now > req.valid_until_us {
+        return Grant::Stale;
+    }
+    let (holders, window) = heartbeat(state, now, req.mark);
+    let n = params.limit_count;
+    let limits = effective_limits(state, now, params);
+    // The give-back: only from the tail (a later grant or reservation keeps it).
+    let mut returned = req.back > 0;
+    if req.back > 0 {
+        let fresh = req.back_generation == state.generation;
+        let step = state.rebased.saturating_sub(req.back_rebased);
+        for l in 0..n {
+            let mine = req.back_tat[l].saturating_sub(step);
+            if !(fresh && state.tat[l] == mine) {
+                returned = false;
+            }
+        }
+        if returned {
+            for (l, limit) in limits[..n].iter().enumerate() {
+                let back = limit.interval_us.saturating_mul(u64::from(req.back));
+                // Never fuller than it would be: not below now (the tokens' time has come).
+                state.tat[l] = state.tat[l].saturating_sub(back).max(now.min(state.tat[l]));
+            }
+        }
+    }
+    // The debit: tokens sent during an outage, charged as if admitted now.
+    if req.debit > 0 {
+        for (l, limit) in limits[..n].iter().enumerate() {
+            let d = limit.interval_us.saturating_mul(u64::from(req.debit));
+            state.tat[l] = state.tat[l].max(now).saturating_add(d);
+        }
+    }
+    let mut granted = Granted {
+        tokens: 0,
+        now,
+        t0: now,
+        tat: state.tat,
+        end_tat: state.tat,
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        returned,
+        holders,
+        window,
+    };
+    if req.tokens == 0 {
+        return Grant::Granted(granted);
+    }
+    if let Some(answer) = closed(state.closed_until, state.closed_by, now) {
+        return Grant::Denied(answer);
+    }
+    let t0 = now.max(state.blocked_until);
+    granted.t0 = t0;
+    let mut tat = state.tat;
+    let mut last = 0;
+    let mut k = 0;
+    while k < req.tokens.min(MAX_GRANT) {
+        let Some((at, next)) = schedule(&tat[..n], &limits[..n], now, t0, 1) else {
+            return Grant::Denied(Admission::TooCostly);
+        };
+        if at - now > req.max_wait_us {
+            if k == 0 {
+                return Grant::Denied(Admission::Refused {
+                    wait: us(at - now),
+                    cooldown: state.blocked_until > now,
+                });
+            }
+            break;
+        }
+        tat[..n].copy_from_slice(&next[..n]);
+        last = at;
+        k += 1;
+    }
+    state.tat = tat;
+    state.reserved_until = state.reserved_until.max(last);
+    granted.tokens = k;
+    granted.end_tat = tat;
+    Grant::Granted(granted)
+}
+
+/// The slots of a lease's tokens, in order: what [`grant`] scheduled, recomputed by the
+/// holder from the reply (the same pure steps), each with the arrival times after it.
+pub fn lease_slots(lease: &Granted, params: &Params) -> Vec<(u64, [u64; MAX_LIMITS])> {
+    let n = params.limit_count;
+    let mut tat = lease.tat;
+    let mut out = Vec::with_capacity(lease.tokens as usize);
+    for _ in 0..lease.tokens {
+        let Some((at, next)) = schedule(&tat[..n], params.limits(), lease.now, lease.t0, 1) else {
+            break;
+        };
+        tat[..n].copy_from_slice(&next[..n]);
+        out.push((at, tat));
+    }
+    out
+}
