@@ -26,7 +26,7 @@ use tower_allowance::{
     error::AbandonReason,
     grpc::{
         Code, GrpcClassifier, GrpcLayer, GrpcResponse, GrpcStatus, Pushback, WatchTrailers,
-        X_ALLOWANCE_ABANDONED,
+        X_ALLOWANCE_ABANDONED, X_ALLOWANCE_WAITED,
     },
     retry::RetryConfig,
     Allowance, AllowanceConfig, BoxError, Outcome,
@@ -848,4 +848,20 @@ proptest! {
             .unwrap_or(Pushback::DoNotRetry);
         prop_assert_eq!(Pushback::from_header_map(&trailers), Some(expected));
     }
+}
+
+/// Each answer says why it waited: a call that queued for its slot carries the milliseconds
+/// in `x-allowance-waited` (tonic hands it on as metadata); one that went at once, none.
+#[tokio::test(start_paused = true)]
+async fn a_call_that_queued_says_how_long_in_its_metadata() -> Result<(), BoxError> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let allowance = Allowance::new(AllowanceConfig::per_second(1, 1)?.exact());
+    let stack = ServiceBuilder::new()
+        .layer(GrpcLayer::new(allowance))
+        .service(recording(|_| OK, seen));
+    let first = stack.clone().oneshot(call()).await?;
+    assert!(first.headers().get(X_ALLOWANCE_WAITED).is_none());
+    let second = stack.oneshot(call()).await?;
+    assert_eq!(second.headers()[X_ALLOWANCE_WAITED], "1000");
+    Ok(())
 }

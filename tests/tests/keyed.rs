@@ -333,8 +333,9 @@ async fn a_cooldown_or_a_closure_from_a_response_keeps_the_allowance() {
     // A 429 asking for 30 s: a cooldown.
     let throttled = svc.clone().oneshot(post("cool", Some(30))).await;
     assert!(!Outcome::of(&throttled).is_completed());
-    // A 429 asking for 10 days, beyond max_cooldown: a closure.
-    let closing = svc.clone().oneshot(post("closed", Some(864_000))).await;
+    // A 429 asking for 400 days, beyond a year (not to be trusted): a closure, for
+    // max_cooldown. (A valid delay beyond max_cooldown closes until its end.)
+    let closing = svc.clone().oneshot(post("closed", Some(34_560_000))).await;
     assert!(!Outcome::of(&closing).is_completed());
     assert!(
         keyed

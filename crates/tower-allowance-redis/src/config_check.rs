@@ -157,7 +157,7 @@ pub(crate) fn describe(params: &Params) -> String {
             reserve,
             per_mille,
         } => format!(
-            "{reserve} + {per_mille}/1000 of requests per {}",
+            "{reserve} + {per_mille}/1000 of requests, {} slots",
             seconds(slot_us)
         ),
     };
@@ -179,7 +179,7 @@ pub(crate) fn describe_text(text: &str) -> String {
         0 => "unlimited".to_owned(),
         1 => format!("fixed {}", v[14]),
         _ => format!(
-            "{} + {}/1000 of requests per {}",
+            "{} + {}/1000 of requests, {} slots",
             v[15],
             v[16],
             seconds(v[14])

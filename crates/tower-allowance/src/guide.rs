@@ -227,10 +227,12 @@
 //!
 //! ## `max_cooldown`
 //!
-//! The longest cooldown a server may impose (default
-//! one hour). Beyond it the allowance
-//! closes visibly for `max_cooldown` instead of parking every worker: raise it for a provider whose hourly or
-//! daily windows you do want to wait out, lower it for interactive traffic.
+//! The longest cooldown a server may impose before the allowance closes (default one
+//! hour). Beyond it the allowance closes visibly instead of parking every worker, **until
+//! the server's time**: a delay the server states validly (up to a year) is never
+//! shortened, and callers are refused at once naming the reopening time. Only a delay that
+//! cannot be trusted (unrepresentable, or beyond a year) closes it for `max_cooldown`.
+//! Lower it for interactive traffic (callers are then refused sooner rather than queued).
 //!
 //! ## Retry budgets
 //!
@@ -344,3 +346,14 @@
 //! headers report, `AnthropicUsage`, `Settlement::learned()` or `Settlement::all()` (Anthropic
 //! documents adjusting its output-token estimate to the tokens used). The repository's
 //! `docs/settle.md` has the details and `allowance-sim tokens` the measurements.
+//! # Operations
+//!
+//! - **Rolling deploys** (Redis): the newest configuration on an allowance's name decides
+//!   for every process on it, from each process's next decision; nobody is refused
+//!   (`tower-allowance-redis`'s `RedisStoreOptions::pin_config` refuses instead).
+//! - **Why an answer waited**: a response carries the attempt record
+//!   ([`Attempt`](crate::Attempt)) when its request queued, was retried, or the rate is
+//!   adaptive: [`Attempt::queued`](crate::Attempt::queued) is the time queued over all
+//!   attempts, [`Attempt::number`](crate::Attempt::number) the attempts; under gRPC, the
+//!   `x-allowance-waited` metadata (milliseconds).
+//! - More in `docs/operations.md`.

@@ -228,7 +228,8 @@ where
             return Poll::Pending;
         };
         let now = Instant::now();
-        let record = record_for(this.shared, &request, now, now - *this.since);
+        let waited = now.saturating_duration_since(*this.since);
+        let record = record_for(this.shared, &request, now, waited);
         let future = this.service.call(request);
         Poll::Ready(Ok(State::Called {
             future,

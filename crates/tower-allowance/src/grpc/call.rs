@@ -20,11 +20,12 @@ use super::{
     deadline::{parse_timeout, CallDeadline, GrpcDeadline},
     trailers::FeedAllowance,
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT, X_ALLOWANCE_ABANDONED,
+    X_ALLOWANCE_WAITED,
 };
 use crate::{
     classify::Classified,
     error::{find, AbandonReason, Abandoned, Exhausted, Overloaded, StoreUnavailable},
-    Allowance, BoxError, Deadline,
+    Allowance, Attempt, BoxError, Deadline,
 };
 
 /// The outermost service of [`GrpcLayer`](super::GrpcLayer): a call's `grpc-timeout` becomes its
@@ -162,6 +163,11 @@ where
                 if let Some(abandoned) = response.extensions().get::<Abandoned>() {
                     let reason = HeaderValue::from_static(abandoned.reason().as_str());
                     response.headers_mut().insert(X_ALLOWANCE_ABANDONED, reason);
+                }
+                let queued = response.extensions().get::<Attempt>().map(Attempt::queued);
+                if let Some(ms) = queued.filter(|q| !q.is_zero()).map(|q| q.as_millis()) {
+                    let ms = HeaderValue::from(u64::try_from(ms).unwrap_or(u64::MAX));
+                    response.headers_mut().insert(X_ALLOWANCE_WAITED, ms);
                 }
                 Ok(response)
             }

@@ -213,3 +213,8 @@ const GRPC_TIMEOUT: &str = "grpc-timeout";
 /// [`AbandonReason::as_str`](crate::error::AbandonReason::as_str), such as `deadline` or
 /// `budget_exhausted`.
 pub const X_ALLOWANCE_ABANDONED: &str = "x-allowance-abandoned";
+
+/// The metadata key (a response header) saying why an answer waited: the milliseconds the
+/// call queued for admission over all its attempts
+/// ([`Attempt::queued`](crate::Attempt::queued)); absent when every attempt went at once.
+pub const X_ALLOWANCE_WAITED: &str = "x-allowance-waited";
