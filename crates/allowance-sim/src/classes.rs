@@ -496,9 +496,7 @@ fn child_args(part: usize, parts: usize, epoch_ms: u64, name: &str) -> Vec<Strin
 }
 
 fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| ms(d))
+    crate::live::wall_clock_us().map_or(0, |us| us / 1_000)
 }
 
 /// The instant `epoch_ms` (Unix milliseconds) on tokio's clock.

@@ -379,6 +379,7 @@ pub(crate) fn spawn<F: std::future::Future<Output: Send> + Send + 'static>(fut: 
 }
 
 /// A store call, answered or in flight.
+#[cfg_attr(feature = "shares", allow(clippy::large_enum_variant))]
 pub(crate) enum Applying {
     Done(Result<Reply, StoreError>),
     Pending(Answer),
