@@ -283,25 +283,15 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
-    /// Continues an admission whose first step was made synchronously.
+    /// Continues an admission whose first step was made synchronously (one decided already
+    /// is done: the caller returns its result without resuming).
     pub(crate) fn resume(
         shared: H,
         options: AcquireOptions,
         progress: Progress,
         step: Begin,
     ) -> Self {
-        let state = match step {
-            Begin::Hold(id, at) => State::Holding {
-                id,
-                sleep: sleep_until(at),
-            },
-            Begin::Ask(fut, asked) => State::Asking { fut, asked },
-            Begin::Outage(at) => State::Outage {
-                sleep: sleep_until(at),
-            },
-            // Decided already: the caller returns the result without resuming.
-            Begin::Ready(_) => State::Done,
-        };
+        let state = State::of(step).unwrap_or(State::Done);
         Self {
             shared,
             options,
@@ -316,29 +306,29 @@ impl<H: Deref<Target = Shared>> Admit<H> {
     }
 
     fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
-        match step {
-            Begin::Ready(result) => {
-                state.set(State::Done);
-                Some(result)
-            }
-            Begin::Hold(id, at) => {
-                state.set(State::Holding {
-                    id,
-                    sleep: sleep_until(at),
-                });
-                None
-            }
-            Begin::Ask(fut, asked) => {
-                state.set(State::Asking { fut, asked });
-                None
-            }
-            Begin::Outage(at) => {
-                state.set(State::Outage {
-                    sleep: sleep_until(at),
-                });
-                None
-            }
-        }
+        let (next, result) = match State::of(step) {
+            Ok(next) => (next, None),
+            Err(result) => (State::Done, Some(result)),
+        };
+        state.set(next);
+        result
+    }
+}
+
+impl State {
+    /// The state that waits on `step`, or the result it decided.
+    fn of(step: Begin) -> Result<Self, Result<(), AcquireError>> {
+        Ok(match step {
+            Begin::Ready(result) => return Err(result),
+            Begin::Hold(id, at) => State::Holding {
+                id,
+                sleep: sleep_until(at),
+            },
+            Begin::Ask(fut, asked) => State::Asking { fut, asked },
+            Begin::Outage(at) => State::Outage {
+                sleep: sleep_until(at),
+            },
+        })
     }
 }
 
