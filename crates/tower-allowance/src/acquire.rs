@@ -65,7 +65,7 @@ pub(crate) struct Progress {
     failures: u32,
     /// Counted as waiting because of an outage.
     in_outage: bool,
-    /// The slot it was sent at, when paced ([`Admit::slot`]).
+    /// The slot it was sent at, when paced (the admission layer reports its answer).
     pub(crate) slot: Option<Instant>,
 }
 
@@ -254,7 +254,7 @@ pin_project! {
     pub(crate) struct Admit<H: Deref<Target = Shared>> {
         shared: H,
         options: AcquireOptions,
-        progress: Progress,
+        pub(crate) progress: Progress,
         #[pin]
         state: State,
     }
@@ -298,11 +298,6 @@ impl<H: Deref<Target = Shared>> Admit<H> {
             progress,
             state,
         }
-    }
-
-    /// The reserved slot this admission was sent at, if it waited for one.
-    pub(crate) fn slot(&self) -> Option<Instant> {
-        self.progress.slot
     }
 
     fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {

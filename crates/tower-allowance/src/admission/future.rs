@@ -188,9 +188,7 @@ where
         let mut at = None;
         if let Some(mut acquire) = this.acquire.as_mut().as_pin_mut() {
             let admitted = ready!(acquire.as_mut().poll(cx));
-            at = acquire
-                .slot()
-                .map(|slot| Box::new((this.shared.clone(), slot)));
+            at = (acquire.progress.slot).map(|at| Box::new((this.shared.clone(), at)));
             this.acquire.set(None);
             admitted.map_err(|e| e.into_box())?;
         }
