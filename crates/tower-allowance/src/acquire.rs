@@ -399,8 +399,25 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
     }
 }
 
-/// An admission owned by a layer's response future.
+/// An admission owned by a layer's response future, or by the future
+/// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned) returns.
 pub(crate) type OwnedAdmit = Admit<Arc<Shared>>;
+
+impl<H: Deref<Target = Shared>> std::fmt::Debug for Admit<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Start => "start",
+            State::Asking { .. } => "asking the store",
+            State::Holding { .. } => "holding a reserved slot",
+            State::Outage { .. } => "waiting for the store",
+            State::Done => "done",
+        };
+        f.debug_struct("Acquire")
+            .field("options", &self.options)
+            .field("state", &state)
+            .finish()
+    }
+}
 
 pin_project! {
     /// Waits for admission; returned by [`Allowance::acquire`](crate::Allowance::acquire).
@@ -429,56 +446,11 @@ impl<'a> Acquire<'a> {
 
 impl std::fmt::Debug for Acquire<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.inner.state {
-            State::Start => "start",
-            State::Asking { .. } => "asking the store",
-            State::Holding { .. } => "holding a reserved slot",
-            State::Outage { .. } => "waiting for the store",
-            State::Done => "done",
-        };
-        f.debug_struct("Acquire")
-            .field("options", &self.inner.options)
-            .field("state", &state)
-            .finish()
+        self.inner.fmt(f)
     }
 }
 
 impl Future for Acquire<'_> {
-    type Output = Result<(), AcquireError>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx)
-    }
-}
-
-pin_project! {
-    /// [`Acquire`] that owns a handle to the allowance (`'static`, for spawning); returned by
-    /// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned).
-    #[must_use = "futures do nothing unless polled"]
-    pub(crate) struct OwnedAcquire {
-        #[pin]
-        inner: OwnedAdmit,
-    }
-}
-
-impl OwnedAcquire {
-    pub(crate) fn new(shared: Arc<Shared>, options: AcquireOptions) -> Self {
-        Self {
-            inner: Admit::new(shared, options),
-        }
-    }
-}
-
-impl std::fmt::Debug for OwnedAcquire {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OwnedAcquire")
-            .field("options", &self.inner.options)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Future for OwnedAcquire {
     type Output = Result<(), AcquireError>;
 
     #[inline]
