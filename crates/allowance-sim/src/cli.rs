@@ -214,8 +214,9 @@ pub struct Workload {
     pub rate: u32,
     /// Keep the allowance exactly at --burst and --rate: no headroom for delivery jitter
     /// (by default the last request of a burst above 1 waits 10 ms, or one interval if that is
-    /// shorter, and the schedule after it is that much later; at burst 1 the interval is 50%
-    /// longer).
+    /// shorter, and the schedule after it is that much later; at burst 1 two sends are a 50th
+    /// of the interval further apart, 10 ms over Redis, and each slot is paced from the last
+    /// one's actual send or answer).
     #[arg(long)]
     pub exact: bool,
     /// Attempts per job, counting the first.

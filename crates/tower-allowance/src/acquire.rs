@@ -71,7 +71,7 @@ pub(crate) struct Progress {
     /// Where it stands with the class queues (feature `shares`).
     #[cfg(feature = "shares")]
     pub(crate) turn: classes::Turn,
-    /// The slot it was sent at, when paced ([`Admit::slot`]).
+    /// The slot it was sent at, when paced (the admission layer reports its answer).
     pub(crate) slot: Option<Instant>,
 }
 
@@ -270,7 +270,7 @@ pin_project! {
     pub(crate) struct Admit<H: Deref<Target = Shared>> {
         shared: H,
         options: AcquireOptions,
-        progress: Progress,
+        pub(crate) progress: Progress,
         #[pin]
         state: State,
     }
@@ -301,25 +301,15 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
-    /// Continues an admission whose first step was made synchronously.
+    /// Continues an admission whose first step was made synchronously (one decided already
+    /// is done: the caller returns its result without resuming).
     pub(crate) fn resume(
         shared: H,
         options: AcquireOptions,
         progress: Progress,
         step: Begin,
     ) -> Self {
-        let state = match step {
-            Begin::Hold(id, at) => State::Holding {
-                id,
-                sleep: sleep_until(at),
-            },
-            Begin::Ask(fut, asked) => State::Asking { fut, asked },
-            Begin::Outage(at) => State::Outage {
-                sleep: sleep_until(at),
-            },
-            // Decided already: the caller returns the result without resuming.
-            Begin::Ready(_) => State::Done,
-        };
+        let state = State::of(step).unwrap_or(State::Done);
         Self {
             shared,
             options,
@@ -328,35 +318,30 @@ impl<H: Deref<Target = Shared>> Admit<H> {
         }
     }
 
-    /// The reserved slot this admission was sent at, if it waited for one.
-    pub(crate) fn slot(&self) -> Option<Instant> {
-        self.progress.slot
-    }
-
     fn step(mut state: Pin<&mut State>, step: Begin) -> Option<Result<(), AcquireError>> {
-        match step {
-            Begin::Ready(result) => {
-                state.set(State::Done);
-                Some(result)
-            }
-            Begin::Hold(id, at) => {
-                state.set(State::Holding {
-                    id,
-                    sleep: sleep_until(at),
-                });
-                None
-            }
-            Begin::Ask(fut, asked) => {
-                state.set(State::Asking { fut, asked });
-                None
-            }
-            Begin::Outage(at) => {
-                state.set(State::Outage {
-                    sleep: sleep_until(at),
-                });
-                None
-            }
-        }
+        let (next, result) = match State::of(step) {
+            Ok(next) => (next, None),
+            Err(result) => (State::Done, Some(result)),
+        };
+        state.set(next);
+        result
+    }
+}
+
+impl State {
+    /// The state that waits on `step`, or the result it decided.
+    fn of(step: Begin) -> Result<Self, Result<(), AcquireError>> {
+        Ok(match step {
+            Begin::Ready(result) => return Err(result),
+            Begin::Hold(id, at) => State::Holding {
+                id,
+                sleep: sleep_until(at),
+            },
+            Begin::Ask(fut, asked) => State::Asking { fut, asked },
+            Begin::Outage(at) => State::Outage {
+                sleep: sleep_until(at),
+            },
+        })
     }
 }
 
@@ -435,8 +420,25 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
     }
 }
 
-/// An admission owned by a layer's response future.
+/// An admission owned by a layer's response future, or by the future
+/// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned) returns.
 pub(crate) type OwnedAdmit = Admit<Arc<Shared>>;
+
+impl<H: Deref<Target = Shared>> std::fmt::Debug for Admit<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Start => "start",
+            State::Asking { .. } => "asking the store",
+            State::Holding { .. } => "holding a reserved slot",
+            State::Outage { .. } => "waiting for the store",
+            State::Done => "done",
+        };
+        f.debug_struct("Acquire")
+            .field("options", &self.options)
+            .field("state", &state)
+            .finish()
+    }
+}
 
 pin_project! {
     /// Waits for admission; returned by [`Allowance::acquire`](crate::Allowance::acquire).
@@ -465,56 +467,11 @@ impl<'a> Acquire<'a> {
 
 impl std::fmt::Debug for Acquire<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.inner.state {
-            State::Start => "start",
-            State::Asking { .. } => "asking the store",
-            State::Holding { .. } => "holding a reserved slot",
-            State::Outage { .. } => "waiting for the store",
-            State::Done => "done",
-        };
-        f.debug_struct("Acquire")
-            .field("options", &self.inner.options)
-            .field("state", &state)
-            .finish()
+        self.inner.fmt(f)
     }
 }
 
 impl Future for Acquire<'_> {
-    type Output = Result<(), AcquireError>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx)
-    }
-}
-
-pin_project! {
-    /// [`Acquire`] that owns a handle to the allowance (`'static`, for spawning); returned by
-    /// [`Allowance::acquire_owned`](crate::Allowance::acquire_owned).
-    #[must_use = "futures do nothing unless polled"]
-    pub(crate) struct OwnedAcquire {
-        #[pin]
-        inner: OwnedAdmit,
-    }
-}
-
-impl OwnedAcquire {
-    pub(crate) fn new(shared: Arc<Shared>, options: AcquireOptions) -> Self {
-        Self {
-            inner: Admit::new(shared, options),
-        }
-    }
-}
-
-impl std::fmt::Debug for OwnedAcquire {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OwnedAcquire")
-            .field("options", &self.inner.options)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Future for OwnedAcquire {
     type Output = Result<(), AcquireError>;
 
     #[inline]

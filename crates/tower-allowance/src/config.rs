@@ -353,9 +353,7 @@ impl AllowanceConfig {
     pub(crate) fn shared_by_processes(&mut self) {
         for l in &mut self.params.0.limits[..self.limits.len()] {
             if l.headroom_us > 0 && l.tolerance_us == l.interval_us {
-                l.headroom_us = l
-                    .headroom_us
-                    .max(limit::SHARED_BURST_ONE_US.min(l.interval_us));
+                l.headroom_us = l.interval_us.min(limit::SHARED_BURST_ONE_US);
             }
         }
     }

@@ -208,8 +208,10 @@
 //! together, so by default a limit counting requests with a burst above 1 lets the burst's
 //! last request wait 10 ms (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then the rate),
 //! which absorbs an arrival up to 10 ms early at a strict token bucket (where the interval is
-//! 10 ms or less, one token of the burst is kept back); at burst 1 it lengthens the interval
-//! by half instead (a third of the throughput). Against a strict bucket at burst 4 and 20/s,
+//! shorter, one interval: the steady rate stays the configured one at every rate); at burst 1
+//! two sends are a 50th of the interval further apart, and each reserved slot is paced from
+//! when the one before actually left or was answered (2% of the throughput; 10 ms between
+//! sends over a store other processes share, which cannot see their sends). Against a strict bucket at burst 4 and 20/s,
 //! 32 workers, on a loaded 2-core machine: a 429 in 3 of 10 runs exact, in 0 or 1 of 10
 //! with 10 ms of headroom (`BENCHMARKS.md` §12). [`Limit::exact`](crate::Limit::exact)
 //! and [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) turn it off, for a provider

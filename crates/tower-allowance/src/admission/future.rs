@@ -51,8 +51,8 @@ pin_project! {
             future: S::Future,
             // The attempt's record, for the response (when it has one to carry).
             record: Option<Attempt>,
-            // Sent at a reserved slot: told of the answer (`Holders::answered`).
-            slot: Option<Box<(Arc<Shared>, Instant)>>,
+            // The slot it was sent at, when paced: told of the answer (`Holders::answered`).
+            at: Option<Box<(Arc<Shared>, Instant)>>,
         },
         Done,
     }
@@ -165,12 +165,8 @@ where
                     ready.map_err(Into::into)?;
                     let record = record_for(&shared, &request, now, Duration::ZERO);
                     let future = service.call(request);
-                    let slot = progress.slot.map(|at| Box::new((shared.clone(), at)));
-                    return Ok(State::Called {
-                        future,
-                        record,
-                        slot,
-                    });
+                    let at = progress.slot.map(|at| Box::new((shared.clone(), at)));
+                    return Ok(State::Called { future, record, at });
                 }
                 // The future waits for that readiness (the waker is registered), by the
                 // deadline.
@@ -205,10 +201,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<State<S, B>, BoxError>> {
         let mut this = self.project();
-        let mut slot = None;
+        let mut at = None;
         if let Some(mut acquire) = this.acquire.as_mut().as_pin_mut() {
             let admitted = ready!(acquire.as_mut().poll(cx));
-            slot = acquire.slot().map(|at| Box::new((this.shared.clone(), at)));
+            at = (acquire.progress.slot).map(|at| Box::new((this.shared.clone(), at)));
             this.acquire.set(None);
             admitted.map_err(|e| e.into_box())?;
         }
@@ -231,11 +227,7 @@ where
         let waited = now.saturating_duration_since(*this.since);
         let record = record_for(this.shared, &request, now, waited);
         let future = this.service.call(request);
-        Poll::Ready(Ok(State::Called {
-            future,
-            record,
-            slot,
-        }))
+        Poll::Ready(Ok(State::Called { future, record, at }))
     }
 }
 
@@ -282,14 +274,10 @@ where
                         return Poll::Ready(Err(e));
                     }
                 },
-                StateProj::Called {
-                    future,
-                    record,
-                    slot,
-                } => {
+                StateProj::Called { future, record, at } => {
                     let result = ready!(future.poll(cx));
-                    if let Some((shared, at)) = slot.as_deref() {
-                        shared.holders().answered(*at, Instant::now());
+                    if let Some((shared, slot)) = at.as_deref() {
+                        shared.holders().answered(*slot, Instant::now());
                     }
                     let record = *record;
                     this.state.set(State::Done);

@@ -5,7 +5,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 use crate::{
-    acquire::{Acquire, OwnedAcquire},
+    acquire::{Acquire, OwnedAdmit},
     error::{AbandonReason, AcquireError, CooldownError, UnrepresentableDelay},
     rule::{self, Deferred, Op, Reply, StoreState},
     shared::{Applying, Shared},
@@ -144,7 +144,7 @@ impl Allowance {
         &self,
         options: AcquireOptions,
     ) -> impl Future<Output = Result<(), AcquireError>> + Send + std::fmt::Debug + 'static {
-        OwnedAcquire::new(self.shared.clone(), options)
+        OwnedAdmit::new(self.shared.clone(), options)
     }
 
     /// Raises the shared cooldown to at least `delay` from now: no admission before then.

@@ -8,8 +8,8 @@ use crate::{
     rule::{self, LimitParams, Unit},
 };
 
-/// The headroom of a limit with a burst above 1, in time: its bucket tolerates this much
-/// less (one interval less where the interval is shorter); see [Headroom](Limit#headroom).
+/// The headroom of a limit with a burst above 1, in time: its schedule moves this much later
+/// once per burst (one interval where the interval is shorter); see [Headroom](Limit#headroom).
 /// Delivery jitter is a time (a descheduled client, timers firing together, a new
 /// connection), not a share of the interval: measured against a strict bucket on a loaded
 /// 2-core machine, 10 ms is the least that passed every round (see `BENCHMARKS.md`, §12).
@@ -27,25 +27,31 @@ pub(crate) const SHARED_BURST_ONE_US: u64 = 10_000;
 ///
 /// # Headroom
 ///
-/// A limit counting requests is kept a little under the number configured, by default, so
+/// A limit counting requests is kept a little behind the schedule configured, by default, so
 /// that an allowance set exactly at a provider's documented limit draws no 429 from a strict
 /// token bucket: requests sent exactly one interval apart reach the server closer together
 /// or further apart (delivery jitter), and a bucket with no tolerance refuses the ones that
 /// arrive early. Jitter is a time, not a share of the interval (a client descheduled, timers
-/// firing together, a new connection's handshake), so with a burst above 1 the bucket
-/// tolerates 10 ms less (one interval less where the interval is shorter), which absorbs an
-/// arrival up to 10 ms early. The price, precisely: whenever the burst is whole (at the start,
-/// after a quiet spell), its last request waits 10 ms, and the schedule after it is 10 ms
-/// later than without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one
-/// every 50 ms; a run of 200 requests ends 10 ms later); no request of the burst is lost and
-/// the steady rate is the configured one. Only where the interval is 10 ms or less (rates of
-/// 100/s and more) is one token of the burst kept back. With a burst of 1 there is no burst
-/// to delay, and the interval is 50% longer instead, by at most a second (the price: a third
-/// of the throughput at rates of 1/s and more; measured on a loaded 2-core machine, 10%, 20%
-/// and 33% still drew 429s in most runs, see `BENCHMARKS.md`). Limits
-/// counting a cost keep their whole burst (a request may cost the burst), and so does an
-/// adaptive rate (it finds its level from the server's 429s). [`Limit::exact`]
-/// (or [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) for the main limit) turns the headroom off.
+/// firing together, a new connection's handshake), so the headroom is a time too: with a
+/// burst above 1, an admission that finds the bucket full moves the schedule 10 ms later
+/// (one interval where the interval is shorter), which absorbs an arrival up to that much
+/// early. The price, precisely: whenever the burst is whole (at the start, after a quiet
+/// spell), its last request waits 10 ms, and the schedule after it is 10 ms later than
+/// without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one every 50 ms;
+/// a run of 200 requests ends 10 ms later); no request of the burst is lost and the steady
+/// rate is the configured one, at every rate (the tolerance stays whole, so reserved slots
+/// rounded up to the millisecond cost nothing). With a burst of 1 every admission finds the
+/// bucket full: two sends are a 50th of the interval further apart (at most 10 ms: 20/s sends
+/// every 51 ms, 98% of the rate), and this process paces each reserved slot from when the one
+/// before actually left (a late send moves a strict server's schedule as much), or, through
+/// the layers, from when its answer came back within 10 ms (a request delayed on its way, or
+/// a server descheduled, answers late). Over a store other processes share (Redis), a process
+/// cannot pace from the others' sends: a burst of 1 keeps 10 ms between two sends there (at
+/// most an interval; 20/s: 83% of the rate). Limits counting a cost keep their whole burst
+/// (a request may cost the burst), and so does an adaptive rate (it finds its level from the
+/// server's 429s). [`Limit::exact`] (or
+/// [`AllowanceConfig::exact`](crate::AllowanceConfig::exact) for the main limit) turns the
+/// headroom and the pacing off.
 ///
 /// ```
 /// use tower_allowance::Limit;
@@ -143,9 +149,9 @@ impl Limit {
         }
     }
 
-    /// What the rule decides with: the configured parameters, less the headroom (a burst
-    /// above 1 tolerates 10 ms less, or one interval where that is shorter; at burst 1, the
-    /// interval is half an interval longer, rounded up, at most a second).
+    /// What the rule decides with: the configured parameters and the headroom (a burst above
+    /// 1: 10 ms once per burst, or one interval where that is shorter; at burst 1: a 50th of
+    /// the interval between two sends, at most 10 ms).
     pub(super) fn rule_params(&self) -> LimitParams {
         let mut p = self.params;
         if !self.exact && p.unit == Unit::Requests {

@@ -39,17 +39,7 @@ impl Stretch {
     /// No re-timing.
     pub const NONE: Self = Self;
 
-    /// Always [`Stretch::NONE`].
-    #[cfg(any(test, feature = "rule"))]
-    pub const fn from_parts(_from: u64, _start: u64, _base: u64, _cap: u64, _new: u64) -> Self {
-        Self
-    }
-
-    /// Zeros.
-    #[cfg(any(test, feature = "rule"))]
-    pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
-        (0, 0, 0, 0, 0)
-    }
+    // (`from_parts` and `to_parts`, for the wire: in `view.rs`.)
 
     /// Always.
     pub const fn is_none(&self) -> bool {

@@ -158,3 +158,17 @@ impl State {
         self.generation
     }
 }
+
+// The fixed rate's re-timing (rule/fixed.rs) on the wire, as adaptive.rs's twin writes it.
+#[cfg(not(feature = "adaptive"))]
+impl super::Stretch {
+    /// Always [`Stretch::NONE`](super::Stretch::NONE).
+    pub const fn from_parts(_from: u64, _start: u64, _base: u64, _cap: u64, _new: u64) -> Self {
+        Self
+    }
+
+    /// Zeros.
+    pub const fn to_parts(self) -> (u64, u64, u64, u64, u64) {
+        (0, 0, 0, 0, 0)
+    }
+}

@@ -237,36 +237,30 @@ impl Holders {
     /// absorbs; beyond it, carried), while the schedule is in use (the gap within one burst's
     /// tolerance). Without headroom (exact), every slot goes at its instant.
     pub(crate) fn send(&self, at: Instant, now: Instant) -> Option<Instant> {
-        let limit = self.params.limits[0];
-        if limit.headroom_us == 0 {
+        let (l, us) = (self.params.limits[0], Duration::from_micros);
+        let mut r = (l.headroom_us > 0).then(|| self.lock())?;
+        let (last, sent) = r.sent.unwrap_or((at, at));
+        if last > at {
             return None;
         }
-        let mut r = self.lock();
-        if let Some((last_at, last_sent)) = r.sent.filter(|(last_at, _)| *last_at <= at) {
-            let us = Duration::from_micros;
-            let late = last_sent.saturating_duration_since(last_at);
-            // (Local instants of slots on the store's grid: within its granularity.)
-            let within = at - last_at <= us(limit.tolerance_us + limit.headroom_us + 1_000);
-            let due = at.checked_add(late.saturating_sub(us(limit.headroom_us)));
-            if let Some(due) = due.filter(|due| within && *due > now) {
-                return Some(due);
-            }
-        }
-        if r.sent.is_none_or(|(last_at, _)| last_at <= at) {
+        let late = sent
+            .saturating_duration_since(last)
+            .saturating_sub(us(l.headroom_us));
+        // (Local instants of slots on the store's grid: within its granularity.)
+        let in_use = at - last <= us(l.tolerance_us + l.headroom_us + 1_000);
+        let due = at.checked_add(late).filter(|due| in_use && *due > now);
+        if due.is_none() {
             r.sent = Some((at, now));
         }
-        None
+        due
     }
 
     /// At burst 1, records a send admitted at once (the next slot is paced from it); its
     /// slot, `now`, to report the answer to.
     pub(crate) fn sent_now(&self, now: Instant) -> Option<Instant> {
-        let limit = self.params.limits[0];
-        if limit.headroom_us == 0 || limit.tolerance_us != limit.interval_us {
-            return None;
-        }
-        let mut r = self.lock();
-        r.sent = Some(r.sent.map_or((now, now), |last| last.max((now, now))));
+        let l = self.params.limits[0];
+        let mut r = (l.headroom_us > 0 && l.tolerance_us == l.interval_us).then(|| self.lock())?;
+        r.sent = r.sent.max(Some((now, now)));
         Some(now)
     }
 
@@ -275,11 +269,10 @@ impl Holders {
     /// request delayed on its way, or a server descheduled, answers late): the next slot is
     /// paced from it.
     pub(crate) fn answered(&self, at: Instant, now: Instant) {
-        let limit = self.params.limits[0];
-        let mut r = self.lock();
-        if let Some((last_at, sent)) = r.sent.as_mut() {
-            let soon = now.saturating_duration_since(*sent) <= Duration::from_millis(10);
-            if *last_at == at && soon && limit.tolerance_us == limit.interval_us {
+        let l = self.params.limits[0];
+        let mut r = (l.tolerance_us == l.interval_us).then(|| self.lock());
+        if let Some((last, sent)) = r.as_mut().and_then(|r| r.sent.as_mut()) {
+            if *last == at && now.saturating_duration_since(*sent) <= Duration::from_millis(10) {
                 *sent = now;
             }
         }
