@@ -69,9 +69,11 @@ mod tests {
 
     #[test]
     fn the_block_follows_the_parameters_behind_its_marker() {
+        let tokens = tower_allowance::Limit::per_second(100, 100).expect("valid");
         let config = tower_allowance::AllowanceConfig::per_second(3, 2)
+            .and_then(|c| c.with_limit(tokens.counting_cost()))
             .expect("valid")
-            .with_settlement(tower_allowance::settle::Settlement::learned());
+            .with_settlement(tower_allowance::cost::settle::Settlement::learned());
         let mut text = String::from("1,2");
         push_params(&mut text, config.params().rule());
         assert_eq!(text, "1,2,-32,0,1");

@@ -36,8 +36,13 @@ impl<R: UsageReader> Settler for SettleLayer<R> {
         }
         let url = response.url().clone();
         let answer: http::Response<reqwest::Body> = response.into();
+        // Called once (`oneshot`); a second call would get an empty answer.
+        let mut answer = Some(answer);
         let svc = self.layer(tower::service_fn(move |_: http::Request<()>| {
-            std::future::ready(Ok::<_, Infallible>(answer))
+            let once = answer
+                .take()
+                .unwrap_or_else(|| http::Response::new(reqwest::Body::from(Vec::new())));
+            std::future::ready(Ok::<_, Infallible>(once))
         }));
         Box::pin(async move {
             let Ok(settling) = svc.oneshot(request).await;

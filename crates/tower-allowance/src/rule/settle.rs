@@ -358,5 +358,5 @@ pub(crate) fn earlier(at: tokio::time::Instant, us: u64) -> tokio::time::Instant
 }
 
 #[cfg(test)]
-#[path = "settle_tests.rs"]
+#[path = "tests_settle.rs"]
 mod tests;
