@@ -212,6 +212,13 @@ impl<S: Store> LeaseStore<S> {
         self.inner.lock().calls
     }
 
+    /// Tokens granted so far, and those dropped unused (their slot passed): the capacity
+    /// this holder stranded.
+    pub fn tokens_granted_and_expired(&self) -> (u64, u64) {
+        let local = self.inner.lock();
+        (local.granted, local.expired)
+    }
+
     /// Unused tokens held now.
     pub fn tokens_held(&self) -> usize {
         self.inner.lock().tokens.len()
@@ -344,7 +351,13 @@ impl Local {
     fn take(&mut self, now: Instant, max_wait: Duration) -> Option<Result<Reply, StoreError>> {
         // Rejoining after an outage, the share's pace bounds the rate: a token is used late
         // rather than dropped.
-        let pacing = self.pace_until.is_some_and(|u| now < u);
+        // ... and after the window while the tokens are still behind the pace (used at once,
+        // they would be a burst): it ends once they have caught up with it.
+        let behind = self
+            .pace_next
+            .zip(self.tokens.front())
+            .is_some_and(|(p, t)| t.at < p && self.pace_until.is_some());
+        let pacing = self.pace_until.is_some_and(|u| now < u) || behind;
         if !pacing {
             self.expire(now);
         }
@@ -768,21 +781,6 @@ impl<S: Store> Store for LeaseStore<S> {
 
     fn name(&self) -> Option<&str> {
         self.inner.store.name()
-    }
-}
-
-impl<S> Drop for Inner<S> {
-    fn drop(&mut self) {
-        if std::env::var_os("LEASE_DEBUG").is_some() {
-            let l = self.lock();
-            eprintln!(
-                "lease: calls {} granted {} expired {} held {}",
-                l.calls,
-                l.granted,
-                l.expired,
-                l.tokens.len()
-            );
-        }
     }
 }
 
