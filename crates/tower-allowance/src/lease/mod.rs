@@ -141,6 +141,13 @@ impl<S: Store> LeaseStore<S> {
         (local.granted, local.expired)
     }
 
+    /// Time until the next unused token's slot (`None`: none held).
+    pub fn next_token_in(&self) -> Option<Duration> {
+        let local = self.inner.lock();
+        let at = local.tokens.front()?.at;
+        Some(at.saturating_duration_since(Instant::now()))
+    }
+
     /// Unused tokens held now.
     pub fn tokens_held(&self) -> usize {
         self.inner.lock().tokens.len()
