@@ -502,7 +502,7 @@ impl<S: Store> LeaseStore<S> {
     /// A lease token its caller did not use: back in line, if its slot is still ahead.
     fn put_back(&self, res: Reservation) {
         let mut local = self.inner.lock();
-        let Some(lease_at) = local.last.map(|(g, at)| (g, at)) else {
+        let Some(lease_at) = local.last else {
             return;
         };
         let (g, at) = lease_at;
