@@ -49,13 +49,21 @@ use crate::{
 pub struct AllowanceSpec<S = MemorySpec> {
     config: AllowanceConfig,
     store: S,
+    /// `lease = "auto"` (feature `lease`): the store wrapped in a `LeaseStore`.
+    #[cfg(feature = "lease")]
+    lease: Option<crate::lease::Lease>,
 }
 
 impl<S: Default> TryFrom<RawAllowanceConfig<S>> for AllowanceSpec<S> {
     type Error = ConfigError;
 
     fn try_from(raw: RawAllowanceConfig<S>) -> Result<Self, ConfigError> {
+        #[cfg(feature = "lease")]
+        let lease = raw.lease;
         let (config, store) = split(raw)?;
+        #[cfg(feature = "lease")]
+        return Ok(Self::new(config, store.unwrap_or_default()).with_lease(lease));
+        #[cfg(not(feature = "lease"))]
         Ok(Self::new(config, store.unwrap_or_default()))
     }
 }
@@ -63,7 +71,25 @@ impl<S: Default> TryFrom<RawAllowanceConfig<S>> for AllowanceSpec<S> {
 impl<S> AllowanceSpec<S> {
     /// The spec a file would give: `config`, kept in `store`.
     pub fn new(config: AllowanceConfig, store: S) -> Self {
-        Self { config, store }
+        Self {
+            config,
+            store,
+            #[cfg(feature = "lease")]
+            lease: None,
+        }
+    }
+
+    /// Admits from leases of the store (feature `lease`; a file's `lease = "auto"`).
+    #[cfg(feature = "lease")]
+    pub fn with_lease(mut self, lease: Option<crate::lease::Lease>) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease, if any (feature `lease`).
+    #[cfg(feature = "lease")]
+    pub fn lease(&self) -> Option<crate::lease::Lease> {
+        self.lease
     }
 
     /// The allowance's configuration (limits, budget, dialect, classifier, retry rules).
@@ -140,6 +166,11 @@ impl<S: OpenStore> AllowanceSpec<S> {
     /// The store part's, when it cannot open the store (never for [`MemorySpec`]).
     pub async fn build(&self, name: &str) -> Result<Allowance, S::Error> {
         let store = self.store.open(name).await?;
+        #[cfg(feature = "lease")]
+        let store: Arc<dyn Store> = match self.lease {
+            Some(lease) => Arc::new(crate::lease::LeaseStore::new(store, lease)),
+            None => store,
+        };
         Ok(Allowance::builder(self.config.clone())
             .name(name)
             .store(store)

@@ -86,6 +86,11 @@ pub(crate) struct RawAllowanceConfig<S = NoStore> {
     #[cfg(feature = "shares")]
     #[serde(default)]
     classes: std::collections::BTreeMap<String, super::classes::Share>,
+    /// `lease = "auto"` or `"20:200ms"` (feature `lease`): an `AllowanceSpec`'s store is
+    /// wrapped in a `LeaseStore`.
+    #[cfg(feature = "lease")]
+    #[serde(default)]
+    pub(crate) lease: Option<crate::lease::Lease>,
 }
 
 #[derive(serde::Deserialize)]
@@ -170,6 +175,12 @@ impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
 
     fn try_from(raw: RawAllowanceConfig) -> Result<Self, ConfigError> {
         // A `store` never gets this far: `NoStore` refuses it as it is read.
+        #[cfg(feature = "lease")]
+        if raw.lease.is_some() {
+            return Err(
+                ConfigError::new("a lease needs a store: read an AllowanceSpec").at("lease"),
+            );
+        }
         split(raw).map(|(config, _)| config)
     }
 }

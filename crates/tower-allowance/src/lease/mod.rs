@@ -53,7 +53,6 @@
 //! ```
 
 use std::{
-    collections::VecDeque,
     fmt,
     sync::{Arc, Mutex, MutexGuard, Weak},
     time::Duration,
@@ -62,16 +61,15 @@ use std::{
 use tokio::{sync::oneshot, time::Instant};
 
 use crate::{
-    rule::{
-        self, lease_slots, Admission, Applied, Grant, GrantRequest, Granted, LimitParams,
-        Reservation, HOLDER_WINDOW_US, MAX_LIMITS,
-    },
+    rule::{self, Admission, Grant, GrantRequest, Reservation, HOLDER_WINDOW_US, MAX_LIMITS},
     store::{EventSink, Op, Params, Reply, Store, StoreError, StoreFuture, Watcher},
     ConfigError,
 };
 
 mod config;
+mod local;
 pub use config::{Lease, MAX_LEASE};
+use local::{admitted_at, Local, Outage, Served, Token, Waiting};
 
 /// How late after its slot a token may still be used (a timer's lateness); later, it is
 /// dropped: sent later, it could meet the next slots' requests at the upstream.
@@ -107,82 +105,6 @@ struct Inner<S> {
     local: Mutex<Local>,
 }
 
-/// One unused token: its reservation (on the store's clock) and its slot on ours.
-#[derive(Clone, Copy, Debug)]
-struct Token {
-    res: Reservation,
-    at: Instant,
-}
-
-/// What a waiting caller is told: the answer, or (an outage's share) sleep to this instant,
-/// then go.
-enum Served {
-    Reply(Result<Reply, StoreError>),
-    At(Instant),
-}
-
-type Waiter = oneshot::Sender<Served>;
-
-/// The answer to a caller admitted at `at` locally: now, or after a sleep in the future.
-fn admitted_at(at: Instant, now: Instant) -> StoreFuture<Reply> {
-    let admitted = Ok(Reply(rule::Reply::Admit(Admission::Admitted)));
-    if at <= now {
-        return Box::pin(std::future::ready(admitted));
-    }
-    Box::pin(async move {
-        tokio::time::sleep_until(at).await;
-        admitted
-    })
-}
-
-struct Waiting {
-    max_wait: Duration,
-    tx: Waiter,
-}
-
-#[derive(Default)]
-struct Local {
-    /// The allowance's parameters, from the first call.
-    params: Option<rule::Params>,
-    /// Unused tokens, in slot order.
-    tokens: VecDeque<Token>,
-    /// Callers waiting for the next lease, in arrival order.
-    waiters: VecDeque<Waiting>,
-    /// A lease call in flight.
-    refilling: bool,
-    /// Admissions of the last period (their instants).
-    recent: VecDeque<Instant>,
-    first_admission: Option<Instant>,
-    /// The last lease, and where its `now` falls on our clock.
-    last: Option<(Granted, Instant)>,
-    /// The store's state generation last heard of.
-    generation: u64,
-    /// The holders' window this process was counted in, and the live holders then.
-    mark: u64,
-    holders: u64,
-    /// While the store does not answer (local fallback): since when, the next local slot, the
-    /// local admissions (their slots), the last attempt to rejoin.
-    outage: Option<Outage>,
-    /// After an outage: keep pacing at the share until then.
-    pace_until: Option<Instant>,
-    /// The next slot of the share's pace (outage and rejoin).
-    pace_next: Option<Instant>,
-    /// Local admissions during the outage, to charge on rejoining.
-    outage_sent: VecDeque<Instant>,
-    /// Lease calls made (for the figures).
-    calls: u64,
-    /// The answer of a lease call that granted nothing (for the caller that asked).
-    denied: Option<Admission>,
-    /// Tokens dropped unused (their slot passed).
-    expired: u64,
-    /// Tokens granted.
-    granted: u64,
-}
-
-struct Outage {
-    last_try: Instant,
-}
-
 // === impl LeaseStore ===
 
 impl<S: Store> LeaseStore<S> {
@@ -210,6 +132,20 @@ impl<S: Store> LeaseStore<S> {
     /// Lease calls made so far (each one store call).
     pub fn lease_calls(&self) -> u64 {
         self.inner.lock().calls
+    }
+
+    /// Tokens granted so far, and those dropped unused (their slot passed): the capacity
+    /// this holder stranded.
+    pub fn tokens_granted_and_expired(&self) -> (u64, u64) {
+        let local = self.inner.lock();
+        (local.granted, local.expired)
+    }
+
+    /// Time until the next unused token's slot (`None`: none held).
+    pub fn next_token_in(&self) -> Option<Duration> {
+        let local = self.inner.lock();
+        let at = local.tokens.front()?.at;
+        Some(at.saturating_duration_since(Instant::now()))
     }
 
     /// Unused tokens held now.
@@ -259,220 +195,6 @@ fn leasable(params: &rule::Params, op: &rule::Op) -> Option<rule::AdmitRequest> 
             Some(*req)
         }
         _ => None,
-    }
-}
-
-impl Local {
-    /// Drops tokens whose slot passed more than the grace ago.
-    fn expire(&mut self, now: Instant) {
-        while self
-            .tokens
-            .front()
-            .is_some_and(|t| t.at + TOKEN_GRACE < now)
-        {
-            self.tokens.pop_front();
-            self.expired += 1;
-        }
-    }
-
-    /// Records an admission (the rate's measure; during an outage, the charge to come).
-    fn count(&mut self, now: Instant, period: Duration) {
-        self.first_admission.get_or_insert(now);
-        self.recent.push_back(now);
-        while self.recent.front().is_some_and(|t| *t + period < now) || self.recent.len() > 65_536 {
-            self.recent.pop_front();
-        }
-    }
-
-    /// The next lease's size: this period's admissions (extrapolated over a first period),
-    /// the callers waiting now, at least one.
-    fn size(&self, now: Instant, lease: &Lease) -> u32 {
-        if let Some(n) = lease.size() {
-            return n;
-        }
-        let period = lease.period();
-        let seen = self.recent.len() as f64;
-        let elapsed = self
-            .first_admission
-            .map_or(period, |t| now.saturating_duration_since(t))
-            .max(period / 10);
-        let rate = seen / elapsed.min(period).as_secs_f64();
-        let mut n = (rate * period.as_secs_f64()).floor() as u64;
-        // Never more than this process's share of the period's tokens (the holders the store
-        // counted): a burst measured at the start is not a rate.
-        if let Some(p) = self.params {
-            let interval = p.limits().first().map_or(1, |l| l.interval_us.max(1));
-            let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
-            n = n.min(period_us / interval / self.holders.max(1));
-        }
-        // At most twice the last lease (a slow start: the holders are counted meanwhile).
-        let last = self.last.map_or(1, |(g, _)| u64::from(g.tokens).max(1));
-        let n = n
-            .min(last.saturating_mul(2))
-            .max(self.waiters.len() as u64)
-            .max(1);
-        u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
-    }
-
-    /// The share's pace while in an outage (or rejoining): the next slot at the rate divided
-    /// by the holders, no burst. `None` when no holder count is known yet.
-    fn paced(&mut self, now: Instant, at: Instant) -> Option<Instant> {
-        let params = self.params?;
-        if self.holders == 0 {
-            return None;
-        }
-        let every = params
-            .limits()
-            .iter()
-            .map(|l: &LimitParams| l.interval_us)
-            .max()
-            .unwrap_or(0)
-            .saturating_mul(self.holders);
-        let slot = self.pace_next.map_or(at, |n| n.max(at)).max(now);
-        self.pace_next = Some(slot + Duration::from_micros(every));
-        Some(slot)
-    }
-
-    /// The store's clock now, estimated from the last lease (`None`: never heard).
-    fn store_now(&self, now: Instant) -> Option<u64> {
-        let (g, at) = self.last.as_ref()?;
-        let since = u64::try_from(now.saturating_duration_since(*at).as_micros()).ok()?;
-        Some(g.now.saturating_add(since))
-    }
-
-    /// Hands the next token to a caller willing to wait `max_wait`; `None` when none is held.
-    fn take(&mut self, now: Instant, max_wait: Duration) -> Option<Result<Reply, StoreError>> {
-        // Rejoining after an outage, the share's pace bounds the rate: a token is used late
-        // rather than dropped.
-        let pacing = self.pace_until.is_some_and(|u| now < u);
-        if !pacing {
-            self.expire(now);
-        }
-        let token = *self.tokens.front()?;
-        let mut at = token.at;
-        if pacing {
-            at = self.paced(now, at).unwrap_or(at);
-        }
-        let wait = at.saturating_duration_since(now);
-        if wait > max_wait {
-            return Some(Ok(Reply(rule::Reply::Admit(Admission::Refused {
-                wait,
-                cooldown: false,
-            }))));
-        }
-        self.tokens.pop_front();
-        Some(Ok(Reply(rule::Reply::Admit(if wait.is_zero() {
-            Admission::Admitted
-        } else {
-            let mut res = token.res;
-            // The slot the caller sleeps to, on the store's clock.
-            let late = u64::try_from(at.saturating_duration_since(token.at).as_micros())
-                .unwrap_or(u64::MAX);
-            res.slot = res.slot.saturating_add(late);
-            Admission::Reserved {
-                wait,
-                reservation: res,
-            }
-        }))))
-    }
-
-    /// During an outage: an admission at the share's pace (`None`: no share known).
-    fn take_local(&mut self, now: Instant, max_wait: Duration) -> Option<Served> {
-        let after = self.last_token_end().unwrap_or(now);
-        let pace = self.pace_next;
-        let at = self.paced(now, after)?;
-        let wait = at.saturating_duration_since(now);
-        if wait > max_wait {
-            self.pace_next = pace;
-            return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(
-                Admission::Refused {
-                    wait,
-                    cooldown: false,
-                },
-            )))));
-        }
-        self.outage_sent.push_back(at);
-        Some(Served::At(at))
-    }
-
-    fn last_token_end(&self) -> Option<Instant> {
-        self.tokens.back().map(|t| t.at)
-    }
-
-    /// Takes in a lease granted at `at` (our clock, when the reply arrived).
-    fn take_in(&mut self, lease: Granted, at: Instant, params: &rule::Params) {
-        self.generation = lease.generation;
-        self.granted += u64::from(lease.tokens);
-        self.mark = lease.window;
-        // Rejoining after an outage the store counts afresh (the others have not called yet):
-        // the count from before stands until the pace ends.
-        let rejoining = self.pace_until.is_some_and(|u| at < u);
-        self.holders = if rejoining {
-            self.holders.max(lease.holders)
-        } else {
-            lease.holders
-        };
-        for (slot, tat) in lease_slots(&lease, params) {
-            let res = Reservation {
-                slot,
-                tat,
-                generation: lease.generation,
-                epoch: lease.epoch,
-                rebased: lease.rebased,
-                cost: 1,
-                retry: false,
-                budget_slot: FROM_LEASE,
-            };
-            let on_ours = at + Duration::from_micros(slot.saturating_sub(lease.now));
-            self.tokens.push_back(Token { res, at: on_ours });
-        }
-        self.last = Some((lease, at));
-    }
-
-    /// Applies an event the store published to every unused token.
-    fn hear(&mut self, event: &rule::Event) {
-        let Some(params) = self.params else {
-            return;
-        };
-        let mut drop_all = false;
-        for t in &mut self.tokens {
-            match t.res.apply(event, &params) {
-                Applied::Moved(d) => t.at += Duration::from_micros(d),
-                // A settlement gave unused reservations back: the token may go earlier.
-                #[cfg(feature = "settle")]
-                Applied::Earlier(d) => {
-                    t.at = t.at.checked_sub(Duration::from_micros(d)).unwrap_or(t.at);
-                }
-                Applied::Seen => {}
-                Applied::Gap | Applied::Closed | Applied::Lost => drop_all = true,
-            }
-        }
-        if drop_all {
-            self.tokens.clear();
-        }
-    }
-
-    /// The give-back of the tail of the last lease: its unused tokens, when all of them are
-    /// still ahead (the lease's tail, in order).
-    fn give_back(&self, now: Instant) -> (u32, Option<Granted>) {
-        let Some((lease, _)) = self.last else {
-            return (0, None);
-        };
-        let unused = self
-            .tokens
-            .iter()
-            .rev()
-            .take_while(|t| t.res.generation == lease.generation && t.at > now)
-            .count();
-        let ends = self
-            .tokens
-            .back()
-            .is_some_and(|t| t.res.tat == lease.end_tat);
-        if ends && unused > 0 {
-            (u32::try_from(unused).unwrap_or(0), Some(lease))
-        } else {
-            (0, None)
-        }
     }
 }
 
@@ -776,26 +498,11 @@ impl<S: Store> Store for LeaseStore<S> {
     }
 }
 
-impl<S> Drop for Inner<S> {
-    fn drop(&mut self) {
-        if std::env::var_os("LEASE_DEBUG").is_some() {
-            let l = self.lock();
-            eprintln!(
-                "lease: calls {} granted {} expired {} held {}",
-                l.calls,
-                l.granted,
-                l.expired,
-                l.tokens.len()
-            );
-        }
-    }
-}
-
 impl<S: Store> LeaseStore<S> {
     /// A lease token its caller did not use: back in line, if its slot is still ahead.
     fn put_back(&self, res: Reservation) {
         let mut local = self.inner.lock();
-        let Some(lease_at) = local.last.map(|(g, at)| (g, at)) else {
+        let Some(lease_at) = local.last else {
             return;
         };
         let (g, at) = lease_at;

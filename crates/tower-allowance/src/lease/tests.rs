@@ -287,3 +287,27 @@ async fn an_outage_admits_at_the_share_of_the_holders() {
         "{at_once} admitted at once: the outage's sends were not charged"
     );
 }
+
+#[cfg(feature = "serde")]
+#[tokio::test(start_paused = true)]
+async fn a_file_asks_for_a_lease() {
+    let spec: crate::AllowanceSpec =
+        serde_json::from_str(r#"{ "rate": 100, "burst": 10, "lease": "20:200ms" }"#)
+            .expect("a spec with a lease");
+    let want = Lease::fixed(20, Duration::from_millis(200)).expect("valid");
+    assert_eq!(spec.lease(), Some(want));
+    spec.build("leased")
+        .await
+        .expect("built")
+        .acquire()
+        .await
+        .expect("admitted");
+    // A bare configuration has no store to lease from.
+    let bare =
+        serde_json::from_str::<AllowanceConfig>(r#"{ "rate": 1, "burst": 1, "lease": "auto" }"#);
+    assert!(bare.is_err());
+    assert!(serde_json::from_str::<crate::AllowanceSpec>(
+        r#"{ "rate": 1, "burst": 1, "lease": "0:1s" }"#
+    )
+    .is_err());
+}

@@ -65,6 +65,7 @@ impl GrantRequest {
     }
 
     /// No token later than `max_wait_us` from now.
+    #[cfg_attr(not(feature = "rule"), allow(dead_code))]
     pub const fn max_wait_us(mut self, max_wait_us: u64) -> Self {
         self.max_wait_us = max_wait_us;
         self

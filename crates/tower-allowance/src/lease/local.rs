@@ -1,0 +1,312 @@
+//! The lease's local side: the tokens held, the callers waiting, the rate measured, the
+//! outage's share and the pace after it.
+
+use std::{collections::VecDeque, time::Duration};
+
+use tokio::{sync::oneshot, time::Instant};
+
+use super::{Lease, FROM_LEASE, MAX_LEASE, TOKEN_GRACE};
+use crate::{
+    rule::{self, lease_slots, Admission, Applied, Granted, LimitParams, Reservation},
+    store::{Reply, StoreError, StoreFuture},
+};
+
+/// One unused token: its reservation (on the store's clock) and its slot on ours.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Token {
+    pub(super) res: Reservation,
+    pub(super) at: Instant,
+}
+
+/// What a waiting caller is told: the answer, or (an outage's share) sleep to this instant,
+/// then go.
+pub(super) enum Served {
+    Reply(Result<Reply, StoreError>),
+    At(Instant),
+}
+
+pub(super) type Waiter = oneshot::Sender<Served>;
+
+/// The answer to a caller admitted at `at` locally: now, or after a sleep in the future.
+pub(super) fn admitted_at(at: Instant, now: Instant) -> StoreFuture<Reply> {
+    let admitted = Ok(Reply(rule::Reply::Admit(Admission::Admitted)));
+    if at <= now {
+        return Box::pin(std::future::ready(admitted));
+    }
+    Box::pin(async move {
+        tokio::time::sleep_until(at).await;
+        admitted
+    })
+}
+
+pub(super) struct Waiting {
+    pub(super) max_wait: Duration,
+    pub(super) tx: Waiter,
+}
+
+#[derive(Default)]
+pub(super) struct Local {
+    /// The allowance's parameters, from the first call.
+    pub(super) params: Option<rule::Params>,
+    /// Unused tokens, in slot order.
+    pub(super) tokens: VecDeque<Token>,
+    /// Callers waiting for the next lease, in arrival order.
+    pub(super) waiters: VecDeque<Waiting>,
+    /// A lease call in flight.
+    pub(super) refilling: bool,
+    /// Admissions of the last period (their instants).
+    pub(super) recent: VecDeque<Instant>,
+    pub(super) first_admission: Option<Instant>,
+    /// The last lease, and where its `now` falls on our clock.
+    pub(super) last: Option<(Granted, Instant)>,
+    /// The store's state generation last heard of.
+    pub(super) generation: u64,
+    /// The holders' window this process was counted in, and the live holders then.
+    pub(super) mark: u64,
+    pub(super) holders: u64,
+    /// While the store does not answer (local fallback): since when, the next local slot, the
+    /// local admissions (their slots), the last attempt to rejoin.
+    pub(super) outage: Option<Outage>,
+    /// After an outage: keep pacing at the share until then.
+    pub(super) pace_until: Option<Instant>,
+    /// The next slot of the share's pace (outage and rejoin).
+    pub(super) pace_next: Option<Instant>,
+    /// Local admissions during the outage, to charge on rejoining.
+    pub(super) outage_sent: VecDeque<Instant>,
+    /// Lease calls made (for the figures).
+    pub(super) calls: u64,
+    /// The answer of a lease call that granted nothing (for the caller that asked).
+    pub(super) denied: Option<Admission>,
+    /// Tokens dropped unused (their slot passed).
+    pub(super) expired: u64,
+    /// Tokens granted.
+    pub(super) granted: u64,
+}
+
+pub(super) struct Outage {
+    pub(super) last_try: Instant,
+}
+
+impl Local {
+    /// Drops tokens whose slot passed more than the grace ago.
+    pub(super) fn expire(&mut self, now: Instant) {
+        while self
+            .tokens
+            .front()
+            .is_some_and(|t| t.at + TOKEN_GRACE < now)
+        {
+            self.tokens.pop_front();
+            self.expired += 1;
+        }
+    }
+
+    /// Records an admission (the rate's measure; during an outage, the charge to come).
+    pub(super) fn count(&mut self, now: Instant, period: Duration) {
+        self.first_admission.get_or_insert(now);
+        self.recent.push_back(now);
+        while self.recent.front().is_some_and(|t| *t + period < now) || self.recent.len() > 65_536 {
+            self.recent.pop_front();
+        }
+    }
+
+    /// The next lease's size: this period's admissions (extrapolated over a first period),
+    /// the callers waiting now, at least one.
+    pub(super) fn size(&self, now: Instant, lease: &Lease) -> u32 {
+        if let Some(n) = lease.size() {
+            return n;
+        }
+        let period = lease.period();
+        let seen = self.recent.len() as f64;
+        let elapsed = self
+            .first_admission
+            .map_or(period, |t| now.saturating_duration_since(t))
+            .max(period / 10);
+        let rate = seen / elapsed.min(period).as_secs_f64();
+        let mut n = (rate * period.as_secs_f64()).floor() as u64;
+        // Never more than this process's share of the period's tokens (the holders the store
+        // counted): a burst measured at the start is not a rate.
+        if let Some(p) = self.params {
+            let interval = p.limits().first().map_or(1, |l| l.interval_us.max(1));
+            let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
+            n = n.min(period_us / interval / self.holders.max(1));
+        }
+        // At most twice the last lease (a slow start: the holders are counted meanwhile).
+        let last = self.last.map_or(1, |(g, _)| u64::from(g.tokens).max(1));
+        let n = n
+            .min(last.saturating_mul(2))
+            .max(self.waiters.len() as u64)
+            .max(1);
+        u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
+    }
+
+    /// The share's pace while in an outage (or rejoining): the next slot at the rate divided
+    /// by the holders, no burst. `None` when no holder count is known yet.
+    pub(super) fn paced(&mut self, now: Instant, at: Instant) -> Option<Instant> {
+        let params = self.params?;
+        if self.holders == 0 {
+            return None;
+        }
+        let every = params
+            .limits()
+            .iter()
+            .map(|l: &LimitParams| l.interval_us)
+            .max()
+            .unwrap_or(0)
+            .saturating_mul(self.holders);
+        let slot = self.pace_next.map_or(at, |n| n.max(at)).max(now);
+        self.pace_next = Some(slot + Duration::from_micros(every));
+        Some(slot)
+    }
+
+    /// The store's clock now, estimated from the last lease (`None`: never heard).
+    pub(super) fn store_now(&self, now: Instant) -> Option<u64> {
+        let (g, at) = self.last.as_ref()?;
+        let since = u64::try_from(now.saturating_duration_since(*at).as_micros()).ok()?;
+        Some(g.now.saturating_add(since))
+    }
+
+    /// Hands the next token to a caller willing to wait `max_wait`; `None` when none is held.
+    pub(super) fn take(
+        &mut self,
+        now: Instant,
+        max_wait: Duration,
+    ) -> Option<Result<Reply, StoreError>> {
+        // Rejoining after an outage, the share's pace bounds the rate: a token is used late
+        // rather than dropped.
+        // ... and after the window while the tokens are still behind the pace (used at once,
+        // they would be a burst): it ends once they have caught up with it.
+        let behind = self
+            .pace_next
+            .zip(self.tokens.front())
+            .is_some_and(|(p, t)| t.at < p && self.pace_until.is_some());
+        let pacing = self.pace_until.is_some_and(|u| now < u) || behind;
+        if !pacing {
+            self.expire(now);
+        }
+        let token = *self.tokens.front()?;
+        let mut at = token.at;
+        if pacing {
+            at = self.paced(now, at).unwrap_or(at);
+        }
+        let wait = at.saturating_duration_since(now);
+        if wait > max_wait {
+            return Some(Ok(Reply(rule::Reply::Admit(Admission::Refused {
+                wait,
+                cooldown: false,
+            }))));
+        }
+        self.tokens.pop_front();
+        Some(Ok(Reply(rule::Reply::Admit(if wait.is_zero() {
+            Admission::Admitted
+        } else {
+            let mut res = token.res;
+            // The slot the caller sleeps to, on the store's clock.
+            let late = u64::try_from(at.saturating_duration_since(token.at).as_micros())
+                .unwrap_or(u64::MAX);
+            res.slot = res.slot.saturating_add(late);
+            Admission::Reserved {
+                wait,
+                reservation: res,
+            }
+        }))))
+    }
+
+    /// During an outage: an admission at the share's pace (`None`: no share known).
+    pub(super) fn take_local(&mut self, now: Instant, max_wait: Duration) -> Option<Served> {
+        let after = self.last_token_end().unwrap_or(now);
+        let pace = self.pace_next;
+        let at = self.paced(now, after)?;
+        let wait = at.saturating_duration_since(now);
+        if wait > max_wait {
+            self.pace_next = pace;
+            return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(
+                Admission::Refused {
+                    wait,
+                    cooldown: false,
+                },
+            )))));
+        }
+        self.outage_sent.push_back(at);
+        Some(Served::At(at))
+    }
+
+    pub(super) fn last_token_end(&self) -> Option<Instant> {
+        self.tokens.back().map(|t| t.at)
+    }
+
+    /// Takes in a lease granted at `at` (our clock, when the reply arrived).
+    pub(super) fn take_in(&mut self, lease: Granted, at: Instant, params: &rule::Params) {
+        self.generation = lease.generation;
+        self.granted += u64::from(lease.tokens);
+        self.mark = lease.window;
+        // Rejoining after an outage the store counts afresh (the others have not called yet):
+        // the count from before stands until the pace ends.
+        let rejoining = self.pace_until.is_some_and(|u| at < u);
+        self.holders = if rejoining {
+            self.holders.max(lease.holders)
+        } else {
+            lease.holders
+        };
+        for (slot, tat) in lease_slots(&lease, params) {
+            let res = Reservation {
+                slot,
+                tat,
+                generation: lease.generation,
+                epoch: lease.epoch,
+                rebased: lease.rebased,
+                cost: 1,
+                retry: false,
+                budget_slot: FROM_LEASE,
+            };
+            let on_ours = at + Duration::from_micros(slot.saturating_sub(lease.now));
+            self.tokens.push_back(Token { res, at: on_ours });
+        }
+        self.last = Some((lease, at));
+    }
+
+    /// Applies an event the store published to every unused token.
+    pub(super) fn hear(&mut self, event: &rule::Event) {
+        let Some(params) = self.params else {
+            return;
+        };
+        let mut drop_all = false;
+        for t in &mut self.tokens {
+            match t.res.apply(event, &params) {
+                Applied::Moved(d) => t.at += Duration::from_micros(d),
+                // A settlement gave unused reservations back: the token may go earlier.
+                #[cfg(feature = "settle")]
+                Applied::Earlier(d) => {
+                    t.at = t.at.checked_sub(Duration::from_micros(d)).unwrap_or(t.at);
+                }
+                Applied::Seen => {}
+                Applied::Gap | Applied::Closed | Applied::Lost => drop_all = true,
+            }
+        }
+        if drop_all {
+            self.tokens.clear();
+        }
+    }
+
+    /// The give-back of the tail of the last lease: its unused tokens, when all of them are
+    /// still ahead (the lease's tail, in order).
+    pub(super) fn give_back(&self, now: Instant) -> (u32, Option<Granted>) {
+        let Some((lease, _)) = self.last else {
+            return (0, None);
+        };
+        let unused = self
+            .tokens
+            .iter()
+            .rev()
+            .take_while(|t| t.res.generation == lease.generation && t.at > now)
+            .count();
+        let ends = self
+            .tokens
+            .back()
+            .is_some_and(|t| t.res.tat == lease.end_tat);
+        if ends && unused > 0 {
+            (u32::try_from(unused).unwrap_or(0), Some(lease))
+        } else {
+            (0, None)
+        }
+    }
+}
