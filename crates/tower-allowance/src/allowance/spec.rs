@@ -118,7 +118,7 @@ impl<S> AllowanceSpec<S> {
     pub fn map_config(self, f: impl FnOnce(AllowanceConfig) -> AllowanceConfig) -> Self {
         Self {
             config: f(self.config),
-            store: self.store,
+            ..self
         }
     }
 
@@ -134,7 +134,7 @@ impl<S> AllowanceSpec<S> {
     ) -> Result<Self, E> {
         Ok(Self {
             config: f(self.config)?,
-            store: self.store,
+            ..self
         })
     }
 
@@ -152,6 +152,8 @@ impl<S> AllowanceSpec<S> {
         AllowanceSpec {
             config: self.config,
             store,
+            #[cfg(feature = "lease")]
+            lease: self.lease,
         }
     }
 }
