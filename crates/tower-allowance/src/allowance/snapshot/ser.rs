@@ -72,7 +72,8 @@ mod tests {
             assert!(state[field].is_u64(), "{field}: {state}");
         }
 
-        // Closed (for max_cooldown): a server asked for longer than max_cooldown.
+        // Closed (until the server's time, 2 min): a server asked for longer than
+        // max_cooldown.
         allowance
             .extend_cooldown(Duration::from_secs(120))
             .await
@@ -80,20 +81,20 @@ mod tests {
         let snapshot = serde_json::to_value(allowance.snapshot()).expect("serializes");
         assert_eq!(
             snapshot["closed"],
-            json!({ "reopens_in": "1m", "reason": "cooldown_too_long" })
+            json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })
         );
         // The store's view: the same shape, with what only the store knows.
         let refreshed =
             serde_json::to_value(allowance.refresh().await.expect("reads")).expect("serializes");
         assert_eq!(
             refreshed["closed"],
-            json!({ "reopens_in": "1m", "reason": "cooldown_too_long" })
+            json!({ "reopens_in": "2m", "reason": "cooldown_too_long" })
         );
         assert_eq!(refreshed["retries_remaining"], 3);
         assert_eq!(refreshed["adaptive_rate"], json!(null));
         let state = serde_json::to_value(allowance.store_state().await.expect("reads"))
             .expect("serializes");
-        assert_eq!(state["closed"], json!({ "for": "1m" }));
+        assert_eq!(state["closed"], json!({ "for": "2m" }));
         // Closed until cleared is not "open".
         let until_cleared = crate::rule::StoreState {
             closed: Some(None),
