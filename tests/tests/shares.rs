@@ -45,7 +45,7 @@ fn spawn_class(
                         .acquire_with(AcquireOptions::new().class(&class))
                         .await
                         .expect("admitted");
-                    log.lock().unwrap().push((name.clone(), ms(start)));
+                    log.lock().expect("ok").push((name.clone(), ms(start)));
                 }
             })
         })
@@ -57,12 +57,12 @@ async fn weights_share_the_admissions_while_classes_wait_and_a_dry_class_lends_a
     // 20/s burst 4: a 3:2:1 backlog of 100 jobs each.
     let allowance = Allowance::new(
         config(20, 4)
-            .with_class("a", Share::weight(3).unwrap())
-            .unwrap()
-            .with_class("b", Share::weight(2).unwrap())
-            .unwrap()
-            .with_class("c", Share::weight(1).unwrap())
-            .unwrap(),
+            .with_class("a", Share::weight(3).expect("ok"))
+            .expect("ok")
+            .with_class("b", Share::weight(2).expect("ok"))
+            .expect("ok")
+            .with_class("c", Share::weight(1).expect("ok"))
+            .expect("ok"),
     );
     let (start, log) = (Instant::now(), Log::default());
     let mut tasks = Vec::new();
@@ -70,9 +70,9 @@ async fn weights_share_the_admissions_while_classes_wait_and_a_dry_class_lends_a
         tasks.extend(spawn_class(&allowance, name, 10, 100, start, &log));
     }
     for t in tasks {
-        t.await.unwrap();
+        t.await.expect("ok");
     }
-    let log = log.lock().unwrap().clone();
+    let log = log.lock().expect("ok").clone();
     assert_eq!(log.len(), 300);
     // The first 6 s (123 admissions): 3:2:1, each class within the burst (4, spent at the
     // start by whoever asked first) and one admission (the turn alternates classes by
@@ -89,14 +89,14 @@ async fn weights_share_the_admissions_while_classes_wait_and_a_dry_class_lends_a
         );
     }
     // No slot wasted: 300 admissions at 20/s after a burst of 4 end at (300 - 4) / 20 s.
-    let last = log.iter().map(|(_, at)| *at).max().unwrap();
+    let last = log.iter().map(|(_, at)| *at).max().expect("ok");
     assert_eq!(
         last,
         (300 - 4) * 50,
         "the makespan is the bucket's, to the slot"
     );
     let snap = allowance.snapshot();
-    let a = snap.classes.iter().find(|c| c.name == "a").unwrap();
+    let a = snap.classes.iter().find(|c| c.name == "a").expect("ok");
     assert_eq!((a.weight, a.admitted, a.waiting), (3, 100, 0));
 }
 
@@ -104,10 +104,10 @@ async fn weights_share_the_admissions_while_classes_wait_and_a_dry_class_lends_a
 async fn a_high_class_waits_one_interval_behind_any_backlog() {
     let allowance = Allowance::new(
         config(20, 4)
-            .with_class("urgent", Share::weight(1).unwrap().high())
-            .unwrap()
-            .with_class("bulk", Share::weight(1).unwrap())
-            .unwrap(),
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok")
+            .with_class("bulk", Share::weight(1).expect("ok"))
+            .expect("ok"),
     );
     let (start, log) = (Instant::now(), Log::default());
     let bulk = spawn_class(&allowance, "bulk", 40, 400, start, &log);
@@ -127,28 +127,34 @@ async fn a_high_class_waits_one_interval_behind_any_backlog() {
             waits
         }
     });
-    let waits = urgent.await.unwrap();
+    let waits = urgent.await.expect("ok");
     for t in bulk {
-        t.await.unwrap();
+        t.await.expect("ok");
     }
     // One interval (50 ms) behind the slot being served, at most (slots on whole ms).
-    let worst = waits.iter().max().unwrap();
+    let worst = waits.iter().max().expect("ok");
     assert!(*worst <= Duration::from_millis(51), "{waits:?}");
     assert!(
         *worst >= Duration::from_millis(1),
         "a backlog was there: {waits:?}"
     );
     // The bulk backlog still ran at the bucket's rate: 420 admissions.
-    let last = log.lock().unwrap().iter().map(|(_, at)| *at).max().unwrap();
+    let last = log
+        .lock()
+        .expect("ok")
+        .iter()
+        .map(|(_, at)| *at)
+        .max()
+        .expect("ok");
     assert!(last <= (420 - 4) * 50 + 1, "{last}");
 }
 
 fn two_classes(rate: u32, burst: u32) -> AllowanceConfig {
     config(rate, burst)
-        .with_class("a", Share::weight(1).unwrap())
-        .unwrap()
-        .with_class("b", Share::weight(1).unwrap())
-        .unwrap()
+        .with_class("a", Share::weight(1).expect("ok"))
+        .expect("ok")
+        .with_class("b", Share::weight(1).expect("ok"))
+        .expect("ok")
 }
 
 fn of(name: &str) -> AcquireOptions {
@@ -160,7 +166,7 @@ async fn a_caller_leaving_its_class_queue_or_its_turn_stalls_nobody() {
     // 10/s burst 1: the burst at once, then one turn at a time: the holder's slot at 100 ms.
     let allowance = Allowance::new(two_classes(10, 1));
     let start = Instant::now();
-    allowance.acquire_with(of("a")).await.unwrap();
+    allowance.acquire_with(of("a")).await.expect("ok");
     let spawn = |name: &'static str| {
         let a = allowance.clone();
         tokio::spawn(async move { a.acquire_with(of(name)).await.map(|()| ms(start)) })
@@ -178,8 +184,8 @@ async fn a_caller_leaving_its_class_queue_or_its_turn_stalls_nobody() {
     // Its slot goes back to the store (the latest), the turn to the next in line (b: a was
     // served twice already, b's place is the virtual time it began waiting at): the two
     // left are admitted on the next two slots, nobody waits for a turn that never ends.
-    assert_eq!(last.await.unwrap().unwrap(), 100);
-    assert_eq!(next.await.unwrap().unwrap(), 200);
+    assert_eq!(last.await.expect("ok").expect("ok"), 100);
+    assert_eq!(next.await.expect("ok").expect("ok"), 200);
     let snap = allowance.snapshot();
     assert!(snap.classes.iter().all(|c| c.waiting == 0), "{snap:?}");
 }
@@ -188,7 +194,7 @@ async fn a_caller_leaving_its_class_queue_or_its_turn_stalls_nobody() {
 async fn a_deadline_passing_in_the_class_queue_fails_at_the_deadline() {
     let allowance = Allowance::new(two_classes(10, 1));
     let start = Instant::now();
-    allowance.acquire_with(of("a")).await.unwrap();
+    allowance.acquire_with(of("a")).await.expect("ok");
     let holder = {
         let a = allowance.clone();
         tokio::spawn(async move { a.acquire_with(of("a")).await })
@@ -199,13 +205,13 @@ async fn a_deadline_passing_in_the_class_queue_fails_at_the_deadline() {
     let err = allowance
         .acquire_with(of("b").deadline(deadline))
         .await
-        .unwrap_err();
+        .expect_err("an error");
     assert_eq!(
         err.abandon_reason(),
         Some(tower_allowance::error::AbandonReason::Deadline)
     );
     assert_eq!(ms(start), 30, "failed at its deadline, not at the turn");
-    holder.await.unwrap().unwrap();
+    holder.await.expect("ok").expect("ok");
     assert_eq!(ms(start), 100);
 }
 
@@ -219,11 +225,11 @@ async fn a_cooldown_moves_the_turn_and_the_classes_share_after_it() {
     assert!(allowance
         .extend_cooldown(Duration::from_secs(1))
         .await
-        .unwrap());
+        .expect("ok"));
     for t in tasks {
-        t.await.unwrap();
+        t.await.expect("ok");
     }
-    let log = log.lock().unwrap().clone();
+    let log = log.lock().expect("ok").clone();
     // Admitted at 0 and 100 ms; the slot reserved for 200 ms moved past the cooldown's end
     // (1.15 s); then one per interval, alternating classes.
     let times: Vec<u64> = log.iter().map(|(_, at)| *at).collect();
@@ -245,16 +251,16 @@ async fn a_cost_counts_in_its_class_share() {
             let (a, log) = (allowance.clone(), log.clone());
             tasks.push(tokio::spawn(async move {
                 for _ in 0..10 {
-                    a.acquire_with(of(name).cost(cost)).await.unwrap();
-                    log.lock().unwrap().push((name.to_owned(), ms(start)));
+                    a.acquire_with(of(name).cost(cost)).await.expect("ok");
+                    log.lock().expect("ok").push((name.to_owned(), ms(start)));
                 }
             }));
         }
     }
     for t in tasks {
-        t.await.unwrap();
+        t.await.expect("ok");
     }
-    let log = log.lock().unwrap().clone();
+    let log = log.lock().expect("ok").clone();
     let b = log[..30].iter().filter(|(n, _)| n == "b").count();
     assert!((19..=21).contains(&b), "b {b} of the first 30: {log:?}");
 }
@@ -275,7 +281,7 @@ async fn a_retry_keeps_its_class() {
                     http::Response::builder()
                         .status(status)
                         .body(String::new())
-                        .unwrap(),
+                        .expect("ok"),
                 )
             }
         }
@@ -286,12 +292,12 @@ async fn a_retry_keeps_its_class() {
     let res = svc
         .oneshot(http::Request::new(String::new()))
         .await
-        .unwrap();
+        .expect("ok");
     assert_eq!(res.status(), 200);
     assert_eq!(calls.load(Ordering::Relaxed), 2);
     let snap = allowance.snapshot();
-    let b = snap.classes.iter().find(|c| c.name == "b").unwrap();
-    let a = snap.classes.iter().find(|c| c.name == "a").unwrap();
+    let b = snap.classes.iter().find(|c| c.name == "b").expect("ok");
+    let a = snap.classes.iter().find(|c| c.name == "a").expect("ok");
     assert_eq!(
         (a.admitted, b.admitted),
         (0, 2),
@@ -303,10 +309,10 @@ async fn a_retry_keeps_its_class() {
 async fn each_keyed_allowance_has_the_classes() {
     use tower_allowance::keyed::{Keyed, KeyedConfig};
     let base = config(10, 1)
-        .with_class("urgent", Share::weight(1).unwrap().high())
-        .unwrap();
+        .with_class("urgent", Share::weight(1).expect("ok").high())
+        .expect("ok");
     let keyed = Keyed::new(KeyedConfig::new(base));
-    let allowance = keyed.get("tenant-1").unwrap().allowance().clone();
+    let allowance = keyed.get("tenant-1").expect("ok").allowance().clone();
     let start = Instant::now();
     // A backlog of the default class, then an urgent request: one interval behind the slot
     // being served.
@@ -317,14 +323,14 @@ async fn each_keyed_allowance_has_the_classes() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(120)).await;
-    allowance.acquire_with(of("urgent")).await.unwrap();
+    allowance.acquire_with(of("urgent")).await.expect("ok");
     assert_eq!(
         ms(start),
         220,
         "the slot after the one being served (200 ms)"
     );
     for b in bulk {
-        b.await.unwrap().unwrap();
+        b.await.expect("ok").expect("ok");
     }
     let names: Vec<String> = allowance
         .snapshot()
@@ -342,9 +348,9 @@ async fn a_high_class_jumps_at_the_adaptive_rate() {
     // waits at most one interval at the rate of the moment (100 ms at most, in the first s).
     let allowance = Allowance::new(
         config(1000, 1)
-            .with_adaptive_rate(AdaptiveRate::new(10.0, 1.0, 10.0).unwrap())
-            .with_class("urgent", Share::weight(1).unwrap().high())
-            .unwrap(),
+            .with_adaptive_rate(AdaptiveRate::new(10.0, 1.0, 10.0).expect("ok"))
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok"),
     );
     let bulk: Vec<_> = (0..8)
         .map(|_| {
@@ -354,10 +360,29 @@ async fn a_high_class_jumps_at_the_adaptive_rate() {
         .collect();
     tokio::time::sleep(Duration::from_millis(250)).await;
     let arrived = Instant::now();
-    allowance.acquire_with(of("urgent")).await.unwrap();
+    allowance.acquire_with(of("urgent")).await.expect("ok");
     let waited = arrived.elapsed();
     assert!(waited <= Duration::from_millis(101), "{waited:?}");
     for b in bulk {
-        b.await.unwrap().unwrap();
+        b.await.expect("ok").expect("ok");
     }
+}
+
+#[test]
+fn classes_come_from_a_config_file() {
+    let config: AllowanceConfig = serde_json::from_value(serde_json::json!({
+        "rate": 20,
+        "burst": 4,
+        "classes": { "live": { "weight": 1, "high": true }, "prematch": { "weight": 3 } }
+    }))
+    .expect("a config with classes");
+    let by_hand = AllowanceConfig::per_second(20, 4)
+        .and_then(|c| c.with_class("live", Share::weight(1)?.high()))
+        .and_then(|c| c.with_class("prematch", Share::weight(3)?))
+        .expect("classes");
+    assert_eq!(config, by_hand);
+    let bad = serde_json::from_value::<AllowanceConfig>(serde_json::json!({
+        "rate": 20, "burst": 4, "classes": { "live": { "weight": 0 } }
+    }));
+    assert!(bad.is_err(), "a weight of 0 is refused");
 }

@@ -273,8 +273,8 @@ pub async fn run_part(
                     let arrival = start + spec.every.map_or(Duration::ZERO, |e| e * k as u32);
                     tokio::time::sleep_until(arrival).await;
                     let arrived_ms = ms(arrival.saturating_duration_since(start));
-                    let mut req = Request::get(target.url_for(offset + k))
-                        .body(Empty::new())
+                    let mut req = target
+                        .request(offset + k, u32::try_from(w).unwrap_or(u32::MAX))
                         .map_err(|e| e.to_string())?;
                     let sent = SentAt::default();
                     req.extensions_mut().insert(class.clone());

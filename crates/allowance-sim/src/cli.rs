@@ -608,6 +608,27 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     }
     match cli.command {
         Command::Seed { json } => seed(json, out),
+        Command::Run(args) if !args.workload.classes.classes.is_empty() => {
+            // Real time against the built-in upstream on loopback, as `run --real`.
+            let s = args.scenario();
+            let up = real_runtime()?;
+            let upstream = up.block_on(Upstream::start(upstream_config(&s, &args)))?;
+            let key = allowance_testkit::upstream::API_KEY_HEADER;
+            let target = Target::new(upstream.snapshot_url("e{job}"))
+                .header_line(&format!("{key}: {DEFAULT_KEY}"))?;
+            let store = args.workload.store();
+            let processes = args.workload.processes as usize;
+            let outcome = classes::execute(&s, &args.workload.classes, &target, &store, processes)?;
+            let rejected = upstream.log().iter().filter(|r| r.status == 429).count();
+            if !args.workload.json {
+                writeln!(
+                    out,
+                    "upstream: burst {} at {}/s, {rejected} 429s",
+                    s.burst, s.rate_per_sec
+                )?;
+            }
+            classes_out(&args.workload, &outcome, out)
+        }
         Command::Run(args) => {
             let s = args.scenario();
             let report = run_report(&args, on_a_terminal())?;

@@ -249,7 +249,11 @@ impl Target {
         self.url.replace("{job}", &job.to_string())
     }
 
-    fn request(&self, job: usize, worker: u32) -> Result<Request<Empty<Bytes>>, BoxError> {
+    pub(crate) fn request(
+        &self,
+        job: usize,
+        worker: u32,
+    ) -> Result<Request<Empty<Bytes>>, BoxError> {
         let mut req = Request::get(self.url_for(job)).body(Empty::new())?;
         req.headers_mut().extend(self.headers.clone());
         req.extensions_mut().insert(Worker(worker));

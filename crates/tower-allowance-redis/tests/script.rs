@@ -8,8 +8,8 @@ use redis::{aio::MultiplexedConnection, Script};
 use tower_allowance::{
     rule::{
         ADDITIVE_INCREASE_PERIOD_US, BUDGET_SLOTS, CUT_PER_MILLE, EVENT_WORDS, FAST_CUT_PER_MILLE,
-        FAST_CUT_WINDOW_US, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US, ROUND_GRACE_US,
-        SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
+        FAST_CUT_WINDOW_US, HIGH_LEAD, MAX_CLASSES, MAX_DELAY_US, MAX_LIMITS, PENDING_GRACE_US,
+        ROUND_GRACE_US, SHARE_SCALE, SLOT_GRANULARITY_US, SLOW_START_DOUBLING_US,
     },
     Allowance, AllowanceConfig,
 };
@@ -29,6 +29,7 @@ const FILES: [&str; 10] = [
     "src/lua/cooldown.lua",
     "src/lua/gcra.lua",
     "src/lua/probe.lua",
+    "src/lua/shares.lua",
     "src/apply.lua",
 ];
 
@@ -42,7 +43,9 @@ fn constants() -> String {
          local ADDITIVE_INCREASE_PERIOD_US = {ADDITIVE_INCREASE_PERIOD_US}\n\
          local CUT_PER_MILLE = {CUT_PER_MILLE}\nlocal FAST_CUT_PER_MILLE = {FAST_CUT_PER_MILLE}\n\
          local FAST_CUT_WINDOW_US = {FAST_CUT_WINDOW_US}\nlocal FOREVER = -1\n\
-         local ROUND_GRACE_US = {ROUND_GRACE_US}\n"
+         local ROUND_GRACE_US = {ROUND_GRACE_US}\n\
+         local MAX_CLASSES = {MAX_CLASSES}\nlocal SHARE_SCALE = {SHARE_SCALE}\n\
+         local HIGH_LEAD = {HIGH_LEAD}\n"
     )
 }
 

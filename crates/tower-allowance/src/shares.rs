@@ -57,7 +57,7 @@ impl crate::AcquireOptions {
 }
 
 impl AllowanceBuilder {
-    /// [`AllowanceConfig::with_class`] on the builder's configuration.
+    /// [`AllowanceConfig::with_class`](crate::AllowanceConfig::with_class) on the builder's configuration.
     ///
     /// ```
     /// use tower_allowance::{shares::Share, Allowance, AllowanceConfig};
@@ -70,7 +70,7 @@ impl AllowanceBuilder {
     ///
     /// # Errors
     ///
-    /// As [`AllowanceConfig::with_class`].
+    /// As [`AllowanceConfig::with_class`](crate::AllowanceConfig::with_class).
     pub fn with_class(mut self, name: &str, share: Share) -> Result<Self, ConfigError> {
         self.config = self.config.with_class(name, share)?;
         Ok(self)
