@@ -247,9 +247,13 @@ impl Holders {
             .saturating_sub(us(l.headroom_us));
         // (Local instants of slots on the store's grid: within its granularity.)
         let in_use = last <= at && at - last <= us(l.tolerance_us + l.headroom_us + 1_000);
-        // Answers come back within 10 ms, and the last one has not: it was held up on its
-        // way, and may reach the server after this one. Wait for it (an interval at most).
-        let held = in_use && r.fast && !answered && now < at + us(l.interval_us);
+        // At burst 1, an earlier slot not sent yet (its task held up), or, while answers come
+        // back within 10 ms, the last one not answered yet (held up on its way), may reach the
+        // server after this one: wait for it (an interval at most).
+        let burst_one = l.tolerance_us == l.interval_us && now < at + us(l.interval_us);
+        let early = |e: &Entry| e.at < at && !e.spare && !e.lost && e.closed.is_none();
+        let behind = burst_one && r.entries.values().any(early);
+        let held = behind || in_use && r.fast && !answered && now < at + us(l.interval_us);
         let due = at.checked_add(late).filter(|due| in_use && *due > now);
         let due = due.or(held.then(|| now + us(1_000)));
         if due.is_none() {
@@ -279,10 +283,7 @@ impl Holders {
             return;
         };
         let fast = now.saturating_duration_since(*sent) <= Duration::from_millis(10);
-        if fast {
-            *sent = now;
-        }
-        (*answered, r.fast) = (true, fast);
+        (*sent, *answered, r.fast) = (if fast { now } else { *sent }, true, fast);
     }
 
     /// Removes a holder whose slot came (or can no longer be used: closed, lost).
