@@ -592,9 +592,17 @@ mod tests {
             .split(',')
             .map(|n| n.parse().expect("an integer"))
             .collect();
-        assert_eq!(v.len(), 27, "{text}");
+        assert_eq!(v.len(), 27 + 4, "{text}");
         assert_eq!(&v[..4], &[1, 333_334, 666_668, 0], "{text}");
-        assert_eq!(v[26], 1000, "the idle TTL last: {text}");
+        assert_eq!(v[26], 1000, "the idle TTL: {text}");
+        // The block "headroom" last, a value per limit: none when exact; 10 ms by default.
+        assert_eq!(&v[27..], &[0; 4], "{text}");
+        let default = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
+        let a = argv(&Op::Clear, default.params().rule(), 1000, "ta:{x}:ev", None);
+        let Arg::Params(text) = &a[2] else {
+            panic!("{a:?}")
+        };
+        assert!(text.ends_with(",1000,10000,0,0,0"), "{text}");
         let admit = argv(
             &Op::Admit(AdmitRequest::first()),
             config.params().rule(),

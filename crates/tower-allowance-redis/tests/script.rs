@@ -19,9 +19,10 @@ use tower_allowance_redis::{
 };
 
 /// The files of the script, in the documented order (after the generated constants).
-const FILES: [&str; 10] = [
+const FILES: [&str; 11] = [
     "src/lua/now.lua",
     "src/lua/config.lua",
+    "src/lua/headroom.lua",
     "src/lua/state.lua",
     "src/lua/budget.lua",
     "src/lua/clock.lua",

@@ -69,8 +69,10 @@ struct Registry {
     known: Known,
     /// The generation of the state last heard of (0: none yet).
     generation: u64,
-    /// The last reserved slot sent here, and when it was sent ([`Holders::send`]).
-    sent: Option<(Instant, Instant)>,
+    /// The last slot sent here, when it was sent (or answered), and whether it was answered
+    /// ([`Holders::send`]); whether answers came back within 10 ms.
+    sent: Option<(Instant, Instant, bool)>,
+    fast: bool,
 }
 
 impl Registry {
@@ -239,18 +241,23 @@ impl Holders {
     pub(crate) fn send(&self, at: Instant, now: Instant) -> Option<Instant> {
         let (l, us) = (self.params.limits[0], Duration::from_micros);
         let mut r = (l.headroom_us > 0).then(|| self.lock())?;
-        let (last, sent) = r.sent.unwrap_or((at, at));
-        if last > at {
-            return None;
-        }
+        let (last, sent, answered) = r.sent.unwrap_or((at, at, true));
         let late = sent
             .saturating_duration_since(last)
             .saturating_sub(us(l.headroom_us));
         // (Local instants of slots on the store's grid: within its granularity.)
-        let in_use = at - last <= us(l.tolerance_us + l.headroom_us + 1_000);
+        let in_use = last <= at && at - last <= us(l.tolerance_us + l.headroom_us + 1_000);
+        // At burst 1, an earlier slot not sent yet (its task held up), or, while answers come
+        // back within 10 ms, the last one not answered yet (held up on its way), may reach the
+        // server after this one: wait for it (an interval at most).
+        let burst_one = l.tolerance_us == l.interval_us && now < at + us(l.interval_us);
+        let early = |e: &Entry| e.at < at && !e.spare && !e.lost && e.closed.is_none();
+        let behind = burst_one && r.entries.values().any(early);
+        let held = behind || in_use && r.fast && !answered && now < at + us(l.interval_us);
         let due = at.checked_add(late).filter(|due| in_use && *due > now);
+        let due = due.or(held.then(|| now + us(1_000)));
         if due.is_none() {
-            r.sent = Some((at, now));
+            r.sent = r.sent.max(Some((at, now, false)));
         }
         due
     }
@@ -260,7 +267,7 @@ impl Holders {
     pub(crate) fn sent_now(&self, now: Instant) -> Option<Instant> {
         let l = self.params.limits[0];
         let mut r = (l.headroom_us > 0 && l.tolerance_us == l.interval_us).then(|| self.lock())?;
-        r.sent = r.sent.max(Some((now, now)));
+        r.sent = r.sent.max(Some((now, now, false)));
         Some(now)
     }
 
@@ -271,11 +278,12 @@ impl Holders {
     pub(crate) fn answered(&self, at: Instant, now: Instant) {
         let l = self.params.limits[0];
         let mut r = (l.tolerance_us == l.interval_us).then(|| self.lock());
-        if let Some((last, sent)) = r.as_mut().and_then(|r| r.sent.as_mut()) {
-            if *last == at && now.saturating_duration_since(*sent) <= Duration::from_millis(10) {
-                *sent = now;
-            }
-        }
+        let Some(r) = r.as_deref_mut() else { return };
+        let Some((_, sent, answered)) = r.sent.as_mut().filter(|s| s.0 == at) else {
+            return;
+        };
+        let fast = now.saturating_duration_since(*sent) <= Duration::from_millis(10);
+        (*sent, *answered, r.fast) = (if fast { now } else { *sent }, true, fast);
     }
 
     /// Removes a holder whose slot came (or can no longer be used: closed, lost).
