@@ -17,7 +17,7 @@
 //! are the same shape sixty times slower (`AllowanceConfig::per_minute(rpm, ..)` with
 //! `Limit::per_minute(tpm, ..).counting_cost()`).
 //!
-//! Then **reserve, then settle** (`tower_allowance::settle`): against an OpenAI-shaped upstream
+//! Then **reserve, then settle** (`tower_allowance::cost::settle`): against an OpenAI-shaped upstream
 //! (`allowance_testkit::chat`: it charges prompt + `max_tokens` at admission and reports the
 //! `usage` in each answer), each request reserves the same at admission and a `SettleLayer`
 //! settles it to the usage its answer reports, with one configuration whether the upstream
