@@ -17,7 +17,7 @@
 //! are the same shape sixty times slower (`AllowanceConfig::per_minute(rpm, ..)` with
 //! `Limit::per_minute(tpm, ..).counting_cost()`).
 //!
-//! Then **reserve, then settle** (`tower_allowance::settle`): against an OpenAI-shaped upstream
+//! Then **reserve, then settle** (`tower_allowance::cost::settle`): against an OpenAI-shaped upstream
 //! (`allowance_testkit::chat`: it charges prompt + `max_tokens` at admission and reports the
 //! `usage` in each answer), each request reserves the same at admission and a `SettleLayer`
 //! settles it to the usage its answer reports, with one configuration whether the upstream
@@ -377,13 +377,14 @@ pub(crate) struct Settled {
 }
 
 impl Default for Settled {
-    /// 16 workers, 40 jobs (prompt 100 to 1,000, max_tokens 200 to 4,000); 30,000 tokens and
-    /// 100 requests per second: a few seconds.
+    /// 16 workers, 40 jobs (prompt 100 to 1,000, max_tokens 200 to 4,000); 25,000 tokens and
+    /// 100 requests per second (whole microseconds between units, so the allowance's bucket
+    /// refills exactly as the upstream's): a few seconds.
     fn default() -> Self {
         Self {
             workers: 16,
             jobs: 40,
-            tokens: 30_000,
+            tokens: 25_000,
             requests: 100,
         }
     }

@@ -65,3 +65,8 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/tour.md")]
 pub struct TourDoctests;
+
+/// The settle guide's example, likewise (`docs/settle.md`, feature `settle`).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/settle.md")]
+pub struct SettleDoctests;

@@ -1,6 +1,6 @@
 //! `allowance-sim tokens`: jobs against an OpenAI-shaped token-limited upstream, each request
 //! reserving its prompt plus `max_tokens` at admission and settled to the tokens its answer
-//! used ([`tower_allowance::settle`]), with one configuration whatever the provider's refund
+//! used ([`tower_allowance::cost::settle`]), with one configuration whatever the provider's refund
 //! rule (learned from `x-ratelimit-remaining-tokens`).
 //!
 //! Each job POSTs `{"prompt_tokens": P, "max_tokens": M}` (P uniform in 100..=1000, M in

@@ -63,7 +63,7 @@ impl<R: UsageReader> Settler for SettleLayer<R> {
 
 impl<C: Classify> AllowanceMiddleware<C> {
     /// Settles every attempt to the usage its answer reports, read by `reader` from the body
-    /// as the caller reads it ([`tower_allowance::settle`]; the allowance needs
+    /// as the caller reads it ([`tower_allowance::cost::settle`]; the allowance needs
     /// `AllowanceConfig::with_settlement`). Each request's reservation is its
     /// [`Cost`](tower_allowance::Cost) (`RequestBuilder::with_extension`).
     ///

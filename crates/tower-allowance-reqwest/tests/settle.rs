@@ -3,7 +3,9 @@
 //! upstream reports; the caller still gets the whole body and the response's URL.
 #![cfg(feature = "settle")]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use allowance_testkit::chat::{ChatUpstream, ChatUpstreamConfig};
 use reqwest_middleware::ClientBuilder;

@@ -24,6 +24,7 @@
 //! | `probe.rs` | `probe.lua` | the quota probe's lease |
 //! | `adaptive.rs` | `adaptive.lua` | the adaptive rate, and the re-timing of a schedule at a cut (`Stretch`) |
 //! | `clock.rs` | `clock.lua` | clock steps rebased away; a lost state recreated |
+//! | `settle.rs` | `settle.lua` | reserve, then settle (feature `settle`): settlements, the learned refund share |
 //! | `mod.rs` | `apply.lua` | `apply` (dispatch) and `read` |
 //!
 #![cfg_attr(feature = "rule", doc = "```")]

@@ -267,6 +267,10 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         state.settle.credited = clamp_i64(i128::from(state.settle.credited) + fin + extra);
     }
     let mut shift = [0u64; MAX_LIMITS];
+    #[allow(
+        clippy::needless_range_loop,
+        reason = "limit l's parameters, arrival time and shift, read and written by index"
+    )]
     for l in 0..n {
         let limit = params.limits[l];
         if limit.unit != Unit::Cost {
