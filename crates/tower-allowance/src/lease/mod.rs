@@ -12,8 +12,8 @@
 //! The lease's size follows this process's measured rate: the admissions of the last
 //! [`Lease::period`] (at least one token, at most [`MAX_LEASE`]), so that at a provider's
 //! 2/s it is one call per admission as without a lease, and at high rates one call per
-//! period. A new lease is taken when half of the current one is spent, before the callers
-//! need it.
+//! period. A new lease is taken when three quarters of the current one are spent, before the
+//! callers need it.
 //!
 //! Everything else still holds: every event the store publishes (a cooldown, a closure, a
 //! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
@@ -73,7 +73,7 @@ use local::{admitted_at, Local, Outage, Served, Token, Waiting};
 
 /// How late after its slot a token may still be used (a timer's lateness); later, it is
 /// dropped: sent later, it could meet the next slots' requests at the upstream.
-const TOKEN_GRACE: Duration = Duration::from_millis(5);
+const TOKEN_GRACE: Duration = Duration::from_millis(2);
 
 /// How often a process in an outage asks the store again.
 const REJOIN_PROBE: Duration = Duration::from_millis(100);
@@ -349,7 +349,7 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
 
 impl<S: Store> LeaseStore<S> {
     /// Answers a leasable admission from the tokens held (or the outage's share), starting
-    /// the next lease call when half is spent; `None`: wait for the next lease.
+    /// the next lease call when three quarters are spent; `None`: wait for the next lease.
     fn admit_now(
         &self,
         local: &mut Local,
@@ -379,9 +379,9 @@ impl<S: Store> LeaseStore<S> {
         ) {
             local.count(now, self.inner.lease.period());
         }
-        // The next lease is asked for when half of this one is spent (one of a single token:
-        // when a caller needs it).
-        let low = local.size(now, &self.inner.lease) as usize / 2;
+        // The next lease is asked for when three quarters of this one are spent (a small one:
+        // when a caller needs it): what a holder keeps ahead stays small.
+        let low = local.size(now, &self.inner.lease) as usize / 4;
         if answer.is_none() || local.tokens.len() < low || local.outage.is_some() {
             local.denied = None;
             refill(&self.inner, local, params, now);
