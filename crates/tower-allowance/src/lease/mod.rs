@@ -100,7 +100,9 @@ impl<S> Clone for LeaseStore<S> {
 }
 
 struct Inner<S> {
-    store: S,
+    store: Arc<S>,
+    /// Gives the unused tail back when the last handle goes (made where `S: Store`).
+    on_drop: Box<dyn Fn(&mut Local) + Send + Sync>,
     lease: Lease,
     local: Mutex<Local>,
 }
@@ -110,9 +112,13 @@ struct Inner<S> {
 impl<S: Store> LeaseStore<S> {
     /// Wraps `store`: admissions come from leases of its bucket, as `lease` says.
     pub fn new(store: S, lease: Lease) -> Self {
+        let store = Arc::new(store);
+        let tail = store.clone();
+        let on_drop = Box::new(move |local: &mut Local| give_back_on_drop(&*tail, local));
         Self {
             inner: Arc::new(Inner {
                 store,
+                on_drop,
                 lease,
                 local: Mutex::new(Local::default()),
             }),
@@ -607,6 +613,38 @@ impl<S: Store> LeaseStore<S> {
             rule::Reply::Grant(Grant::Granted(g)) if g.returned => Ok(req.back),
             _ => Ok(0),
         }
+    }
+}
+
+impl<S> Drop for Inner<S> {
+    fn drop(&mut self) {
+        let local = self.local.get_mut().unwrap_or_else(|e| e.into_inner());
+        (self.on_drop)(local);
+    }
+}
+
+/// The give-back when the holder goes: the unused tail, in one call (answered at once by a
+/// store without I/O, else sent from a task when a runtime is there; best effort).
+fn give_back_on_drop<S: Store>(store: &S, local: &mut Local) {
+    let now = Instant::now();
+    let (n, lease) = local.give_back(now);
+    let (Some(lease), Some(params)) = (lease, local.params) else {
+        return;
+    };
+    let req = GrantRequest::new(0)
+        .mark(local.mark)
+        .known_generation(local.generation)
+        .back(n, &lease);
+    local.tokens.clear();
+    let (params, op) = (Params(params), Op(rule::Op::Grant(req)));
+    if store.try_apply(now, &params, &op).is_some() {
+        return;
+    }
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let call = store.apply(&params, op);
+        handle.spawn(async move {
+            let _ = call.await;
+        });
     }
 }
 
