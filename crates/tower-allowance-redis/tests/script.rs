@@ -19,7 +19,7 @@ use tower_allowance_redis::{
 };
 
 /// The files of the script, in the documented order (after the generated constants).
-const FILES: [&str; 9] = [
+const FILES: [&str; 10] = [
     "src/lua/now.lua",
     "src/lua/state.lua",
     "src/lua/budget.lua",
@@ -28,6 +28,7 @@ const FILES: [&str; 9] = [
     "src/lua/cooldown.lua",
     "src/lua/gcra.lua",
     "src/lua/probe.lua",
+    "src/lua/grant.lua",
     "src/apply.lua",
 ];
 

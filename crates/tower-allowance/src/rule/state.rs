@@ -59,14 +59,10 @@ pub struct State {
     /// recreated (a Redis `FLUSHALL`, a restart without persistence) has another one, so the
     /// holders of reservations made in the old one know to ask again.
     pub(crate) generation: u64,
-    /// Leases (feature `lease`): the holders' window began here; holders counted in it, and
-    /// in the window before.
+    /// Leases (feature `lease`): when the holders' window began, the holders counted in it,
+    /// and in the window before.
     #[cfg(feature = "lease")]
-    pub(crate) holders_window: u64,
-    #[cfg(feature = "lease")]
-    pub(crate) holders: u64,
-    #[cfg(feature = "lease")]
-    pub(crate) holders_prev: u64,
+    pub(crate) holders: [u64; 3],
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that
