@@ -18,6 +18,7 @@
 //! | `lua/settle.lua` | `rule/settle.rs`: reserve, then settle (its parameters' block, its state group `s`) |
 //! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
 //! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
+//! | `lua/grant.lua` | `rule/grant.rs`: leases of the shared bucket (op 13; group `l`: the holders' window) |
 //! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
 //!
 //! Each rule file's decisions are transcribed under the Rust names, in an order Lua's locals

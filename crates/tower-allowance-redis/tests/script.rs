@@ -19,7 +19,7 @@ use tower_allowance_redis::{
 };
 
 /// The files of the script, in the documented order (after the generated constants).
-const FILES: [&str; 11] = [
+const FILES: [&str; 14] = [
     "src/lua/now.lua",
     "src/lua/config.lua",
     "src/lua/headroom.lua",
@@ -28,9 +28,11 @@ const FILES: [&str; 11] = [
     "src/lua/clock.lua",
     "src/lua/adaptive.lua",
     "src/lua/cooldown.lua",
+    "src/lua/settle.lua",
     "src/lua/gcra.lua",
     "src/lua/probe.lua",
     "src/lua/shares.lua",
+    "src/lua/grant.lua",
     "src/apply.lua",
 ];
 

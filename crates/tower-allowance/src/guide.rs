@@ -408,3 +408,13 @@
 //! `tower_allowance_class_admitted_total`, `tower_allowance_class_wait_seconds` and
 //! `tower_allowance_class_waiting` (labels `allowance` and `class`), and the debug logs name
 //! the class.
+//! # Leases (feature `lease`)
+//!
+//! Many processes at a high rate on one Redis allowance: wrap the store in a
+//! `lease::LeaseStore` with `Lease::auto()`. A process then takes several tokens of the
+//! shared bucket in one store call (taken up front, so the bucket's bound holds) and admits
+//! from them locally, in arrival order; about one call per half second per process instead of
+//! one per admission. Cooldowns, closures and lost states reach the tokens at once; retries,
+//! costs above one and adaptive rates still go to the store. `Lease::local_fallback(true)`
+//! keeps admitting at the process's share of the rate while Redis does not answer.
+//! In a file: `lease = "auto"`. See `docs/leases.md`.

@@ -12,8 +12,8 @@
 //! The lease's size follows this process's measured rate: the admissions of the last
 //! [`Lease::period`] (at least one token, at most [`MAX_LEASE`]), so that at a provider's
 //! 2/s it is one call per admission as without a lease, and at high rates one call per
-//! period. A new lease is taken when half of the current one is spent, before the callers
-//! need it.
+//! period. A new lease is taken when three quarters of the current one are spent, before the
+//! callers need it.
 //!
 //! Everything else still holds: every event the store publishes (a cooldown, a closure, a
 //! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
@@ -73,7 +73,7 @@ use local::{admitted_at, Local, Outage, Served, Token, Waiting};
 
 /// How late after its slot a token may still be used (a timer's lateness); later, it is
 /// dropped: sent later, it could meet the next slots' requests at the upstream.
-const TOKEN_GRACE: Duration = Duration::from_millis(5);
+const TOKEN_GRACE: Duration = Duration::from_millis(2);
 
 /// How often a process in an outage asks the store again.
 const REJOIN_PROBE: Duration = Duration::from_millis(100);
@@ -100,7 +100,9 @@ impl<S> Clone for LeaseStore<S> {
 }
 
 struct Inner<S> {
-    store: S,
+    store: Arc<S>,
+    /// Gives the unused tail back when the last handle goes (made where `S: Store`).
+    on_drop: Box<dyn Fn(&mut Local) + Send + Sync>,
     lease: Lease,
     local: Mutex<Local>,
 }
@@ -110,9 +112,13 @@ struct Inner<S> {
 impl<S: Store> LeaseStore<S> {
     /// Wraps `store`: admissions come from leases of its bucket, as `lease` says.
     pub fn new(store: S, lease: Lease) -> Self {
+        let store = Arc::new(store);
+        let tail = store.clone();
+        let on_drop = Box::new(move |local: &mut Local| give_back_on_drop(&*tail, local));
         Self {
             inner: Arc::new(Inner {
                 store,
+                on_drop,
                 lease,
                 local: Mutex::new(Local::default()),
             }),
@@ -349,7 +355,7 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
 
 impl<S: Store> LeaseStore<S> {
     /// Answers a leasable admission from the tokens held (or the outage's share), starting
-    /// the next lease call when half is spent; `None`: wait for the next lease.
+    /// the next lease call when three quarters are spent; `None`: wait for the next lease.
     fn admit_now(
         &self,
         local: &mut Local,
@@ -379,9 +385,9 @@ impl<S: Store> LeaseStore<S> {
         ) {
             local.count(now, self.inner.lease.period());
         }
-        // The next lease is asked for when half of this one is spent (one of a single token:
-        // when a caller needs it).
-        let low = local.size(now, &self.inner.lease) as usize / 2;
+        // The next lease is asked for when three quarters of this one are spent (a small one:
+        // when a caller needs it): what a holder keeps ahead stays small.
+        let low = local.size(now, &self.inner.lease) as usize / 4;
         if answer.is_none() || local.tokens.len() < low || local.outage.is_some() {
             local.denied = None;
             refill(&self.inner, local, params, now);
@@ -607,6 +613,38 @@ impl<S: Store> LeaseStore<S> {
             rule::Reply::Grant(Grant::Granted(g)) if g.returned => Ok(req.back),
             _ => Ok(0),
         }
+    }
+}
+
+impl<S> Drop for Inner<S> {
+    fn drop(&mut self) {
+        let local = self.local.get_mut().unwrap_or_else(|e| e.into_inner());
+        (self.on_drop)(local);
+    }
+}
+
+/// The give-back when the holder goes: the unused tail, in one call (answered at once by a
+/// store without I/O, else sent from a task when a runtime is there; best effort).
+fn give_back_on_drop<S: Store>(store: &S, local: &mut Local) {
+    let now = Instant::now();
+    let (n, lease) = local.give_back(now);
+    let (Some(lease), Some(params)) = (lease, local.params) else {
+        return;
+    };
+    let req = GrantRequest::new(0)
+        .mark(local.mark)
+        .known_generation(local.generation)
+        .back(n, &lease);
+    local.tokens.clear();
+    let (params, op) = (Params(params), Op(rule::Op::Grant(req)));
+    if store.try_apply(now, &params, &op).is_some() {
+        return;
+    }
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let call = store.apply(&params, op);
+        handle.spawn(async move {
+            let _ = call.await;
+        });
     }
 }
 

@@ -204,6 +204,22 @@ async fn the_unused_tail_goes_back() {
     assert!(w <= Duration::from_millis(10), "the bucket is back: {w:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_dropped_holder_gives_its_tail_back() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let store = LeaseStore::new(
+        memory.clone(),
+        Lease::fixed(20, Duration::from_millis(200)).expect("valid"),
+    );
+    admit(&store, &params);
+    assert!(store.tokens_held() > 10);
+    drop(store);
+    let w = wait(admit(&memory, &params));
+    assert!(w <= Duration::from_millis(10), "the bucket is back: {w:?}");
+}
+
 /// A store that stops answering on demand.
 #[derive(Debug, Clone)]
 struct Flaky {

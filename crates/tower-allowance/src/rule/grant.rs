@@ -13,7 +13,7 @@ use super::{closed, effective_limits, gcra::schedule, us, Admission, Params, Sta
 pub const HOLDER_WINDOW_US: u64 = 2_000_000;
 
 /// The most tokens one grant takes (a bound on the script's work per call).
-pub const MAX_GRANT: u32 = 10_000;
+pub(crate) const MAX_GRANT: u32 = 10_000;
 
 /// What a holder asks for with [`Op::Grant`](super::Op::Grant).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -141,21 +141,21 @@ pub enum Grant {
 
 /// Counts the holder in the current window (once per window).
 fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64) {
-    if state.holders_window == 0 || now >= state.holders_window.saturating_add(HOLDER_WINDOW_US) {
-        state.holders_prev = if now < state.holders_window.saturating_add(2 * HOLDER_WINDOW_US) {
-            state.holders
+    if state.holders[0] == 0 || now >= state.holders[0].saturating_add(HOLDER_WINDOW_US) {
+        state.holders[2] = if now < state.holders[0].saturating_add(2 * HOLDER_WINDOW_US) {
+            state.holders[1]
         } else {
             0
         };
-        state.holders_window = now.max(1);
-        state.holders = 0;
+        state.holders[0] = now.max(1);
+        state.holders[1] = 0;
     }
-    if mark != state.holders_window {
-        state.holders += 1;
+    if mark != state.holders[0] {
+        state.holders[1] += 1;
     }
     (
-        state.holders.max(state.holders_prev).max(1),
-        state.holders_window,
+        state.holders[1].max(state.holders[2]).max(1),
+        state.holders[0],
     )
 }
 

@@ -22,6 +22,7 @@
 //! | `cooldown.rs` | `cooldown.lua` | the cooldown and the closed state |
 //! | `budget.rs` | `budget.lua` | the retry budget |
 //! | `probe.rs` | `probe.lua` | the quota probe's lease |
+//! | `grant.rs` | `grant.lua` | leases of the shared bucket (feature `lease`): tokens taken up front, the tail given back, stale calls refused, holders counted |
 //! | `adaptive.rs` | `adaptive.lua` | the adaptive rate, and the re-timing of a schedule at a cut (`Stretch`) |
 //! | `clock.rs` | `clock.lua` | clock steps rebased away; a lost state recreated |
 //! | `settle.rs` | `settle.lua` | reserve, then settle (feature `settle`): settlements, the learned refund share |
@@ -143,10 +144,7 @@ pub use self::adaptive::{
     ROUND_GRACE_US, SLOW_START_DOUBLING_US,
 };
 #[cfg(feature = "lease")]
-use self::grant::grant;
-#[cfg(feature = "lease")]
-#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
-pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US, MAX_GRANT};
+pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US};
 #[cfg(any(feature = "rule", feature = "adaptive", test))]
 pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
@@ -271,7 +269,7 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
         #[cfg(feature = "settle")]
         Op::Settle(s) => Reply::Settled(settle::settle(state, now, params, &s)),
         #[cfg(feature = "lease")]
-        Op::Grant(req) => Reply::Grant(grant(state, now, params, &req)),
+        Op::Grant(req) => Reply::Grant(grant::grant(state, now, params, &req)),
     }
 }
 

@@ -66,14 +66,10 @@ pub struct State {
     /// Reserve, then settle: what the settlements remember (feature `settle`).
     #[cfg(feature = "settle")]
     pub(crate) settle: super::settle::SettleState,
-    /// Leases (feature `lease`): the holders' window began here; holders counted in it, and
-    /// in the window before.
+    /// Leases (feature `lease`): when the holders' window began, the holders counted in it,
+    /// and in the window before.
     #[cfg(feature = "lease")]
-    pub(crate) holders_window: u64,
-    #[cfg(feature = "lease")]
-    pub(crate) holders: u64,
-    #[cfg(feature = "lease")]
-    pub(crate) holders_prev: u64,
+    pub(crate) holders: [u64; 3],
 }
 
 /// Whether `state` is *settled* at `now`: as good as a fresh one ([`State::default`]), so that
