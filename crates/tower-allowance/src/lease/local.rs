@@ -73,6 +73,8 @@ pub(super) struct Local {
     pub(super) pace_next: Option<Instant>,
     /// Local admissions during the outage, to charge on rejoining.
     pub(super) outage_sent: VecDeque<Instant>,
+    /// A cooldown raised here while the store did not answer (it never heard of it).
+    pub(super) blocked_until: Option<Instant>,
     /// Lease calls made (for the figures).
     pub(super) calls: u64,
     /// The answer of a lease call that granted nothing (for the caller that asked).
@@ -184,7 +186,7 @@ impl Local {
             self.expire(now);
         }
         let token = *self.tokens.front()?;
-        let mut at = token.at;
+        let mut at = token.at.max(self.blocked_until.unwrap_or(token.at));
         if pacing {
             at = self.paced(now, at).unwrap_or(at);
         }
@@ -215,7 +217,7 @@ impl Local {
     pub(super) fn take_local(&mut self, now: Instant, max_wait: Duration) -> Option<Served> {
         let after = self.last_token_end().unwrap_or(now);
         let pace = self.pace_next;
-        let at = self.paced(now, after)?;
+        let at = self.paced(now, after.max(self.blocked_until.unwrap_or(after)))?;
         let wait = at.saturating_duration_since(now);
         if wait > max_wait {
             self.pace_next = pace;

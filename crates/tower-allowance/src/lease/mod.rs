@@ -449,12 +449,27 @@ impl<S: Store> Store for LeaseStore<S> {
                 }))));
             }
         }
+        // A cooldown the store could not hear of (an outage) still holds here.
+        let cools = match op.0 {
+            rule::Op::Defer { delay_us } | rule::Op::Throttle { delay_us, .. } => delay_us,
+            _ => None,
+        };
         let fut = self.inner.store.apply(params, op);
         let weak = Arc::downgrade(&self.inner);
         Box::pin(async move {
             let reply = fut.await;
-            if let (Ok(r), Some(inner)) = (&reply, weak.upgrade()) {
-                hear_reply(&mut inner.lock(), r);
+            if let Some(inner) = weak.upgrade() {
+                let mut local = inner.lock();
+                match &reply {
+                    Ok(r) => hear_reply(&mut local, r),
+                    Err(e) if e.is_unavailable() => {
+                        if let Some(d) = cools.filter(|d| *d > 0) {
+                            let until = Instant::now() + Duration::from_micros(d);
+                            local.blocked_until = local.blocked_until.max(Some(until));
+                        }
+                    }
+                    Err(_) => {}
+                }
             }
             reply
         })

@@ -327,3 +327,35 @@ async fn a_file_asks_for_a_lease() {
     )
     .is_err());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_raised_in_an_outage_holds_here() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let down = Arc::new(AtomicBool::new(false));
+    let lease = Lease::fixed(1, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let a = LeaseStore::new(
+        Flaky {
+            store: Arc::new(MemoryStore::new()),
+            down: down.clone(),
+        },
+        lease,
+    );
+    admit(&a, &params);
+    down.store(true, Ordering::SeqCst);
+    // A 429 asks for a second; the store does not hear of it.
+    let defer = Op(rule::Op::Defer {
+        delay_us: Some(1_000_000),
+    });
+    assert!(a.apply(&params, defer).await.is_err());
+    let allowance = Allowance::with_store(c, a);
+    let start = Instant::now();
+    allowance.acquire().await.expect("admitted at the share");
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+}
