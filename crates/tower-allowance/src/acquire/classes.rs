@@ -16,7 +16,7 @@ use super::{Begin, Progress};
 use crate::shared::classes::gauges;
 use crate::{
     config::classes::Share,
-    rule::{Admission, AdmitRequest, Op, ShareReply, ShareRequest, MAX_CLASSES},
+    rule::{Admission, AdmitRequest, Op, ShareReply, ShareRequest},
     shared::{
         classes::{Waiter, LOOKAHEAD},
         Shared,
@@ -81,14 +81,14 @@ pub(crate) fn before(
             if nobody && q.in_flight < LOOKAHEAD {
                 q.in_flight += 1;
                 let start = q
-                    .tags
+                    .local
                     .admit(ci, 0, options.cost.unwrap_or(1), share.weight_of());
                 progress.turn = Turn::Held(c, start);
                 return None;
             }
             if q.queues[ci].is_empty() {
                 // The class begins waiting: its place is the virtual time now.
-                q.head[ci] = q.tags.start(ci);
+                q.head[ci] = q.local.start(ci);
             }
             let ticket = q.next_ticket;
             q.next_ticket += 1;
@@ -185,12 +185,6 @@ pub(crate) fn replied(
                 metrics::counter!("tower_allowance_class_admitted_total", "allowance" => a.clone(), "class" => n.clone()).increment(1);
                 metrics::histogram!("tower_allowance_class_wait_seconds", "allowance" => a, "class" => n)
                     .record(waited.as_secs_f64());
-            }
-        }
-        // A waiting class served meanwhile by other processes starts after that service.
-        for c in 0..MAX_CLASSES {
-            if !q.queues[c].is_empty() {
-                q.head[c] = q.head[c].max(reply.classes.finish(c));
             }
         }
     }

@@ -41,6 +41,10 @@ pub(crate) struct Queues {
     pub(crate) in_flight: usize,
     pub(crate) next_ticket: u64,
     pub(crate) tags: ClassState,
+    /// This process's own virtual times, which pick its next caller: each process shares
+    /// its turns by weight on its own (the store's times, learned late, would have every
+    /// process pick the class that was behind at once).
+    pub(crate) local: ClassState,
     pub(crate) admitted: [u64; MAX_CLASSES],
     pub(crate) waited_us: [u64; MAX_CLASSES],
 }
@@ -126,9 +130,9 @@ impl Queues {
                 return;
             };
             let weight = classes.iter().nth(c).map_or(1, |(_, s)| s.weight_of());
-            let start = self.tags.admit(c, self.head[c].max(1), w.cost, weight);
+            let start = self.local.admit(c, self.head[c].max(1), w.cost, weight);
             // The class's next caller starts where this one finishes.
-            self.head[c] = self.tags.finish(c);
+            self.head[c] = self.local.finish(c);
             self.in_flight += 1;
             self.granted.push((w.ticket, c as u8, start));
             wake.extend(w.waker.take());
