@@ -53,11 +53,14 @@ local function release(slot, tats, rebased, generation, cost, retry, budget_slot
   if generation ~= s.gn then return {0} end
   local step = sat_sub(s.rb, rebased)
   local all = 1
-  local iv = effective_limits(slot)
+  local iv, tol = effective_limits(slot)
   for l = 1, P.n do
     local mine = sat_sub(tats[l], step)
     if s[TAT[l]] == mine then
-      s[TAT[l]] = sat_sub(mine, units(l, cost) * iv[l])
+      -- (At burst 1 every admission moved the schedule by the headroom as well.)
+      local back = units(l, cost) * iv[l]
+      if back >= tol[l] then back = back + P.hr[l] end
+      s[TAT[l]] = sat_sub(mine, back)
     else
       all = 0
     end

@@ -35,12 +35,7 @@ pub fn schedule(
             .saturating_sub(limit.tolerance_us);
         at = at.max(earliest);
     }
-    let start = at;
-    if at > now {
-        at = at
-            .div_ceil(SLOT_GRANULARITY_US)
-            .saturating_mul(SLOT_GRANULARITY_US);
-    }
+    let (start, at) = (at, on_grid(at, now));
     let mut new_tat = [0; MAX_LIMITS];
     for (((n, t), i), limit) in new_tat.iter_mut().zip(tat).zip(inc).zip(limits) {
         *n = next_tat(*t, limit, start, at, i);
@@ -62,18 +57,24 @@ pub(crate) fn schedule_one(
     if inc > limit.tolerance_us {
         return None;
     }
-    let mut at = t0.max(
+    let at = t0.max(
         tat.max(t0)
             .saturating_add(inc)
             .saturating_sub(limit.tolerance_us),
     );
-    let start = at;
-    if at > now {
-        at = at
-            .div_ceil(SLOT_GRANULARITY_US)
-            .saturating_mul(SLOT_GRANULARITY_US);
-    }
+    let (start, at) = (at, on_grid(at, now));
     Some((at, next_tat(tat, limit, start, at, inc)))
+}
+
+/// `at`, rounded up to a whole [`SLOT_GRANULARITY_US`] when it is later than `now`.
+#[inline]
+fn on_grid(at: u64, now: u64) -> u64 {
+    match at > now {
+        true => at
+            .div_ceil(SLOT_GRANULARITY_US)
+            .saturating_mul(SLOT_GRANULARITY_US),
+        false => at,
+    }
 }
 
 /// A limit's arrival time after an admission at `at` (`start` before the slot grid's
@@ -177,7 +178,10 @@ pub(crate) fn release(state: &mut State, params: &Params, res: &Reservation) -> 
     for (l, limit) in limits[..params.limit_count].iter().enumerate() {
         let mine = res.tat[l].saturating_sub(step);
         if state.tat[l] == mine {
-            state.tat[l] = mine.saturating_sub(limit.units(res.cost) * limit.interval_us);
+            let inc = limit.units(res.cost) * limit.interval_us;
+            // (At burst 1 every admission moved the schedule by the headroom as well.)
+            let back = inc + limit.headroom_us * u64::from(inc >= limit.tolerance_us);
+            state.tat[l] = mine.saturating_sub(back);
         } else {
             all = false;
         }
