@@ -19,13 +19,14 @@ use tower_allowance_redis::{
 };
 
 /// The files of the script, in the documented order (after the generated constants).
-const FILES: [&str; 9] = [
+const FILES: [&str; 10] = [
     "src/lua/now.lua",
     "src/lua/state.lua",
     "src/lua/budget.lua",
     "src/lua/clock.lua",
     "src/lua/adaptive.lua",
     "src/lua/cooldown.lua",
+    "src/lua/settle.lua",
     "src/lua/gcra.lua",
     "src/lua/probe.lua",
     "src/apply.lua",
