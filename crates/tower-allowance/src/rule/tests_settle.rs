@@ -212,3 +212,27 @@ fn a_stale_reading_gives_nothing_back() {
     let settled = settle_at(&mut s, 2_000, &p, first);
     assert_eq!((settled.moved, settled.share_milli), (0, 0));
 }
+
+#[test]
+fn a_debit_moves_the_holders_later() {
+    let p = params(SettleParams {
+        share_milli: 0,
+        learn: false,
+    });
+    let mut s = State::default();
+    admit(&mut s, 0, &p, 900);
+    let Reply::Admit(Admission::Reserved { reservation, .. }) =
+        apply(&mut s, 0, &p, &Op::Admit(AdmitRequest::first().cost(900)))
+    else {
+        panic!("a reservation")
+    };
+    let mut held: Reservation = reservation;
+    assert_eq!(held.slot(), 800_000);
+    // The first used 1,000 of its 900: 100 more are owed, and the waiting one goes 100 ms
+    // later, as the bucket now counts.
+    let settled = settle_at(&mut s, 0, &p, Settle::used(900, 1_000));
+    assert_eq!(settled.moved, -100);
+    let event = settled.event.expect("a holder to move");
+    assert_eq!(held.apply(&event, &p), Applied::Moved(100_000));
+    assert_eq!(held.slot(), 900_000);
+}
