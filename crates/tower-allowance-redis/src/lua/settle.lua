@@ -14,7 +14,7 @@ local function settle_params()
   if sp == nil then
     sp = false
     local v = {}
-    for x in string.gmatch(ARGS[3], '[^,]+') do v[#v + 1] = tonumber(x) end
+    for x in string.gmatch(PTEXT, '[^,]+') do v[#v + 1] = tonumber(x) end
     for i = 28, #v - 2 do
       if v[i] == -32 then
         sp = {share = v[i + 1], learn = v[i + 2]}

@@ -4,6 +4,8 @@
 
 -- The call's key, operation, parameters, channel and arguments (`scripts::argv`).
 local key, OP, P, channel, ARGS
+-- The parameters text in force (the caller's, or the newer one stored: `config.lua`).
+local PTEXT
 -- The state's fields (`s`), and each loaded group's packed field as read (`loaded`).
 local s, loaded
 
@@ -99,6 +101,7 @@ local function begin(keys, args)
   if not text then return false, refusal end
   P = params(text)
   if not P then return false end
+  PTEXT = text
   local base, adaptive = raw[1], raw[2]
   -- The common fields, unrolled (the one group every call loads).
   local bu, ep, ru, cl, cb, sn, rb, ex, gn, t1, t2, t3, t4 = 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
