@@ -353,10 +353,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
         let shared: &Shared = this.shared;
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Start => {
-                    let now = Instant::now();
-                    begin(shared, this.options, this.progress, now)
-                }
+                StateProj::Start => begin(shared, this.options, this.progress, Instant::now()),
                 StateProj::Asking { fut, asked } => {
                     let (result, now) = (ready!(Pin::new(fut).poll(cx)), Instant::now());
                     decide(shared, this.options, this.progress, now, result, *asked)
@@ -397,8 +394,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             // other slot): ask the new one, which schedules the holders in
                             // the order they ask (a request's own `not_before` still holds).
                             shared.holders().remove(id);
-                            let now = Instant::now();
-                            begin(shared, this.options, this.progress, now)
+                            begin(shared, this.options, this.progress, Instant::now())
                         }
                         Check::Gone => Begin::Ready(Ok(())),
                     }
@@ -408,8 +404,7 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     ready!(classes::wait(shared, this.progress, sleep, cx));
                     #[cfg(not(feature = "shares"))]
                     ready!(sleep.poll(cx));
-                    let now = Instant::now();
-                    begin(shared, this.options, this.progress, now)
+                    begin(shared, this.options, this.progress, Instant::now())
                 }
                 StateProj::Done => panic!("Acquire polled after completion"),
             };

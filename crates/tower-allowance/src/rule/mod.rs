@@ -112,10 +112,10 @@ mod params;
 mod probe;
 #[cfg(feature = "serde")]
 mod ser;
-#[cfg(feature = "shares")]
-mod shares;
 #[cfg(feature = "settle")]
 pub mod settle;
+#[cfg(feature = "shares")]
+mod shares;
 mod state;
 #[cfg(any(feature = "rule", test))]
 mod wire;

@@ -213,8 +213,7 @@ impl Holders {
             r.entries.insert(id, entry);
             id
         };
-        self.waiting
-            .fetch_add(usize::from(waker.is_some()), Ordering::AcqRel);
+        (self.waiting).fetch_add(usize::from(waker.is_some()), Ordering::AcqRel);
         wake.into_iter().for_each(Waker::wake);
         id
     }
@@ -404,11 +403,7 @@ impl Holders {
             let mut r = self.lock();
             r.adopt(generation, &mut wake);
             self.generation.store(r.generation, Ordering::Relaxed);
-            r.known.blocked_until = Some(
-                r.known
-                    .blocked_until
-                    .map_or(blocked_until, |b| b.max(blocked_until)),
-            );
+            r.known.blocked_until = r.known.blocked_until.max(Some(blocked_until));
             let Registry { entries, log, .. } = &mut *r;
             for entry in entries.values_mut() {
                 if entry.lost {
@@ -460,12 +455,7 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                 entry.lost = true;
                 break;
             }
-            Applied::Moved(us) => {
-                entry.at = entry
-                    .at
-                    .checked_add(Duration::from_micros(us))
-                    .unwrap_or(entry.at);
-            }
+            Applied::Moved(us) => entry.at = after(entry.at, us),
             #[cfg(feature = "settle")]
             Applied::Earlier(us) => entry.at = crate::rule::settle::earlier(entry.at, us),
             Applied::Closed => {
@@ -474,17 +464,17 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                     _ => (FOREVER, ClosedBy::ServerDelay),
                 };
                 // The local instant of a store-clock `until` is known relative to the slot.
-                let local = (until != FOREVER).then(|| {
-                    let after_slot = until.saturating_sub(entry.reservation.slot());
-                    entry
-                        .at
-                        .checked_add(Duration::from_micros(after_slot))
-                        .unwrap_or(entry.at)
-                });
+                let after_slot = until.saturating_sub(entry.reservation.slot());
+                let local = (until != FOREVER).then(|| after(entry.at, after_slot));
                 entry.closed = Some(Exhausted::new(local, by));
             }
         }
     }
+}
+
+/// `at`, `us` microseconds later (`at` itself past the clock's range).
+fn after(at: Instant, us: u64) -> Instant {
+    at.checked_add(Duration::from_micros(us)).unwrap_or(at)
 }
 
 impl Entry {

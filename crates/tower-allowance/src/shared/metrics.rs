@@ -40,22 +40,16 @@ mod disabled {
             Self
         }
 
-        #[inline]
         pub(crate) fn admitted(&self, _waited: Option<Duration>, _retry: bool) {}
 
-        #[inline]
         pub(crate) fn abandoned(&self, _reason: AbandonReason) {}
 
-        #[inline]
         pub(crate) fn cooldown(&self, _remaining: Duration) {}
 
-        #[inline]
         pub(crate) fn closed(&self, _by: crate::rule::ClosedBy) {}
 
-        #[inline]
         pub(crate) fn throttled(&self, _status: u16) {}
 
-        #[inline]
         pub(crate) fn state(&self, _state: &StoreState, _waiting: usize) {}
     }
 }

@@ -24,6 +24,9 @@ use crate::{
 
 #[cfg(feature = "shares")]
 pub(crate) mod classes;
+// The feature-only accessors (`keyed`, `dialects`), in a file the default build does not read.
+#[cfg(any(feature = "keyed", feature = "dialects"))]
+mod features;
 pub(crate) mod holders;
 pub(crate) mod metrics;
 #[cfg(feature = "quota")]
@@ -151,12 +154,6 @@ impl Shared {
         &self.config
     }
 
-    /// The store, for what only asks it (the keyed registry's `is_settled`).
-    #[cfg(feature = "keyed")]
-    pub(crate) fn store(&self) -> &dyn Store {
-        &*self.store
-    }
-
     /// This process's holders of reserved slots.
     pub(crate) fn holders(&self) -> &Holders {
         &self.holders
@@ -165,12 +162,6 @@ impl Shared {
     /// This process's counters.
     pub(crate) fn stats(&self) -> &Stats {
         &self.stats
-    }
-
-    /// The quota probe, when configured.
-    #[cfg(feature = "quota")]
-    pub(crate) fn quota(&self) -> Option<&crate::quota::QuotaGuard> {
-        self.quota.as_ref()
     }
 
     /// Applies `op`: synchronously when the store can, else through its future.
@@ -233,12 +224,6 @@ impl Shared {
     /// Counts a throttling response (its status, for the metrics).
     pub(crate) fn throttled(&self, status: u16) {
         self.stats.metrics.throttled(status);
-    }
-
-    /// Keeps the provider's view of the allowance, as a response stated it.
-    #[cfg(feature = "dialects")]
-    pub(crate) fn observe(&self, seen: crate::signals::RateLimitObservation) {
-        self.stats.observe(seen);
     }
 
     /// The store's answer to a cooldown raise (a throttling response's, an operator's), for

@@ -13,6 +13,13 @@ use crate::{
     rule::{ClosedBy, Op, ProbeOutcome, Reply},
 };
 
+impl Shared {
+    /// The quota probe, when configured.
+    pub(crate) fn quota(&self) -> Option<&crate::quota::QuotaGuard> {
+        self.quota.as_ref()
+    }
+}
+
 /// Runs the probe for the group, if the store grants this process the lease.
 ///
 /// The lease is released on every exit path: the probe's outcome is reported when it

@@ -136,18 +136,6 @@ impl Drop for SlotClaim {
 }
 
 impl Stats {
-    /// The provider's own view last seen, for a [`Snapshot`](crate::Snapshot).
-    #[cfg(feature = "dialects")]
-    pub(crate) fn last_observation(&self) -> Option<crate::signals::RateLimitObservation> {
-        lock(&self.rate_limit).clone()
-    }
-
-    /// Keeps `seen` as the provider's view last seen.
-    #[cfg(feature = "dialects")]
-    pub(crate) fn observe(&self, seen: crate::signals::RateLimitObservation) {
-        *lock(&self.rate_limit) = Some(seen);
-    }
-
     pub(crate) fn new(name: Arc<str>) -> Self {
         Self {
             metrics: Arc::new(Metrics::new(name.clone())),
