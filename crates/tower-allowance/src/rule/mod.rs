@@ -103,6 +103,14 @@ mod adaptive;
 mod budget;
 mod clock;
 mod cooldown;
+// `apply`'s dispatch of the features' operations, in a file the default build does not read.
+#[cfg(any(
+    feature = "quota",
+    feature = "shares",
+    feature = "settle",
+    feature = "lease"
+))]
+mod features;
 mod gcra;
 #[cfg(feature = "lease")]
 mod grant;
@@ -137,12 +145,7 @@ pub use self::{
     state::{is_settled, BudgetState, State},
 };
 // What only a store that mirrors the rule elsewhere needs (feature `rule`): the steps and
-// constants its own code reproduces or checks against, and the wire forms.
-#[cfg(all(feature = "rule", feature = "adaptive"))]
-pub use self::adaptive::{
-    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
-    ROUND_GRACE_US, SLOW_START_DOUBLING_US,
-};
+// constants its own code reproduces or checks against, and the wire forms (see view.rs).
 #[cfg(feature = "lease")]
 pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US};
 #[cfg(any(feature = "rule", feature = "adaptive", test))]
@@ -152,15 +155,8 @@ pub use self::probe::ProbeOutcome;
 #[cfg(feature = "shares")]
 pub use self::shares::*;
 #[cfg(any(feature = "rule", test))]
-#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
-pub use self::{
-    cooldown::cooldown_shift,
-    gcra::schedule,
-    wire::{ReservationParts, EVENT_WORDS},
-};
+pub use self::view::*;
 // The steps only `apply` and this crate's stores call.
-#[cfg(feature = "quota")]
-use self::probe::{finish_probe, lease};
 pub(crate) use self::{
     adaptive::{adaptive_rate, advertise, cut_rate, effective_limits},
     budget::{advance, deposit, refund, remaining, spend},
@@ -252,24 +248,17 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
         },
         Op::Close { delay_us, by } => Reply::Changed(close(state, now, delay_us, by)),
         Op::Clear => Reply::Changed(clear(state, now)),
-        #[cfg(feature = "quota")]
-        Op::Lease { ttl_us, token } => Reply::Lease {
-            granted: lease(state, now, ttl_us, token),
-        },
-        #[cfg(feature = "quota")]
-        Op::FinishProbe { token, outcome } => {
-            Reply::ProbeFinished(finish_probe(state, now, params, token, outcome))
-        }
         Op::Read { deposits } => {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
-        #[cfg(feature = "shares")]
-        Op::Share(req) => Reply::Share(admit_share(state, now, params, &req)),
-        #[cfg(feature = "settle")]
-        Op::Settle(s) => Reply::Settled(settle::settle(state, now, params, &s)),
-        #[cfg(feature = "lease")]
-        Op::Grant(req) => Reply::Grant(grant::grant(state, now, params, &req)),
+        #[cfg(any(
+            feature = "quota",
+            feature = "shares",
+            feature = "settle",
+            feature = "lease"
+        ))]
+        _ => features::apply(state, now, params, op),
     }
 }
 

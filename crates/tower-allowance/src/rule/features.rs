@@ -1,0 +1,27 @@
+//! `apply`'s dispatch of the operations only a feature adds: the quota probe's lease
+//! (`quota`), a class's admission (`shares`), a settlement (`settle`), a lease of the bucket
+//! (`lease`).
+
+use super::{Op, Params, Reply, State};
+
+/// Applies a feature's `op` (see [`apply`](super::apply), which matches every other
+/// operation itself: the last arm is never reached).
+pub(super) fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
+    match *op {
+        #[cfg(feature = "quota")]
+        Op::Lease { ttl_us, token } => Reply::Lease {
+            granted: super::probe::lease(state, now, ttl_us, token),
+        },
+        #[cfg(feature = "quota")]
+        Op::FinishProbe { token, outcome } => Reply::ProbeFinished(super::probe::finish_probe(
+            state, now, params, token, outcome,
+        )),
+        #[cfg(feature = "shares")]
+        Op::Share(req) => Reply::Share(super::admit_share(state, now, params, &req)),
+        #[cfg(feature = "settle")]
+        Op::Settle(s) => Reply::Settled(super::settle::settle(state, now, params, &s)),
+        #[cfg(feature = "lease")]
+        Op::Grant(req) => Reply::Grant(super::grant::grant(state, now, params, &req)),
+        _ => unreachable!("apply dispatches the operations every build has"),
+    }
+}
