@@ -1,6 +1,6 @@
-//! `apply`'s dispatch of the operations only a feature adds: the quota probe's lease
-//! (`quota`), a class's admission (`shares`), a settlement (`settle`), a lease of the bucket
-//! (`lease`).
+//! `apply`'s dispatch of the operations only a feature adds: a class's admission (`shares`),
+//! a settlement (`settle`), a lease of the bucket (`lease`). (The quota probe's are in
+//! probe.rs.)
 
 use super::{Op, Params, Reply, State};
 
@@ -8,14 +8,6 @@ use super::{Op, Params, Reply, State};
 /// operation itself: the last arm is never reached).
 pub(super) fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
     match *op {
-        #[cfg(feature = "quota")]
-        Op::Lease { ttl_us, token } => Reply::Lease {
-            granted: super::probe::lease(state, now, ttl_us, token),
-        },
-        #[cfg(feature = "quota")]
-        Op::FinishProbe { token, outcome } => Reply::ProbeFinished(super::probe::finish_probe(
-            state, now, params, token, outcome,
-        )),
         #[cfg(feature = "shares")]
         Op::Share(req) => Reply::Share(super::admit_share(state, now, params, &req)),
         #[cfg(feature = "settle")]

@@ -104,12 +104,7 @@ mod budget;
 mod clock;
 mod cooldown;
 // `apply`'s dispatch of the features' operations, in a file the default build does not read.
-#[cfg(any(
-    feature = "quota",
-    feature = "shares",
-    feature = "settle",
-    feature = "lease"
-))]
+#[cfg(any(feature = "shares", feature = "settle", feature = "lease"))]
 mod features;
 mod gcra;
 #[cfg(feature = "lease")]
@@ -252,12 +247,9 @@ pub fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
             deposit(&mut state.budget, now, &params.budget, deposits);
             Reply::State(read(state, now, params))
         }
-        #[cfg(any(
-            feature = "quota",
-            feature = "shares",
-            feature = "settle",
-            feature = "lease"
-        ))]
+        #[cfg(feature = "quota")]
+        Op::Lease { .. } | Op::FinishProbe { .. } => probe::apply(state, now, params, op),
+        #[cfg(any(feature = "shares", feature = "settle", feature = "lease"))]
         _ => features::apply(state, now, params, op),
     }
 }

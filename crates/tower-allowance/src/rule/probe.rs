@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{close, micros_ceil, ClosedBy, Event, Params, State};
+use super::{close, micros_ceil, ClosedBy, Event, Op, Params, Reply, State};
 
 /// What a quota probe found, reported with [`Op::FinishProbe`](super::Op::FinishProbe).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,6 +17,20 @@ pub enum ProbeOutcome {
     },
     /// The probe failed (an error, a panic, a cancellation): back off before the next one.
     Failed,
+}
+
+/// Applies the quota probe's `op` (see [`apply`](super::apply), which matches every other
+/// operation itself: the last arm is never reached).
+pub(super) fn apply(state: &mut State, now: u64, params: &Params, op: &Op) -> Reply {
+    match *op {
+        Op::Lease { ttl_us, token } => Reply::Lease {
+            granted: lease(state, now, ttl_us, token),
+        },
+        Op::FinishProbe { token, outcome } => {
+            Reply::ProbeFinished(finish_probe(state, now, params, token, outcome))
+        }
+        _ => unreachable!("apply dispatches the other operations itself"),
+    }
 }
 
 /// Grants the quota probe's lease to `token` unless the allowance is closed, a probe is
