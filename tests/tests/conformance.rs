@@ -19,7 +19,9 @@ use proptest::{
 };
 use tower_allowance::{
     rule::AdmitRequest,
-    rule::{Admission, ClosedBy, Grant, GrantRequest, Op, ProbeOutcome, Reply, ShareReply, ShareRequest},
+    rule::{
+        Admission, ClosedBy, Grant, GrantRequest, Op, ProbeOutcome, Reply, ShareReply, ShareRequest,
+    },
     store::{MemoryStore, Store},
     AllowanceConfig, Limit, ReplenishingBudget, RetryBudgetConfig,
 };

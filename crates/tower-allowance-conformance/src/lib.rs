@@ -90,9 +90,9 @@ mod budget;
 mod cooldown;
 mod harness;
 mod layers;
+mod lease;
 #[cfg(feature = "settle")]
 mod settle;
-mod lease;
 mod shared;
 mod shares;
 

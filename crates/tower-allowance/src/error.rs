@@ -235,11 +235,8 @@ impl UnrepresentableDelay {
 
 impl fmt::Display for UnrepresentableDelay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "requested delay {:?} is too long to represent",
-            self.value
-        )
+        let value = &self.value;
+        write!(f, "requested delay {value:?} is too long to represent")
     }
 }
 
@@ -279,12 +276,11 @@ impl Exhausted {
 impl fmt::Display for Exhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = self.reason().describe();
-        match self.until {
-            Some(until) => write!(
-                f,
-                "allowance exhausted ({why}); reopens in {:?}",
-                until.saturating_duration_since(Instant::now())
-            ),
+        match self
+            .until
+            .map(|u| u.saturating_duration_since(Instant::now()))
+        {
+            Some(left) => write!(f, "allowance exhausted ({why}); reopens in {left:?}"),
             None => write!(f, "allowance exhausted ({why}) until cleared"),
         }
     }

@@ -216,8 +216,7 @@ where
                     return Poll::Pending;
                 };
                 ready!(deadline.poll(cx));
-                let e = Abandoned::new(AbandonReason::Deadline);
-                return Poll::Ready(Err(e.into()));
+                return Poll::Ready(Err(Abandoned::new(AbandonReason::Deadline).into()));
             }
         }
         let Some(request) = this.request.take() else {

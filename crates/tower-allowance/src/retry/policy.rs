@@ -152,13 +152,8 @@ impl<C: Classify> RetryPolicy<C> {
     /// this policy alone; the budget stays the allowance's).
     pub fn with_config(self, config: RetryConfig) -> Self {
         let s = &self.shared;
-        let classifier = s.classifier.clone();
-        Self::of(
-            Arc::new(config),
-            classifier,
-            s.allowance.clone(),
-            s.over_admission,
-        )
+        let (classifier, allowance) = (s.classifier.clone(), s.allowance.clone());
+        Self::of(Arc::new(config), classifier, allowance, s.over_admission)
     }
 
     /// Says that an [`AdmissionLayer`](crate::admission::AdmissionLayer) on the same allowance
@@ -246,10 +241,8 @@ impl<C> RetryPolicy<C> {
                 return closed(&self.shared, AbandonReason::Deadline);
             }
         }
-        let (attempt, name) = (
-            self.attempts.saturating_add(1),
-            self.shared.allowance.name(),
-        );
+        let attempt = self.attempts.saturating_add(1);
+        let name = self.shared.allowance.name();
         tracing::debug!(allowance = name, attempt, delay = ?total, reason = ?class, "retrying");
         Plan::Retry { sleep, not_before }
     }
@@ -331,11 +324,8 @@ impl<C: Classify> RetryPolicy<C> {
             Plan::Retry { sleep, not_before } => {
                 // Kept for when the retry is refused (tower drops the result when a retry is
                 // scheduled; nobody observes its stand-in). Nothing stale is kept for an error.
-                let queued = result
-                    .as_ref()
-                    .ok()
-                    .and_then(|r| Attempt::of(r.extensions()));
                 let kept = std::mem::replace(result, Err("response kept for a retry".into()));
+                let prior = kept.as_ref().ok().map(|r| Attempt::of(r.extensions()));
                 self.stash.put(kept.ok());
                 let over = self.shared.over_admission;
                 let record = Attempt {
@@ -346,7 +336,7 @@ impl<C: Classify> RetryPolicy<C> {
                         .and_then(|d| Instant::now().checked_add(d)),
                     last: None,
                     sent: None,
-                    queued: queued.map_or(Duration::ZERO, |a| a.queued),
+                    queued: prior.flatten().map_or(Duration::ZERO, |a| a.queued),
                 };
                 extensions.insert(record);
                 // ... or the policy does.
