@@ -259,59 +259,39 @@ impl fmt::Debug for Watcher {
     }
 }
 
-impl<S: Store + ?Sized> Store for Box<S> {
-    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        (**self).apply(params, op)
-    }
+// A store behind a `Box` or an `Arc` is that store.
+macro_rules! forward {
+    ($($ptr:ident),*) => {$(
+        impl<S: Store + ?Sized> Store for $ptr<S> {
+            fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+                (**self).apply(params, op)
+            }
 
-    fn try_apply(
-        &self,
-        now: Instant,
-        params: &Params,
-        op: &Op,
-    ) -> Option<Result<Reply, StoreError>> {
-        (**self).try_apply(now, params, op)
-    }
+            fn try_apply(
+                &self,
+                now: Instant,
+                params: &Params,
+                op: &Op,
+            ) -> Option<Result<Reply, StoreError>> {
+                (**self).try_apply(now, params, op)
+            }
 
-    fn is_settled(&self, now: Instant, params: &Params) -> bool {
-        (**self).is_settled(now, params)
-    }
+            fn is_settled(&self, now: Instant, params: &Params) -> bool {
+                (**self).is_settled(now, params)
+            }
 
-    fn watch(&self, watcher: Watcher) {
-        (**self).watch(watcher);
-    }
+            fn watch(&self, watcher: Watcher) {
+                (**self).watch(watcher);
+            }
 
-    fn name(&self) -> Option<&str> {
-        (**self).name()
-    }
+            fn name(&self) -> Option<&str> {
+                (**self).name()
+            }
+        }
+    )*};
 }
 
-impl<S: Store + ?Sized> Store for Arc<S> {
-    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        (**self).apply(params, op)
-    }
-
-    fn try_apply(
-        &self,
-        now: Instant,
-        params: &Params,
-        op: &Op,
-    ) -> Option<Result<Reply, StoreError>> {
-        (**self).try_apply(now, params, op)
-    }
-
-    fn is_settled(&self, now: Instant, params: &Params) -> bool {
-        (**self).is_settled(now, params)
-    }
-
-    fn watch(&self, watcher: Watcher) {
-        (**self).watch(watcher);
-    }
-
-    fn name(&self) -> Option<&str> {
-        (**self).name()
-    }
-}
+forward!(Box, Arc);
 
 /// What kind of failure a [`StoreError`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
