@@ -65,21 +65,29 @@ pub(crate) fn extend_cooldown(
         state.reserved_until = state.reserved_until.max(last);
     }
     state.blocked_until = until;
-    state.epoch += 1;
     Deferred {
         extended: true,
         blocked_for: us(until - now),
         closed: None,
-        event: Some(Event {
-            generation: state.generation,
-            epoch: state.epoch,
-            rebased: state.rebased,
-            kind: EventKind::Cooldown {
+        event: Some(publish(
+            state,
+            EventKind::Cooldown {
                 until,
                 shift,
                 stretch: Stretch::NONE,
             },
-        }),
+        )),
+    }
+}
+
+/// The next event of `state` (its epoch advanced): `kind`, for every holder to hear of.
+fn publish(state: &mut State, kind: EventKind) -> Event {
+    state.epoch += 1;
+    Event {
+        generation: state.generation,
+        epoch: state.epoch,
+        rebased: state.rebased,
+        kind,
     }
 }
 
@@ -122,16 +130,9 @@ pub(crate) fn close(state: &mut State, now: u64, delay_us: Option<u64>, by: Clos
         state.closed_until = until;
         state.closed_by = by.code();
     }
-    state.epoch += 1;
-    Event {
-        generation: state.generation,
-        epoch: state.epoch,
-        rebased: state.rebased,
-        kind: EventKind::Closed {
-            until: state.closed_until,
-            by: ClosedBy::from_code(state.closed_by).unwrap_or(by),
-        },
-    }
+    let by = ClosedBy::from_code(state.closed_by).unwrap_or(by);
+    let until = state.closed_until;
+    publish(state, EventKind::Closed { until, by })
 }
 
 /// Lifts the cooldown, the closed state and the probe backoff, and gives the retry budget
@@ -143,13 +144,7 @@ pub(crate) fn clear(state: &mut State, now: u64) -> Event {
     state.closed_by = 0;
     state.next_probe_at = 0;
     state.probe_failures = 0;
-    state.epoch += 1;
-    Event {
-        generation: state.generation,
-        epoch: state.epoch,
-        rebased: state.rebased,
-        kind: EventKind::Cleared,
-    }
+    publish(state, EventKind::Cleared)
 }
 
 /// A throttling response: cuts the adaptive rate ([`cut_rate`], when the rate adapts, which
@@ -186,17 +181,15 @@ pub(crate) fn throttle(
         // Nobody holds a slot to re-time: nothing to publish.
         None if !pending(state, now) => {}
         None => {
-            state.epoch += 1;
-            deferred.event = Some(Event {
-                generation: state.generation,
-                epoch: state.epoch,
-                rebased: state.rebased,
-                kind: EventKind::Cooldown {
-                    until: state.blocked_until,
-                    shift: [0; MAX_LIMITS],
+            let (until, shift) = (state.blocked_until, [0; MAX_LIMITS]);
+            deferred.event = Some(publish(
+                state,
+                EventKind::Cooldown {
+                    until,
+                    shift,
                     stretch,
                 },
-            });
+            ));
         }
     }
     deferred
