@@ -78,6 +78,27 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// A middleware's accessors of its inner service (`get_ref`, `get_mut`, `into_inner`), as
+// tower's own middleware have them; expanded in each middleware's `impl` block.
+macro_rules! inner_accessors {
+    () => {
+        /// The inner service.
+        pub fn get_ref(&self) -> &S {
+            &self.inner
+        }
+
+        /// The inner service, mutably.
+        pub fn get_mut(&mut self) -> &mut S {
+            &mut self.inner
+        }
+
+        /// Unwraps the inner service.
+        pub fn into_inner(self) -> S {
+            self.inner
+        }
+    };
+}
+
 mod acquire;
 mod allowance;
 mod config;
