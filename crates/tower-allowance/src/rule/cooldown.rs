@@ -29,28 +29,21 @@ pub(crate) fn extend_cooldown(
     params: &Params,
     delay_us: Option<u64>,
 ) -> Deferred {
-    let too_long = delay_us.is_none_or(|d| d > params.max_cooldown_us);
-    if too_long {
+    if delay_us.is_none_or(|d| d > params.max_cooldown_us) {
         let stated = delay_us.filter(|d| *d <= MAX_STATED_DELAY_US);
         let closed_for = stated.unwrap_or(params.max_cooldown_us);
         let event = close(state, now, Some(closed_for), ClosedBy::ServerDelay);
         return Deferred {
-            extended: false,
-            blocked_for: us(state.blocked_until.saturating_sub(now)),
             closed: Some(
                 (state.closed_until != FOREVER).then(|| us(state.closed_until.saturating_sub(now))),
             ),
             event: Some(event),
+            ..unchanged(state, now)
         };
     }
     let until = now.saturating_add(delay_us.unwrap_or(0));
     if until <= state.blocked_until {
-        return Deferred {
-            extended: false,
-            blocked_for: us(state.blocked_until.saturating_sub(now)),
-            closed: None,
-            event: None,
-        };
+        return unchanged(state, now);
     }
     let shift = cooldown_shift(state, now, until, params);
     for (l, s) in shift.iter().enumerate().take(params.limit_count) {
@@ -77,6 +70,16 @@ pub(crate) fn extend_cooldown(
                 stretch: Stretch::NONE,
             },
         )),
+    }
+}
+
+/// Nothing raised: the cooldown in force at `now`, as it was.
+fn unchanged(state: &State, now: u64) -> Deferred {
+    Deferred {
+        extended: false,
+        blocked_for: us(state.blocked_until.saturating_sub(now)),
+        closed: None,
+        event: None,
     }
 }
 
@@ -160,12 +163,7 @@ pub(crate) fn throttle(
 ) -> Deferred {
     let stretch = cut_rate(state, now, params, age_us);
     let mut deferred = match delay_us {
-        Some(0) => Deferred {
-            extended: false,
-            blocked_for: us(state.blocked_until.saturating_sub(now)),
-            closed: None,
-            event: None,
-        },
+        Some(0) => unchanged(state, now),
         delay => extend_cooldown(state, now, params, delay),
     };
     if stretch.is_none() {
