@@ -117,13 +117,12 @@ where
                             return Poll::Ready(Ok(response));
                         }
                         Applying::Pending(store) => {
-                            let recording = Recording {
+                            let recording = Box::new(Recording {
                                 store,
                                 at,
                                 response,
                                 asked,
-                            };
-                            let recording = Box::new(recording);
+                            });
                             this.state.set(State::Recording { recording });
                         }
                     }
@@ -132,15 +131,10 @@ where
                     let result = ready!(Pin::new(&mut recording.store).poll(cx));
                     let replaced = this.state.as_mut().project_replace(State::Done);
                     if let StateProjReplace::Recording { recording } = replaced {
-                        let Recording {
-                            at,
-                            response,
-                            asked,
-                            ..
-                        } = *recording;
+                        let recording = *recording;
                         let shared = &this.shared.allowance.shared;
-                        shared.recorded(at, result, asked.as_deref());
-                        return Poll::Ready(Ok(response));
+                        shared.recorded(recording.at, result, recording.asked.as_deref());
+                        return Poll::Ready(Ok(recording.response));
                     }
                 }
                 StateProj::Done => panic!("cooldown future polled after completion"),

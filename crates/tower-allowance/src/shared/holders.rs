@@ -81,11 +81,12 @@ impl Registry {
     /// clock stepped back can make a new state's stamp the smaller): a stale one heard late
     /// costs its holders a needless second ask, never a slot inside a cooldown. Holders of
     /// other generations must ask again; they are returned to be woken.
-    fn adopt(&mut self, generation: u64, wake: &mut Vec<Waker>) {
+    fn adopt(&mut self, generation: u64, published: &AtomicU64, wake: &mut Vec<Waker>) {
         if generation == self.generation {
             return;
         }
         self.generation = generation;
+        published.store(generation, Ordering::Relaxed);
         self.log.clear();
         for entry in self.entries.values_mut() {
             if entry.reservation.generation() != generation && !entry.lost {
@@ -192,8 +193,7 @@ impl Holders {
         let mut wake = Vec::new();
         let id = {
             let mut r = self.lock();
-            r.adopt(reservation.generation(), &mut wake);
-            self.generation.store(r.generation, Ordering::Relaxed);
+            r.adopt(reservation.generation(), &self.generation, &mut wake);
             let id = r.next_id;
             r.next_id += 1;
             let mut entry = Entry {
@@ -346,8 +346,7 @@ impl Holders {
         let mut wake = Vec::new();
         {
             let mut r = self.lock();
-            r.adopt(event.generation(), &mut wake);
-            self.generation.store(r.generation, Ordering::Relaxed);
+            r.adopt(event.generation(), &self.generation, &mut wake);
             // Keep the log ordered by epoch, without duplicates.
             let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
             if r.log.get(pos).is_some_and(|e| e.epoch() == event.epoch()) {
@@ -389,20 +388,14 @@ impl Holders {
     /// first admission recreates starts empty.
     pub(crate) fn resync(&self, generation: u64, epoch: u64, blocked_until: Instant) {
         let mut wake = Vec::new();
+        let mut r = self.lock();
         if generation == 0 {
-            let mut r = self.lock();
             for entry in r.entries.values_mut().filter(|e| !e.lost) {
                 entry.lost = true;
                 wake.extend(entry.waker.take());
             }
-            drop(r);
-            wake.into_iter().for_each(Waker::wake);
-            return;
-        }
-        {
-            let mut r = self.lock();
-            r.adopt(generation, &mut wake);
-            self.generation.store(r.generation, Ordering::Relaxed);
+        } else {
+            r.adopt(generation, &self.generation, &mut wake);
             r.known.blocked_until = r.known.blocked_until.max(Some(blocked_until));
             let Registry { entries, log, .. } = &mut *r;
             for entry in entries.values_mut() {
@@ -416,6 +409,7 @@ impl Holders {
                 }
             }
         }
+        drop(r);
         wake.into_iter().for_each(Waker::wake);
     }
 }
