@@ -344,16 +344,11 @@ impl Holders {
     /// order; wakes the holders it moved or doomed.
     pub(crate) fn event(&self, event: Event) {
         let mut wake = Vec::new();
-        {
-            let mut r = self.lock();
-            r.adopt(event.generation(), &self.generation, &mut wake);
-            // Keep the log ordered by epoch, without duplicates.
-            let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
-            if r.log.get(pos).is_some_and(|e| e.epoch() == event.epoch()) {
-                drop(r);
-                wake.into_iter().for_each(Waker::wake);
-                return;
-            }
+        let mut r = self.lock();
+        r.adopt(event.generation(), &self.generation, &mut wake);
+        // Keep the log ordered by epoch, without duplicates.
+        let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
+        if r.log.get(pos).is_none_or(|e| e.epoch() != event.epoch()) {
             r.log.insert(pos, event);
             if r.log.len() > LOG_LEN {
                 r.log.pop_front();
@@ -374,6 +369,7 @@ impl Holders {
                 }
             }
         }
+        drop(r);
         wake.into_iter().for_each(Waker::wake);
     }
 

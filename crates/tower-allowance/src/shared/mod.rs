@@ -203,10 +203,7 @@ impl Shared {
         if let Some(q) = &self.quota {
             q.clear_streak();
         }
-        if matches!(
-            self.config.retry_budget(),
-            crate::RetryBudgetConfig::Replenishing(_)
-        ) {
+        if let crate::RetryBudgetConfig::Replenishing(_) = self.config.retry_budget() {
             self.pending_deposits.fetch_add(1, Ordering::Relaxed);
         }
     }
