@@ -19,7 +19,9 @@ pub(super) struct Token {
 }
 
 /// What a waiting caller is told: the answer, or (an outage's share) sleep to this instant,
-/// then go.
+/// then go. (A class's reply, with `shares`, makes the answer the larger variant, as in
+/// `shared::Applying`.)
+#[cfg_attr(feature = "shares", allow(clippy::large_enum_variant))]
 pub(super) enum Served {
     Reply(Result<Reply, StoreError>),
     At(Instant),
