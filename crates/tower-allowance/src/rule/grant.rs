@@ -241,7 +241,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
     Grant::Granted(granted)
 }
 
-/// The slots of a lease's tokens, in order: what [`grant`] scheduled, recomputed by the
+/// The slots of a lease's tokens, in order: what `grant` scheduled, recomputed by the
 /// holder from the reply (the same pure steps), each with the arrival times after it.
 pub fn lease_slots(lease: &Granted, params: &Params) -> Vec<(u64, [u64; MAX_LIMITS])> {
     let n = params.limit_count;
