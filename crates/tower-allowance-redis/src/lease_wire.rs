@@ -3,7 +3,7 @@
 
 use tower_allowance::rule::{AdmitRequest, Grant, GrantRequest, Granted, MAX_LIMITS};
 
-use crate::scripts::{decode_admit, exact, n, Arg, BadReply};
+use super::{decode_admit, exact, n, Arg, BadReply};
 
 /// The arguments `grant` (`lua/grant.lua`) reads: tokens, max wait, valid-until, the
 /// holder's window mark, the give-back (tokens, the lease's end times, its generation and

@@ -206,8 +206,6 @@ mod connect;
 mod events;
 mod fallback;
 mod gate;
-// Op 13 (leases): its arguments and reply.
-mod lease_wire;
 mod link;
 mod options;
 mod reauth;

@@ -46,6 +46,9 @@ use tower_allowance::rule::{
 #[cfg(feature = "settle")]
 #[path = "settle.rs"]
 mod settle;
+// Op 13 (leases): its arguments and reply.
+#[path = "lease_wire.rs"]
+mod lease_wire;
 
 /// Largest value passed to the script: Lua numbers are exact integers only up to 2^53.
 const MAX_EXACT: u64 = 1 << 53;
@@ -326,7 +329,7 @@ pub(crate) fn argv<'a>(
         }
         #[cfg(feature = "settle")]
         Op::Settle(s) => settle::push_settle(&mut a, &s),
-        Op::Grant(req) => crate::lease_wire::push_grant(&mut a, &req),
+        Op::Grant(req) => lease_wire::push_grant(&mut a, &req),
     }
     a
 }
@@ -443,7 +446,7 @@ pub(crate) fn decode(op: &Op, reply: &[i64]) -> Result<Reply, BadReply> {
         Op::Share(req) => Reply::Share(decode_share(req.admit_request(), reply)?),
         #[cfg(feature = "settle")]
         Op::Settle(_) => Reply::Settled(settle::decode(reply)?),
-        Op::Grant(_) => Reply::Grant(crate::lease_wire::decode_grant(reply)?),
+        Op::Grant(_) => Reply::Grant(lease_wire::decode_grant(reply)?),
     })
 }
 

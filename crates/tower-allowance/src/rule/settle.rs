@@ -362,5 +362,4 @@ pub(crate) fn earlier(at: tokio::time::Instant, us: u64) -> tokio::time::Instant
 }
 
 #[cfg(test)]
-#[path = "tests_settle.rs"]
 mod tests;
