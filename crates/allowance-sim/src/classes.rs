@@ -117,7 +117,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// The classes' arguments of `http` and `run`.
 #[derive(Clone, Debug, Default, Args)]
 pub struct ClassArgs {
-    /// A class of callers sharing the allowance: NAME:WEIGHT[:high][:jobs=N][:every=DURATION]
+    /// A class of callers sharing the allowance: `NAME:WEIGHT[:high][:jobs=N][:every=DURATION]`
     /// (repeatable). Workers are split among the classes by their jobs; `every`: job k arrives
     /// k x DURATION after the start. The report gives each class's admissions per --window.
     #[arg(long = "class", value_parser = parse_class, value_name = "NAME:WEIGHT[:...]")]
