@@ -91,13 +91,13 @@ pub fn parse_class(s: &str) -> Result<ClassSpec, String> {
     Ok(spec)
 }
 
-/// Parses `500ms`, `10s` or a bare number of seconds.
+/// Parses `500ms`, `10s`, `1.5s` or a bare number of seconds (every duration the CLI takes).
 ///
 /// # Errors
 ///
 /// Anything else.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?}: use e.g. 500ms or 10s");
+    let bad = || format!("invalid duration {s:?}: use e.g. 500ms, 2s or 1.5");
     if let Some(ms) = s.strip_suffix("ms") {
         return ms
             .trim()

@@ -38,6 +38,7 @@ use allowance_testkit::{
 
 use crate::{
     adaptive, classes,
+    classes::parse_duration,
     live::{self, Share, StoreChoice, Target},
     multi, rate_chart, sweep, timeline,
 };
@@ -483,25 +484,6 @@ pub struct HttpArgs {
     /// The workers and the allowance.
     #[command(flatten)]
     pub workload: Workload,
-}
-
-/// Parses `1500ms`, `2s`, `1.5s` or a bare number of seconds.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?}: use e.g. 1500ms, 2s or 1.5");
-    if let Some(ms) = s.strip_suffix("ms") {
-        return ms
-            .trim()
-            .parse()
-            .map(Duration::from_millis)
-            .map_err(|_| bad());
-    }
-    let secs: f64 = s
-        .strip_suffix('s')
-        .unwrap_or(s)
-        .trim()
-        .parse()
-        .map_err(|_| bad())?;
-    Duration::try_from_secs_f64(secs).map_err(|_| bad())
 }
 
 /// Parses `N`, `date:N` or `none`.
