@@ -169,27 +169,25 @@ impl Events {
         }
     }
 
-    fn dispatch(&self, channel: &str, event: Event) {
-        let stores: Vec<Arc<dyn Listener>> = self
-            .routes
+    /// The stores listening on `channel` now (the lock released before they are called).
+    fn listeners(&self, channel: &str) -> Vec<Arc<dyn Listener>> {
+        self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(channel)
             .map(|r| r.listeners.iter().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    fn dispatch(&self, channel: &str, event: Event) {
+        let stores = self.listeners(channel);
         for store in stores {
             store.deliver(Some(event));
         }
     }
 
     fn configured(&self, channel: &str, config: &str) {
-        let stores: Vec<Arc<dyn Listener>> = self
-            .routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(channel)
-            .map(|r| r.listeners.iter().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default();
+        let stores = self.listeners(channel);
         for store in stores {
             store.configured(config);
         }
