@@ -752,3 +752,111 @@ async fn each_answer_says_how_long_it_queued_and_how_many_attempts_it_took() {
     assert_eq!(record.queued(), started.elapsed());
     assert!(record.queued() >= Duration::from_secs(4), "{record:?}");
 }
+
+/// A memory store whose replies, while `hold` is set, wait for `release`: the operation is
+/// applied at once (other callers see it), the caller hears of it later.
+#[derive(Debug, Default)]
+struct Held {
+    inner: tower_allowance::store::MemoryStore,
+    hold: std::sync::atomic::AtomicBool,
+    release: std::sync::Arc<tokio::sync::Notify>,
+}
+
+impl tower_allowance::store::Store for Held {
+    fn apply(
+        &self,
+        params: &tower_allowance::store::Params,
+        op: tower_allowance::store::Op,
+    ) -> tower_allowance::store::StoreFuture<tower_allowance::store::Reply> {
+        let reply = self.inner.try_apply(Instant::now(), params, &op);
+        let release = self.release.clone();
+        Box::pin(async move {
+            release.notified().await;
+            reply.expect("a memory store answers")
+        })
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &tower_allowance::store::Params,
+        op: &tower_allowance::store::Op,
+    ) -> Option<Result<tower_allowance::store::Reply, tower_allowance::store::StoreError>> {
+        let held = self.hold.load(std::sync::atomic::Ordering::SeqCst);
+        (!held)
+            .then(|| self.inner.try_apply(now, params, op))
+            .flatten()
+    }
+}
+
+// The CI failure of the axum example: a 429's cooldown applied in the store, and another
+// caller's admission refused for its deadline by that cooldown before the call that raised
+// it returned. This process's snapshot does not know of the cooldown yet (the example's 503
+// said "Retry-After: 1" from it); the abandonment itself says when to come back.
+#[tokio::test(start_paused = true)]
+async fn an_abandonment_knows_the_cooldown_before_this_process_hears_of_it() {
+    use tower_allowance::{admission::AdmissionLayer, error::Abandoned};
+
+    let store = std::sync::Arc::new(Held::default());
+    let config = AllowanceConfig::per_second(4, 4).expect("valid");
+    let allowance = Allowance::with_store(config, store.clone());
+    store.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let throttled = response_with(429, &[("retry-after", "7")]);
+    let raising = observe(&allowance, throttled);
+    tokio::pin!(raising);
+    // Its cooldown is in the store; its reply is held.
+    let held = tokio::time::timeout(Duration::from_millis(1), &mut raising).await;
+    assert!(held.is_err(), "the raise's reply is held");
+    store.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(allowance.snapshot().cooling_for, None, "not heard of yet");
+
+    let svc = ServiceBuilder::new()
+        .layer(AdmissionLayer::new(allowance.clone()))
+        .service_fn(|_r: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let mut request = Request::new(());
+    request
+        .extensions_mut()
+        .insert(Deadline::after(Duration::from_secs(2)));
+    let err = svc
+        .oneshot(request)
+        .await
+        .expect_err("refused for its deadline");
+    let abandoned = Abandoned::of_error(&*err).expect("abandoned");
+    assert_eq!(abandoned.reason(), AbandonReason::Deadline);
+    let wait = abandoned.retry_after().expect("when to come back");
+    assert!(wait > Duration::from_millis(6_900), "{wait:?}");
+    assert!(wait <= Duration::from_secs(7), "{wait:?}");
+
+    store.release.notify_one();
+    let raised = raising.await.expect("the 429");
+    assert_eq!(raised.status(), StatusCode::TOO_MANY_REQUESTS);
+    let cooling = allowance.snapshot().cooling_for.expect("heard of now");
+    assert!(cooling > Duration::from_millis(6_900), "{cooling:?}");
+}
+
+// A caller holding a slot that a cooldown pushes past its deadline comes back when the
+// cooldown ends (what a 503's `Retry-After` should say), not at its own slot behind it.
+#[tokio::test(start_paused = true)]
+async fn a_holder_pushed_past_its_deadline_is_told_the_cooldown_end() {
+    use tower_allowance::{error::AcquireError, AcquireOptions};
+
+    let allowance = Allowance::new(AllowanceConfig::per_second(4, 4).expect("valid"));
+    for _ in 0..4 {
+        allowance.acquire().await.expect("the burst");
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let holder = {
+        let allowance = allowance.clone();
+        tokio::spawn(async move {
+            (allowance.acquire_with(AcquireOptions::new().deadline(deadline))).await
+        })
+    };
+    tokio::task::yield_now().await;
+    let throttled = response_with(429, &[("retry-after", "7")]);
+    observe(&allowance, throttled).await.expect("the 429");
+    let Err(AcquireError::Abandoned(abandoned)) = holder.await.expect("joins") else {
+        panic!("the holder is given up on");
+    };
+    assert_eq!(abandoned.reason(), AbandonReason::Deadline);
+    assert_eq!(abandoned.retry_after(), Some(Duration::from_secs(7)));
+}

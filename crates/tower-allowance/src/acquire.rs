@@ -85,7 +85,10 @@ pub(crate) fn begin(
     if options.deadline.is_some_and(|d| d <= now) {
         return Begin::Ready(Err(match shared.closure(now) {
             Some(e) => exhausted(shared, progress, e),
-            None => abandon(shared, progress, AbandonReason::Deadline),
+            None => {
+                let until = come_back(shared, now, None);
+                abandon(shared, progress, AbandonReason::Deadline, until)
+            }
         }));
     }
     let started = *progress.started.get_or_insert(now);
@@ -176,22 +179,33 @@ fn decide(
             shared.abandon(AbandonReason::Overloaded);
             Begin::Ready(Err(AcquireError::Overloaded(Overloaded { wait })))
         }
-        Admission::Refused { .. } => {
-            Begin::Ready(Err(abandon(shared, progress, AbandonReason::Deadline)))
+        // Past its deadline: the slot the store offered tells when to come back, even before
+        // this process hears of the cooldown that moved it.
+        Admission::Refused { wait, .. } => {
+            let until = come_back(shared, now, now.checked_add(wait));
+            Begin::Ready(Err(abandon(
+                shared,
+                progress,
+                AbandonReason::Deadline,
+                until,
+            )))
         }
         Admission::BudgetExhausted => {
             tracing::debug!(allowance = shared.name(), "retry budget exhausted");
             let reason = AbandonReason::BudgetExhausted;
-            Begin::Ready(Err(abandon(shared, progress, reason)))
+            Begin::Ready(Err(abandon(shared, progress, reason, None)))
         }
         Admission::Closed { until, by } => {
             let e = Exhausted::new(until.and_then(|d| now.checked_add(d)), by);
             shared.holders().learn_closed(e);
             Begin::Ready(Err(exhausted(shared, progress, e)))
         }
-        Admission::TooCostly => {
-            Begin::Ready(Err(abandon(shared, progress, AbandonReason::TooCostly)))
-        }
+        Admission::TooCostly => Begin::Ready(Err(abandon(
+            shared,
+            progress,
+            AbandonReason::TooCostly,
+            None,
+        ))),
     }
 }
 
@@ -242,10 +256,22 @@ fn fail_store(shared: &Shared, progress: &mut Progress, error: StoreError) -> Be
     Begin::Ready(Err(AcquireError::Store(StoreUnavailable::new(error))))
 }
 
-fn abandon(shared: &Shared, progress: &mut Progress, reason: AbandonReason) -> AcquireError {
+/// When a caller given up on for its deadline may come back: the end of the cooldown that
+/// held it, as this process knows it, else the `slot` the store offered.
+fn come_back(shared: &Shared, now: Instant, slot: Option<Instant>) -> Option<Instant> {
+    let cooldown = shared.holders().known().blocked_until.filter(|b| *b > now);
+    cooldown.map_or(slot, |c| Some(slot.map_or(c, |s| s.min(c))))
+}
+
+fn abandon(
+    shared: &Shared,
+    progress: &mut Progress,
+    reason: AbandonReason,
+    until: Option<Instant>,
+) -> AcquireError {
     end_outage(shared, progress);
     shared.abandon(reason);
-    AcquireError::abandoned(reason)
+    AcquireError::abandoned(reason, until)
 }
 
 fn exhausted(shared: &Shared, progress: &mut Progress, e: Exhausted) -> AcquireError {
@@ -382,12 +408,13 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             shared.holders().remove(id);
                             Begin::Ready(Err(exhausted(shared, this.progress, e)))
                         }
-                        Check::Doomed => {
+                        Check::Doomed(at) => {
                             if let Some((res, at)) = shared.holders().give_up(id) {
                                 shared.release(res, at);
                             }
                             let reason = AbandonReason::Deadline;
-                            Begin::Ready(Err(abandon(shared, this.progress, reason)))
+                            let until = come_back(shared, Instant::now(), Some(at));
+                            Begin::Ready(Err(abandon(shared, this.progress, reason, until)))
                         }
                         Check::Reask => {
                             // The store lost the state this slot was reserved in (and every

@@ -16,9 +16,10 @@
 //! assert_eq!(err.to_string(), "request abandoned: its deadline would pass before it could be sent");
 //! ```
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use tokio::time::Instant;
+use tower::load_shed::error::Overloaded as ShedOverloaded;
 
 use crate::{rule::ClosedBy, store::StoreError, BoxError};
 
@@ -172,20 +173,72 @@ impl fmt::Display for AbandonReason {
 ///
 /// Returned as an error by the admission layer (deadline, budget) and attached as a
 /// response extension by the retry policy when it stops retrying a throttled response.
+/// It carries what the allowance knew when it gave up: when a caller may come back
+/// ([`retry_after`](Self::retry_after)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Abandoned {
     reason: AbandonReason,
+    until: Option<Instant>,
 }
 
 impl Abandoned {
-    /// An abandonment for `reason`.
+    /// An abandonment for `reason`, with nothing known of when to come back.
     pub const fn new(reason: AbandonReason) -> Self {
-        Self { reason }
+        Self::until(reason, None)
+    }
+
+    /// An abandonment for `reason` that knew the allowance could not serve it before `until`.
+    pub(crate) const fn until(reason: AbandonReason, until: Option<Instant>) -> Self {
+        Self { reason, until }
     }
 
     /// Why.
     pub fn reason(&self) -> AbandonReason {
         self.reason
+    }
+
+    /// How long from now until the allowance could serve the request, as it knew when it
+    /// gave up: the end of the cooldown that held it (as this process knows it), else the
+    /// slot the store offered past the request's deadline; the wait the server asked for;
+    /// the reopening of a closed allowance; room in a full queue. `None` when nothing was known (a budget spent, a request that
+    /// cannot be replayed). It never lags the store as [`Allowance::snapshot`] can (this
+    /// process learns of a cooldown when the call that raised it returns): a `503`'s
+    /// `Retry-After` should come from here first.
+    ///
+    /// [`Allowance::snapshot`]: crate::Allowance::snapshot
+    ///
+    /// ```
+    /// use tower_allowance::error::{AbandonReason, Abandoned};
+    ///
+    /// assert_eq!(Abandoned::new(AbandonReason::BudgetExhausted).retry_after(), None);
+    /// ```
+    pub fn retry_after(&self) -> Option<Duration> {
+        (self.until).map(|u| u.saturating_duration_since(Instant::now()))
+    }
+
+    /// The abandonment an error reports, through wrappers too (the `source()` chain is
+    /// searched): an [`Abandoned`], or a full queue ([`Overloaded`], or tower's `LoadShed`
+    /// refusal) or a closed allowance ([`Exhausted`]) as one, with when to come back.
+    ///
+    /// ```
+    /// use tower_allowance::{error::{AbandonReason, Abandoned}, BoxError};
+    ///
+    /// let err: BoxError = Abandoned::new(AbandonReason::Deadline).into();
+    /// let abandoned = Abandoned::of_error(&*err).expect("an abandonment");
+    /// assert_eq!(abandoned.reason(), AbandonReason::Deadline);
+    /// assert_eq!(Abandoned::of_error(&std::fmt::Error), None);
+    /// ```
+    pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        if let Some(a) = find::<Abandoned>(e) {
+            Some(*a)
+        } else if let Some(o) = find::<Overloaded>(e) {
+            let until = Instant::now().checked_add(o.wait);
+            Some(Self::until(AbandonReason::Overloaded, until))
+        } else if find::<ShedOverloaded>(e).is_some() {
+            Some(Self::new(AbandonReason::Overloaded))
+        } else {
+            find::<Exhausted>(e).map(|x| Self::until(x.reason(), x.until))
+        }
     }
 }
 
@@ -335,8 +388,8 @@ pub enum AcquireError {
 }
 
 impl AcquireError {
-    pub(crate) fn abandoned(reason: AbandonReason) -> Self {
-        Self::Abandoned(Abandoned::new(reason))
+    pub(crate) fn abandoned(reason: AbandonReason, until: Option<Instant>) -> Self {
+        Self::Abandoned(Abandoned::until(reason, until))
     }
 
     /// The abandonment reason, if this is one (a full queue counts as `Overloaded`, a closed

@@ -2,11 +2,9 @@
 
 use http::{Response, StatusCode};
 
-use tower::load_shed::error::Overloaded as ShedOverloaded;
-
 use crate::{
     classify::{Classification, Classified},
-    error::{find, AbandonReason, Abandoned, Exhausted, Overloaded},
+    error::{AbandonReason, Abandoned},
     BoxError,
 };
 
@@ -93,14 +91,9 @@ impl Outcome {
         let tonic = crate::body::impl_tonic::abandoned(e).and_then(|r| r.parse().ok());
         #[cfg(not(feature = "tonic"))]
         let tonic = None;
-        if let Some(a) = find::<Abandoned>(e) {
-            Self::Abandoned(a.reason())
-        } else if find::<Overloaded>(e).is_some() || find::<ShedOverloaded>(e).is_some() {
-            Self::Abandoned(AbandonReason::Overloaded)
-        } else if let Some(x) = find::<Exhausted>(e) {
-            Self::Abandoned(x.reason())
-        } else {
-            tonic.map_or(Self::Failed, Self::Abandoned)
+        match Abandoned::of_error(e) {
+            Some(a) => Self::Abandoned(a.reason()),
+            None => tonic.map_or(Self::Failed, Self::Abandoned),
         }
     }
 

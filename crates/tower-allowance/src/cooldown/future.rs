@@ -183,16 +183,20 @@ fn observe<RB, C: Classify>(
         classified.class,
         Classification::Throttled | Classification::Transient
     );
-    if let (true, Some(mut reason)) = (retryable, last) {
-        // No retry follows: report it as abandoned, not as final; for a closure (this
-        // response's, or one already known) with the closure's reason.
-        if reason != AbandonReason::NotReplayable {
-            let closes = classified.delay == Some(ServerDelay::TooLong) || read.asked.is_some();
-            let closed = closes.then_some(AbandonReason::CooldownTooLong);
-            reason = closed.unwrap_or_else(|| allowance.shared.or_closed(reason));
-        }
-        allowance.shared.abandon(reason);
-        parts.extensions.insert(Abandoned::new(reason));
+    if let (true, Some(reason)) = (retryable, last) {
+        // No retry follows: report it as abandoned, not as final, with the server's wait as
+        // when to come back; for a closure (this response's, or one already known) with the
+        // closure's reason.
+        let closes = classified.delay == Some(ServerDelay::TooLong) || read.asked.is_some();
+        let abandoned = if reason == AbandonReason::NotReplayable {
+            Abandoned::new(reason)
+        } else if closes {
+            Abandoned::new(AbandonReason::CooldownTooLong)
+        } else {
+            (allowance.shared).or_closed(reason, classify::asked_until(classified.delay))
+        };
+        allowance.shared.abandon(abandoned.reason());
+        parts.extensions.insert(abandoned);
     }
     // When the attempt was sent, from its record (the admission layer below puts it in the
     // response of an adaptive allowance): an adaptive rate cuts once per round of sends.

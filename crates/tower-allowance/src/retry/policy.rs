@@ -107,7 +107,7 @@ enum Plan {
         sleep: Duration,
         not_before: Option<Duration>,
     },
-    Abandon(AbandonReason),
+    Abandon(Abandoned),
     /// No retry, and nothing given up on: the response is the answer.
     Final,
 }
@@ -208,11 +208,14 @@ impl<C> RetryPolicy<C> {
         server_delay: Option<ServerDelay>,
     ) -> Plan {
         if server_delay == Some(ServerDelay::TooLong) {
-            return Plan::Abandon(AbandonReason::CooldownTooLong);
+            return Plan::Abandon(Abandoned::new(AbandonReason::CooldownTooLong));
         }
-        // A closed allowance refuses whatever the request's own limits say: its reason.
-        let closed =
-            |policy: &PolicyShared<C>, r| Plan::Abandon(policy.allowance.shared.or_closed(r));
+        // A closed allowance refuses whatever the request's own limits say: its reason. The
+        // server's wait is when to come back.
+        let asked = classify::asked_until(server_delay);
+        let closed = |policy: &PolicyShared<C>, r| {
+            Plan::Abandon(policy.allowance.shared.or_closed(r, asked))
+        };
         if self.attempts >= self.config().max_attempts.get() {
             return closed(&self.shared, AbandonReason::MaxAttempts);
         }
@@ -292,10 +295,10 @@ impl<C: Classify> RetryPolicy<C> {
                 // A retry the admission layer refused (the budget spent, its deadline, a
                 // closure): the request ends with the response that prompted it, marked
                 // abandoned with the refusal's reason.
-                if let (Outcome::Abandoned(reason), Some(mut response)) =
-                    (Outcome::of_error(&**e), self.stash.take::<Response<RB>>())
+                if let (Some(abandoned), Some(mut response)) =
+                    (Abandoned::of_error(&**e), self.stash.take::<Response<RB>>())
                 {
-                    response.extensions_mut().insert(Abandoned::new(reason));
+                    response.extensions_mut().insert(abandoned);
                     *result = Ok(response);
                     return None;
                 }
@@ -306,7 +309,9 @@ impl<C: Classify> RetryPolicy<C> {
             }
         };
         let plan = match plan {
-            Plan::Retry { .. } if !replay() => Plan::Abandon(AbandonReason::NotReplayable),
+            Plan::Retry { .. } if !replay() => {
+                Plan::Abandon(Abandoned::new(AbandonReason::NotReplayable))
+            }
             plan => plan,
         };
         match plan {
@@ -314,10 +319,10 @@ impl<C: Classify> RetryPolicy<C> {
             // Counted where it is marked: a response given up on. An error stays the request's
             // answer (`Outcome::Failed`), and a layer above that turns it into a verdict of
             // its own (gRPC's deadline) counts that one.
-            Plan::Abandon(reason) => {
+            Plan::Abandon(abandoned) => {
                 if let Ok(res) = result {
-                    self.shared.allowance.shared.abandon(reason);
-                    res.extensions_mut().insert(Abandoned::new(reason));
+                    self.shared.allowance.shared.abandon(abandoned.reason());
+                    res.extensions_mut().insert(abandoned);
                 }
                 None
             }

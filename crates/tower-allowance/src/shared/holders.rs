@@ -33,8 +33,8 @@ pub(crate) enum Check {
     Wait(Instant),
     /// The allowance closed: fail.
     Closed(Exhausted),
-    /// A cooldown pushed the slot past the holder's deadline: fail now.
-    Doomed,
+    /// A cooldown pushed the slot (now at the instant) past the holder's deadline: fail now.
+    Doomed(Instant),
     /// The store lost the state the slot was reserved in: ask it again.
     Reask,
     /// Not registered (already removed).
@@ -473,7 +473,7 @@ impl Entry {
             return Check::Closed(closed);
         }
         if self.deadline.is_some_and(|d| d < self.at) {
-            return Check::Doomed;
+            return Check::Doomed(self.at);
         }
         if self.lost {
             return Check::Reask;

@@ -16,7 +16,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
-    error::{AbandonReason, Exhausted},
+    error::{AbandonReason, Abandoned, Exhausted},
     rule::{ClosedBy, Deferred, Op, Reply, Reservation},
     store::{self, EventSink, Store, StoreError, StoreFuture, Watcher, WrongReply},
     AllowanceConfig,
@@ -302,9 +302,13 @@ impl Shared {
         closed.until().is_none_or(|u| u > now).then_some(closed)
     }
 
-    /// `reason`, or the reason of a closure that holds now (see [`Shared::closure`]).
-    pub(crate) fn or_closed(&self, reason: AbandonReason) -> AbandonReason {
-        self.closure(Instant::now()).map_or(reason, |e| e.reason())
+    /// An abandonment for `reason` (to come back at `until`), or for a closure that holds
+    /// now (see [`Shared::closure`]), until it reopens.
+    pub(crate) fn or_closed(&self, reason: AbandonReason, until: Option<Instant>) -> Abandoned {
+        let closed = self.closure(Instant::now());
+        closed.map_or(Abandoned::until(reason, until), |e| {
+            Abandoned::until(e.reason(), e.until())
+        })
     }
 
     /// A response's `Date` was not trusted: warn once per allowance.
