@@ -85,10 +85,7 @@ pub(crate) fn begin(
     if options.deadline.is_some_and(|d| d <= now) {
         return Begin::Ready(Err(match shared.closure(now) {
             Some(e) => exhausted(shared, progress, e),
-            None => {
-                let until = come_back(shared, now, None);
-                abandon(shared, progress, AbandonReason::Deadline, until)
-            }
+            None => late(shared, progress, now, None),
         }));
     }
     let started = *progress.started.get_or_insert(now);
@@ -182,30 +179,21 @@ fn decide(
         // Past its deadline: the slot the store offered tells when to come back, even before
         // this process hears of the cooldown that moved it.
         Admission::Refused { wait, .. } => {
-            let until = come_back(shared, now, now.checked_add(wait));
-            Begin::Ready(Err(abandon(
-                shared,
-                progress,
-                AbandonReason::Deadline,
-                until,
-            )))
+            Begin::Ready(Err(late(shared, progress, now, now.checked_add(wait))))
         }
         Admission::BudgetExhausted => {
             tracing::debug!(allowance = shared.name(), "retry budget exhausted");
             let reason = AbandonReason::BudgetExhausted;
-            Begin::Ready(Err(abandon(shared, progress, reason, None)))
+            Begin::Ready(Err(abandon(shared, progress, reason)))
         }
         Admission::Closed { until, by } => {
             let e = Exhausted::new(until.and_then(|d| now.checked_add(d)), by);
             shared.holders().learn_closed(e);
             Begin::Ready(Err(exhausted(shared, progress, e)))
         }
-        Admission::TooCostly => Begin::Ready(Err(abandon(
-            shared,
-            progress,
-            AbandonReason::TooCostly,
-            None,
-        ))),
+        Admission::TooCostly => {
+            Begin::Ready(Err(abandon(shared, progress, AbandonReason::TooCostly)))
+        }
     }
 }
 
@@ -256,22 +244,19 @@ fn fail_store(shared: &Shared, progress: &mut Progress, error: StoreError) -> Be
     Begin::Ready(Err(AcquireError::Store(StoreUnavailable::new(error))))
 }
 
-/// When a caller given up on for its deadline may come back: the end of the cooldown that
-/// held it, as this process knows it, else the `slot` the store offered.
-fn come_back(shared: &Shared, now: Instant, slot: Option<Instant>) -> Option<Instant> {
-    let cooldown = shared.holders().known().blocked_until.filter(|b| *b > now);
-    cooldown.map_or(slot, |c| Some(slot.map_or(c, |s| s.min(c))))
-}
-
-fn abandon(
-    shared: &Shared,
-    progress: &mut Progress,
-    reason: AbandonReason,
-    until: Option<Instant>,
-) -> AcquireError {
+fn abandon(shared: &Shared, progress: &mut Progress, reason: AbandonReason) -> AcquireError {
     end_outage(shared, progress);
     shared.abandon(reason);
-    AcquireError::abandoned(reason, until)
+    AcquireError::abandoned(reason, None)
+}
+
+/// Given up on for its deadline; to come back when the cooldown that held it ends (as this
+/// process knows it), else at the `slot` the store offered.
+fn late(s: &Shared, p: &mut Progress, now: Instant, slot: Option<Instant>) -> AcquireError {
+    let cooldown = s.holders().known().blocked_until.filter(|b| *b > now);
+    let until = cooldown.into_iter().chain(slot).min();
+    abandon(s, p, AbandonReason::Deadline);
+    AcquireError::abandoned(AbandonReason::Deadline, until)
 }
 
 fn exhausted(shared: &Shared, progress: &mut Progress, e: Exhausted) -> AcquireError {
@@ -412,9 +397,8 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                             if let Some((res, at)) = shared.holders().give_up(id) {
                                 shared.release(res, at);
                             }
-                            let reason = AbandonReason::Deadline;
-                            let until = come_back(shared, Instant::now(), Some(at));
-                            Begin::Ready(Err(abandon(shared, this.progress, reason, until)))
+                            let (now, slot) = (Instant::now(), Some(at));
+                            Begin::Ready(Err(late(shared, this.progress, now, slot)))
                         }
                         Check::Reask => {
                             // The store lost the state this slot was reserved in (and every

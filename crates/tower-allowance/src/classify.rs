@@ -80,15 +80,6 @@ pub enum ServerDelay {
     DoNotRetry,
 }
 
-/// When a wait the server asked for ends, if it asked for one (what an abandoned caller is
-/// told: `Abandoned::retry_after`).
-pub(crate) fn asked_until(delay: Option<ServerDelay>) -> Option<tokio::time::Instant> {
-    let Some(ServerDelay::After(d)) = delay else {
-        return None;
-    };
-    tokio::time::Instant::now().checked_add(d)
-}
-
 /// Classifies responses from their status and headers.
 ///
 /// Implement it for provider-specific rules, such as a 503 carrying a header that marks

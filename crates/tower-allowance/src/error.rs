@@ -200,10 +200,10 @@ impl Abandoned {
     /// How long from now until the allowance could serve the request, as it knew when it
     /// gave up: the end of the cooldown that held it (as this process knows it), else the
     /// slot the store offered past the request's deadline; the wait the server asked for;
-    /// the reopening of a closed allowance; room in a full queue. `None` when nothing was known (a budget spent, a request that
-    /// cannot be replayed). It never lags the store as [`Allowance::snapshot`] can (this
-    /// process learns of a cooldown when the call that raised it returns): a `503`'s
-    /// `Retry-After` should come from here first.
+    /// the reopening of a closed allowance; room in a full queue. `None` when nothing was
+    /// known (a budget spent, a request that cannot be replayed). It never lags the store as
+    /// [`Allowance::snapshot`] can (this process learns of a cooldown when the call that
+    /// raised it returns): a `503`'s `Retry-After` should come from here first.
     ///
     /// [`Allowance::snapshot`]: crate::Allowance::snapshot
     ///
@@ -229,16 +229,11 @@ impl Abandoned {
     /// assert_eq!(Abandoned::of_error(&std::fmt::Error), None);
     /// ```
     pub fn of_error(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
-        if let Some(a) = find::<Abandoned>(e) {
-            Some(*a)
-        } else if let Some(o) = find::<Overloaded>(e) {
-            let until = Instant::now().checked_add(o.wait);
-            Some(Self::until(AbandonReason::Overloaded, until))
-        } else if find::<ShedOverloaded>(e).is_some() {
-            Some(Self::new(AbandonReason::Overloaded))
-        } else {
-            find::<Exhausted>(e).map(|x| Self::until(x.reason(), x.until))
-        }
+        let full = |wait| Self::until(AbandonReason::Overloaded, Instant::now().checked_add(wait));
+        (find::<Abandoned>(e).copied())
+            .or_else(|| find::<Overloaded>(e).map(|o| full(o.wait)))
+            .or_else(|| find::<ShedOverloaded>(e).map(|_| Self::new(AbandonReason::Overloaded)))
+            .or_else(|| find::<Exhausted>(e).map(|x| Self::until(x.reason(), x.until)))
     }
 }
 

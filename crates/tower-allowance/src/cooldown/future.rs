@@ -193,7 +193,7 @@ fn observe<RB, C: Classify>(
         } else if closes {
             Abandoned::new(AbandonReason::CooldownTooLong)
         } else {
-            (allowance.shared).or_closed(reason, classify::asked_until(classified.delay))
+            allowance.shared.or_closed(reason, classified.delay)
         };
         allowance.shared.abandon(abandoned.reason());
         parts.extensions.insert(abandoned);

@@ -212,9 +212,8 @@ impl<C> RetryPolicy<C> {
         }
         // A closed allowance refuses whatever the request's own limits say: its reason. The
         // server's wait is when to come back.
-        let asked = classify::asked_until(server_delay);
         let closed = |policy: &PolicyShared<C>, r| {
-            Plan::Abandon(policy.allowance.shared.or_closed(r, asked))
+            Plan::Abandon(policy.allowance.shared.or_closed(r, server_delay))
         };
         if self.attempts >= self.config().max_attempts.get() {
             return closed(&self.shared, AbandonReason::MaxAttempts);

@@ -16,6 +16,7 @@ use std::{
 use tokio::time::Instant;
 
 use crate::{
+    classify::ServerDelay,
     error::{AbandonReason, Abandoned, Exhausted},
     rule::{ClosedBy, Deferred, Op, Reply, Reservation},
     store::{self, EventSink, Store, StoreError, StoreFuture, Watcher, WrongReply},
@@ -302,13 +303,16 @@ impl Shared {
         closed.until().is_none_or(|u| u > now).then_some(closed)
     }
 
-    /// An abandonment for `reason` (to come back at `until`), or for a closure that holds
-    /// now (see [`Shared::closure`]), until it reopens.
-    pub(crate) fn or_closed(&self, reason: AbandonReason, until: Option<Instant>) -> Abandoned {
-        let closed = self.closure(Instant::now());
-        closed.map_or(Abandoned::until(reason, until), |e| {
-            Abandoned::until(e.reason(), e.until())
-        })
+    /// An abandonment for `reason`, to come back when the wait the server `asked` for ends;
+    /// or for a closure that holds now (see [`Shared::closure`]), until it reopens.
+    pub(crate) fn or_closed(&self, reason: AbandonReason, asked: Option<ServerDelay>) -> Abandoned {
+        let e = self.closure(Instant::now());
+        let Some(ServerDelay::After(wait)) = asked.filter(|_| e.is_none()) else {
+            return e.map_or(Abandoned::new(reason), |e| {
+                Abandoned::until(e.reason(), e.until())
+            });
+        };
+        Abandoned::until(reason, Instant::now().checked_add(wait))
     }
 
     /// A response's `Date` was not trusted: warn once per allowance.
