@@ -6,11 +6,11 @@
 //! allowance admits; a request that cannot be served in time gets a 503 with
 //! `Retry-After`, never a silent hang.
 //!
-//! The `Retry-After` the proxy sends is the allowance's own knowledge: what the abandonment
-//! knew (`Abandoned::retry_after`: the slot the store offered past the deadline, the
-//! upstream's wait), else the shared cooldown still to run (the snapshot's `cooling_for`,
-//! raised by the upstream's own `Retry-After`), or the time until the allowance reopens, or,
-//! with neither, one token interval of the allowance. The demo below makes the upstream throttle: the API key is also used
+//! The 503 and its `Retry-After` come from `tower_allowance::inbound::Unavailable` (feature
+//! `axum`): the allowance's own knowledge, what the abandonment knew
+//! (`Abandoned::retry_after`: the end of the cooldown that held it, the upstream's wait),
+//! else the shared cooldown still to run (the snapshot's `cooling_for`), or the time until
+//! the allowance reopens, or, with neither, one token interval of the allowance. The demo below makes the upstream throttle: the API key is also used
 //! elsewhere, so the upstream allows less than the proxy's allowance expects, answers 429
 //! with `Retry-After: 7`, and the callers who cannot wait that long get a 503 with
 //! `Retry-After: 7` (or 6, as the cooldown runs down) from the proxy.
@@ -47,7 +47,7 @@ use hyper_util::{
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tower::{Layer, ServiceExt};
 use tower_allowance::{
-    error::Abandoned, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, BoxError,
+    inbound::Unavailable, retry::RetryConfig, Allowance, AllowanceConfig, AllowanceLayer, BoxError,
     Deadline, Outcome,
 };
 
@@ -125,44 +125,13 @@ async fn fetch(state: &AppState, event_id: &str) -> Result<Response, BoxError> {
         // The upstream's final answer was a failure (a 404, a 401...): pass it on.
         Outcome::Unsuccessful(status) => Ok((status, "upstream answered").into_response()),
         // Given up on (deadline, budget, quota...): tell our caller, honestly, and when to
-        // come back: what the shared allowance knows, as this process last learned it.
-        Outcome::Abandoned(reason) => {
-            let mut response = (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("upstream allowance: request abandoned ({reason})"),
-            )
-                .into_response();
-            let abandoned = match &result {
-                Ok(response) => response.extensions().get::<Abandoned>().copied(),
-                Err(e) => Abandoned::of_error(&**e),
-            };
-            let wait = come_back_after(abandoned, &state.allowance);
-            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-            Ok(response)
-        }
+        // come back (`tower_allowance::inbound`, feature `axum`): 503, `Retry-After`.
+        Outcome::Abandoned(_) => match Unavailable::of(&result, &state.allowance) {
+            Some(unavailable) => Ok(unavailable.into_response()),
+            None => Err("abandoned".into()),
+        },
         _ => Err(result.err().unwrap_or_else(|| "failed".into())),
     }
-}
-
-/// When a caller turned away should come back: what its abandonment knew (the slot or the
-/// cooldown's end the store offered, the upstream's `Retry-After`, a reopening), else the
-/// shared cooldown still to run as this process knows it, or the time until a closed
-/// allowance reopens, or else one token interval of the allowance (the earliest a new slot
-/// can come). The abandonment first: the snapshot can lag the store by the moment between
-/// a 429's cooldown reaching the store and the call that raised it returning.
-pub(crate) fn come_back_after(abandoned: Option<Abandoned>, allowance: &Allowance) -> Duration {
-    if let Some(wait) = abandoned.and_then(|a| a.retry_after()) {
-        return wait;
-    }
-    let snapshot = allowance.snapshot();
-    snapshot
-        .closed
-        .and_then(|c| c.reopens_in)
-        .or(snapshot.cooling_for)
-        .unwrap_or_else(|| allowance.config().interval())
 }
 
 // === metrics ===

@@ -121,6 +121,14 @@
 //! # }
 //! ```
 //!
+//! An abandonment says when to come back ([`Abandoned::retry_after`]: the end of the
+//! cooldown that held it, the slot the store offered, the server's wait), from the store's
+//! answer rather than this process's view, which learns of a cooldown only when the call
+//! that raised it returns. With the `axum` feature, `inbound::Unavailable` turns it into a
+//! `503` with that `Retry-After`, from a handler or through `HandleErrorLayer`.
+//!
+//! [`Abandoned::retry_after`]: crate::error::Abandoned::retry_after
+//!
 //! ## Cancellation
 //!
 //! Dropping a request that waits for its slot (a timeout, a client that hung up) gives the

@@ -56,7 +56,7 @@
 //! | feature | default | what it enables | what it pulls in |
 //! | --- | --- | --- | --- |
 //! | `hyper` | yes | [`Replayable`](body::Replayable) for hyper's `Incoming`, so a proxy can forward a hyper server's request body: sent once, never retried (it cannot be rebuilt) | `hyper` without features (the types only) |
-//! | `axum` | | [`Replayable`](body::Replayable) for axum's `Body` | `axum-core` (not the router) |
+//! | `axum` | | [`Replayable`](body::Replayable) for axum's `Body`; `inbound`: an abandonment answered `503` with the allowance's `Retry-After` (`HandleErrorLayer`, a handler) | `axum-core` (not the router) |
 //! | `tonic` | | [`Replayable`](body::Replayable) for tonic's `Body`, the request body of a `Channel` (`GrpcLayer` over a `Channel` needs `grpc` too); `Outcome::of_error` reads a `tonic::Status` | `tonic` without default features (no transport, codegen or router) |
 //! | `serde` | | `Deserialize` for [`AllowanceConfig`], [`RetryBudgetConfig`], [`RetryConfig`](retry::RetryConfig) and [`StatusClassifier`](classify::StatusClassifier) (durations as `"500ms"`, unknown fields refused, errors naming the field); `Serialize` for [`Snapshot`] and the store's [`State`](store::State) | `serde`, `humantime-serde` |
 //! | `metrics` | | counters, histograms and gauges labelled by allowance name (listed in the [guide](guide#observing-it)) | `metrics` (the facade only; bring your own exporter) |
@@ -117,6 +117,8 @@ pub mod error;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod guide;
+#[cfg(feature = "axum")]
+pub mod inbound;
 #[cfg(feature = "keyed")]
 pub mod keyed;
 #[cfg(feature = "lease")]
