@@ -58,7 +58,7 @@ impl Collector<'_> {
     /// was read: the draft gives `Retry-After` precedence. (The readers run in [`Reader`]
     /// order, `RetryAfter` and `RetryAfterMs` first, so any `Retry-After` is read by now.)
     pub(super) fn reset(&mut self, reader: Reader, value: Value, text: &str) {
-        let wait = self.measure(value, text, true);
+        let wait = self.measure(value, text);
         let reset = &mut self.reading.reset;
         if reset.as_ref().is_none_or(|c| wait.is_longer_than(c)) {
             *reset = Some(wait.clone());

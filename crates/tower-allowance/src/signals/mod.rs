@@ -103,13 +103,13 @@
 //! - **Absolute times** (epoch seconds, RFC 3339, HTTP-date) are measured against the
 //!   response's `Date` when it parses and lies within [`ReadContext::max_skew`] of the
 //!   local clock ([`DateTrust::Trusted`]). `Date` has whole seconds, so it only places the
-//!   server's time within a second: for a *reset*, when the local clock, at the response's
-//!   arrival, lies in `[Date, Date + 1 s)`, it is the reference (a reset at `Date + 30 s`
-//!   read 0.6 s into that second is a wait of 29.4 s, not 30 s); otherwise `Date` is (the
-//!   longer wait). A `Retry-After` date is the server's `now + n` cut to whole seconds like
-//!   its `Date`, so it is measured against `Date`, keeping the `n` it meant. Otherwise they are measured against the local
-//!   clock, and [`Reading::date`] says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`],
-//!   [`DateTrust::Unparseable`]) so the caller can warn. A time in the past is a wait of
+//!   server's time within a second: when the local clock, at the response's arrival, lies
+//!   in `[Date, Date + 1 s)`, it is the reference (a reset or a `Retry-After` date at
+//!   `Date + 30 s` read 0.6 s into that second is a wait of 29.4 s, not 30 s: it ends at the
+//!   time the server named, not up to a second past it); otherwise `Date` is (the longer
+//!   wait). Otherwise they are measured against the local clock, and [`Reading::date`]
+//!   says why ([`DateTrust::Absent`], [`DateTrust::Untrusted`], [`DateTrust::Unparseable`])
+//!   so the caller can warn. A time in the past is a wait of
 //!   zero (`Wait::For(Duration::ZERO)`): the caller applies its own floor.
 //! - **Epoch or delta?** GitHub's `x-ratelimit-reset` is epoch seconds. In the `XRateLimit`
 //!   reader (`Dialect::x_ratelimit`, `Dialect::generic`) a generic `X-RateLimit-Reset` of at least
@@ -485,14 +485,14 @@ struct Collector<'a> {
     headers: &'a HeaderMap,
     cx: &'a ReadContext,
     /// The time absolute values are measured against, once one has been needed.
-    reference: Option<(SystemTime, SystemTime)>,
+    reference: Option<SystemTime>,
     reading: &'a mut Reading,
 }
 
 impl Collector<'_> {
     /// Offers a wait `value` (as read from `text`) from `reader`; the longest is kept.
     fn wait(&mut self, reader: Reader, value: Value, text: &str) {
-        let wait = self.measure(value, text, false);
+        let wait = self.measure(value, text);
         self.offer(reader, wait);
     }
 
@@ -510,14 +510,10 @@ impl Collector<'_> {
     }
 
     /// `value` (as read from `text`) as a wait from the response.
-    fn measure(&mut self, value: Value, text: &str, reset: bool) -> Wait {
+    fn measure(&mut self, value: Value, text: &str) -> Wait {
         let delay = match value {
             Value::Delay(d) => Some(d),
-            Value::At(at) => {
-                let (refined, date) = self.reference();
-                let from = if reset { refined } else { date };
-                Some(at.duration_since(from).unwrap_or_default())
-            }
+            Value::At(at) => Some(at.duration_since(self.reference()).unwrap_or_default()),
             Value::TooLong => None,
         };
         match delay {
@@ -528,9 +524,9 @@ impl Collector<'_> {
         }
     }
 
-    /// The references for absolute times, decided (and recorded in the reading) once: for
-    /// resets (`Date` refined by the local clock), and for `Retry-After` dates (`Date`).
-    fn reference(&mut self) -> (SystemTime, SystemTime) {
+    /// The reference for absolute times (resets, `Retry-After` dates), decided (and recorded
+    /// in the reading) once: `Date` refined by the local clock.
+    fn reference(&mut self) -> SystemTime {
         if let Some(reference) = self.reference {
             return reference;
         }
@@ -540,8 +536,8 @@ impl Collector<'_> {
             text.and_then(|d| httpdate::parse_http_date(d.trim_matches([' ', '\t'])).ok())
         });
         let (trust, reference) = match date {
-            None => (DateTrust::Absent, (now, now)),
-            Some(None) => (DateTrust::Unparseable, (now, now)),
+            None => (DateTrust::Absent, now),
+            Some(None) => (DateTrust::Unparseable, now),
             Some(Some(date)) => {
                 let skew = match date.duration_since(now) {
                     Ok(ahead) => Skew::Ahead(ahead),
@@ -549,13 +545,15 @@ impl Collector<'_> {
                 };
                 let (Skew::Ahead(off) | Skew::Behind(off)) = skew;
                 // `Date` has whole seconds: the server's time was in `[date, date + 1 s)`. A
-                // local clock inside that second places it there; one outside, `date` (the
-                // longer wait). (An HTTP-date ends in 9999: adding a second cannot overflow.)
+                // local clock inside that second places it there (a reset or a `Retry-After`
+                // date is then kept to the instant it names, not up to a second past it);
+                // one outside, `date` (the longer wait). (An HTTP-date ends in 9999: adding a
+                // second cannot overflow.)
                 let within = (date..date + Duration::from_secs(1)).contains(&now);
                 if off <= self.cx.max_skew {
-                    (DateTrust::Trusted, (if within { now } else { date }, date))
+                    (DateTrust::Trusted, if within { now } else { date })
                 } else {
-                    (DateTrust::Untrusted { skew }, (now, now))
+                    (DateTrust::Untrusted { skew }, now)
                 }
             }
         };

@@ -313,17 +313,24 @@ fn a_whole_second_date_is_refined_by_the_local_clock() {
     assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(30_000))));
     assert_eq!(wait(at(NOW) - ms(2_500)), Some(Wait::For(ms(30_000))));
     assert_eq!(wait(at(NOW) + ms(999)), Some(Wait::For(ms(29_001))));
-    // A `Retry-After` date is the server's `now + n` cut to whole seconds, like its `Date`:
-    // measured against `Date`, so the `n` it meant is kept.
+}
+
+#[test]
+fn a_retry_after_date_is_refined_by_the_local_clock_as_resets_are() {
+    // A `Retry-After` date 30 s after `Date`, read 600 ms into `Date`'s second: the wait
+    // ends at the date (29.4 s), not 600 ms past it (30 s from now, as measured against
+    // `Date` alone).
     let h = headers(&[
         ("retry-after", b"Sun, 06 Nov 1994 08:50:07 GMT"),
         ("date", b"Sun, 06 Nov 1994 08:49:37 GMT"),
     ]);
-    let cx = ReadContext::new(at(NOW) + ms(600));
-    assert_eq!(
-        Dialect::standard().read(&h, &cx).wait,
-        Some(Wait::For(ms(30_000)))
-    );
+    let wait = |local: SystemTime| Dialect::standard().read(&h, &ReadContext::new(local)).wait;
+    let ms = Duration::from_millis;
+    assert_eq!(wait(at(NOW) + ms(600)), Some(Wait::For(ms(29_400))));
+    assert_eq!(wait(at(NOW) + ms(999)), Some(Wait::For(ms(29_001))));
+    // A local clock outside `Date`'s second is not the server's: the longer wait `Date` states.
+    assert_eq!(wait(at(NOW) + ms(2_500)), Some(Wait::For(ms(30_000))));
+    assert_eq!(wait(at(NOW) - ms(2_500)), Some(Wait::For(ms(30_000))));
 }
 
 proptest! {
