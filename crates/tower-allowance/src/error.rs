@@ -101,36 +101,30 @@ impl AbandonReason {
         }
     }
 
+    /// Every reason in declaration (and counter) order, with its name and what it says.
+    #[rustfmt::skip]
+    const TABLE: [(Self, &'static str, &'static str); 8] = [
+        (Self::MaxAttempts, "max_attempts", "it reached its maximum number of attempts"),
+        (Self::BudgetExhausted, "budget_exhausted", "the shared retry budget is spent"),
+        (Self::Deadline, "deadline", "its deadline would pass before it could be sent"),
+        (Self::NotReplayable, "not_replayable", "it is not safe to replay"),
+        (Self::Overloaded, "overloaded", "too many callers are already waiting for admission"),
+        (Self::QuotaExhausted, "quota_exhausted", "the provider's quota is spent"),
+        (Self::CooldownTooLong, "cooldown_too_long", "a server asked for a wait beyond max_cooldown"),
+        (Self::TooCostly, "too_costly", "its cost exceeds what the allowance can ever admit at once"),
+    ];
+
     /// How many reasons there are (for counters).
-    pub(crate) const COUNT: usize = 8;
+    pub(crate) const COUNT: usize = Self::TABLE.len();
 
     /// A short stable name (`"max_attempts"`, `"budget_exhausted"`, ...).
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MaxAttempts => "max_attempts",
-            Self::BudgetExhausted => "budget_exhausted",
-            Self::Deadline => "deadline",
-            Self::NotReplayable => "not_replayable",
-            Self::Overloaded => "overloaded",
-            Self::QuotaExhausted => "quota_exhausted",
-            Self::CooldownTooLong => "cooldown_too_long",
-            Self::TooCostly => "too_costly",
-        }
+        Self::TABLE[self as usize].1
     }
 
     /// Every reason, in counter order.
     pub(crate) fn each() -> impl Iterator<Item = Self> {
-        [
-            Self::MaxAttempts,
-            Self::BudgetExhausted,
-            Self::Deadline,
-            Self::NotReplayable,
-            Self::Overloaded,
-            Self::QuotaExhausted,
-            Self::CooldownTooLong,
-            Self::TooCostly,
-        ]
-        .into_iter()
+        Self::TABLE.into_iter().map(|(reason, ..)| reason)
     }
 
     pub(crate) fn index(self) -> usize {
@@ -138,16 +132,7 @@ impl AbandonReason {
     }
 
     fn describe(self) -> &'static str {
-        match self {
-            Self::MaxAttempts => "it reached its maximum number of attempts",
-            Self::BudgetExhausted => "the shared retry budget is spent",
-            Self::Deadline => "its deadline would pass before it could be sent",
-            Self::NotReplayable => "it is not safe to replay",
-            Self::Overloaded => "too many callers are already waiting for admission",
-            Self::QuotaExhausted => "the provider's quota is spent",
-            Self::CooldownTooLong => "a server asked for a wait beyond max_cooldown",
-            Self::TooCostly => "its cost exceeds what the allowance can ever admit at once",
-        }
+        Self::TABLE[self as usize].2
     }
 }
 
@@ -463,4 +448,17 @@ pub(crate) fn find<'a, E: std::error::Error + 'static>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a E> {
     std::iter::successors(Some(err), |e| e.source()).find_map(|e| e.downcast_ref::<E>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AbandonReason;
+
+    #[test]
+    fn the_reasons_table_is_in_declaration_order() {
+        for (i, (reason, name, _)) in AbandonReason::TABLE.into_iter().enumerate() {
+            assert_eq!((reason as usize, reason.as_str()), (i, name));
+            assert_eq!(name.parse(), Ok(reason));
+        }
+    }
 }

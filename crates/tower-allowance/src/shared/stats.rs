@@ -96,12 +96,8 @@ fn thread_slot() -> usize {
 
 /// Owned slot numbers handed back by exited threads.
 static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-/// `FREE_SLOTS`, through a poisoned lock too (a list of numbers stays valid).
-fn free_slots() -> MutexGuard<'static, Vec<usize>> {
-    lock(&FREE_SLOTS)
-}
-
-/// Locks `m`: the critical sections are bookkeeping that cannot panic.
+/// Locks `m` (`FREE_SLOTS`, through a poisoned lock too: a list of numbers stays valid): the
+/// critical sections are bookkeeping that cannot panic.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -115,7 +111,7 @@ struct SlotClaim(usize);
 
 impl SlotClaim {
     fn claim() -> Self {
-        let freed = free_slots().pop();
+        let freed = lock(&FREE_SLOTS).pop();
         Self(freed.unwrap_or_else(|| {
             // Saturates at OWNED_SLOTS: the shared slot.
             NEXT_SLOT
@@ -130,7 +126,7 @@ impl SlotClaim {
 impl Drop for SlotClaim {
     fn drop(&mut self) {
         if self.0 < OWNED_SLOTS {
-            free_slots().push(self.0);
+            lock(&FREE_SLOTS).push(self.0);
         }
     }
 }
