@@ -7,7 +7,7 @@ use crate::{
     config::de::{split, RawAllowanceConfig},
     error::ConfigError,
     store::{MemoryStore, Store},
-    Allowance, AllowanceConfig,
+    Allowance, AllowanceConfig, Limit,
 };
 
 /// An allowance's whole description, read from a file (feature `serde`): everything an
@@ -136,6 +136,37 @@ impl<S> AllowanceSpec<S> {
             config: f(self.config)?,
             ..self
         })
+    }
+
+    /// The spec with `limits` in place of the file's `rate`, `period`, `burst` and `limits`:
+    /// the first is the main limit, the others are added as
+    /// [`AllowanceConfig::with_limit`] adds them. Everything else the file says is kept.
+    ///
+    /// What a spec read from a file can be adjusted with, field by field: the limits here;
+    /// every other configuration field through [`map_config`](Self::map_config) and
+    /// [`AllowanceConfig`]'s `with_` methods (`max_waiters`, `retry_budget`, `max_cooldown`,
+    /// `outage`, `max_date_skew`, `classifier`, `retry`, and with their features `dialect`,
+    /// `adaptive`, `classes`); the `store` with [`with_store`](Self::with_store); `lease`
+    /// with `with_lease` (feature `lease`). A spec written in code starts from
+    /// [`new`](Self::new).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_allowance::{AllowanceSpec, Limit};
+    ///
+    /// let spec: AllowanceSpec = serde_json::from_str(r#"{ "rate": 4, "burst": 4, "max_waiters": 10 }"#)?;
+    /// // The provider raised the tier: 8/s, and at most 400 a minute.
+    /// let spec = spec.with_limits([Limit::per_second(8, 8)?, Limit::per_minute(400, 400)?])?;
+    /// assert_eq!((spec.config().rate(), spec.config().limits().len()), (8, 2));
+    /// assert_eq!(spec.config().max_waiters(), 10);
+    /// # Ok::<(), tower_allowance::BoxError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// No limit, or more than an allowance holds (4).
+    pub fn with_limits(self, limits: impl IntoIterator<Item = Limit>) -> Result<Self, ConfigError> {
+        self.try_map_config(|c| c.replace_limits(limits))
     }
 
     /// The same configuration, kept in another store (one built in code, say).

@@ -187,6 +187,25 @@ impl TryFrom<RawAllowanceConfig> for AllowanceConfig {
 
 /// The configuration a table describes, and its `store` (an `AllowanceSpec`'s, which
 /// `allowance/spec.rs` builds from it).
+impl AllowanceConfig {
+    /// The same configuration with `limits` in place of its own, the first the main one (what
+    /// a file's `rate`, `period`, `burst` and `limits` say; `AllowanceSpec::with_limits`).
+    pub(crate) fn replace_limits(
+        mut self,
+        limits: impl IntoIterator<Item = Limit>,
+    ) -> Result<Self, ConfigError> {
+        let limits: Vec<Limit> = limits.into_iter().collect();
+        let Some(main) = limits.first().filter(|_| limits.len() <= MAX_LIMITS) else {
+            return Err(ConfigError::new("an allowance holds one to 4 limits").at("limits"));
+        };
+        // As `new` fills them: the slots past the limits in use are the main limit's.
+        self.params.0.limits = [main.params; MAX_LIMITS];
+        self.limits = limits;
+        self.derive();
+        Ok(self)
+    }
+}
+
 pub(crate) fn split<S>(
     raw: RawAllowanceConfig<S>,
 ) -> Result<(AllowanceConfig, Option<S>), ConfigError> {

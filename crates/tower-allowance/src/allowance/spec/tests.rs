@@ -147,3 +147,34 @@ async fn the_spec_builds_the_allowance_the_hand_written_way_builds() {
     assert_eq!(a.len(), 9);
     assert!(a[8] >= Duration::from_secs(1), "{a:?}");
 }
+
+// A spec read from a file, adjusted in code field by field, is the configuration written by
+// hand with the same changes: the limits (which no setter could replace before), every other
+// field through `map_config`, the store.
+#[test]
+fn a_spec_from_a_file_is_adjusted_in_code_field_by_field() {
+    let limits =
+        || Ok::<_, crate::ConfigError>([Limit::per_second(8, 8)?, Limit::per_day(40_000, 40_000)?]);
+    let adjusted = from_file()
+        .with_limits(limits().expect("valid"))
+        .expect("two limits")
+        .map_config(|c| c.with_max_waiters(10));
+    let mut by_hand = AllowanceConfig::per_second(8, 8)
+        .and_then(|c| c.with_limit(Limit::per_day(40_000, 40_000)?))
+        .and_then(|c| c.with_max_cooldown(Duration::from_secs(15 * 60)))
+        .expect("valid")
+        .with_outage_policy(OutagePolicy::Wait {
+            max: Duration::from_secs(30),
+        })
+        .with_retry_budget(RetryBudgetConfig::fixed(4))
+        .with_max_waiters(10);
+    by_hand = by_hand
+        .with_classifier(from_file().config().classifier())
+        .with_retry(from_file().config().retry().clone());
+    assert_eq!(adjusted, AllowanceSpec::new(by_hand, MemorySpec::Memory));
+    // No limit, or more than four: refused, naming the field.
+    let none = from_file().with_limits([]).expect_err("no limit");
+    assert_eq!(none.field(), Some("limits"));
+    let five = [Limit::per_second(8, 8).expect("valid"); 5];
+    assert!(from_file().with_limits(five).is_err());
+}
