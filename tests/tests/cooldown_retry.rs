@@ -751,6 +751,11 @@ async fn each_answer_says_how_long_it_queued_and_how_many_attempts_it_took() {
     assert_eq!(record.number(), 2);
     assert_eq!(record.queued(), started.elapsed());
     assert!(record.queued() >= Duration::from_secs(4), "{record:?}");
+    // Of that, the 429's cooldown held it 3 s (one attempt: the retry); the rate, the rest.
+    assert_eq!(record.cooled(), Duration::from_secs(3), "{record:?}");
+    assert_eq!(record.cooldowns(), 1);
+    // Named in the debug events (its first attempt waited for a slot), and on its retry.
+    assert_eq!(record.request(), Some(1));
 }
 
 /// A memory store whose replies, while `hold` is set, wait for `release`: the operation is

@@ -26,7 +26,7 @@ use tower_allowance::{
     error::AbandonReason,
     grpc::{
         Code, GrpcClassifier, GrpcLayer, GrpcResponse, GrpcStatus, Pushback, WatchTrailers,
-        X_ALLOWANCE_ABANDONED, X_ALLOWANCE_WAITED,
+        X_ALLOWANCE_ABANDONED, X_ALLOWANCE_COOLED, X_ALLOWANCE_WAITED,
     },
     retry::RetryConfig,
     Allowance, AllowanceConfig, BoxError, Outcome,
@@ -863,5 +863,22 @@ async fn a_call_that_queued_says_how_long_in_its_metadata() -> Result<(), BoxErr
     assert!(first.headers().get(X_ALLOWANCE_WAITED).is_none());
     let second = stack.oneshot(call()).await?;
     assert_eq!(second.headers()[X_ALLOWANCE_WAITED], "1000");
+    // The rate held it, not a cooldown.
+    assert!(second.headers().get(X_ALLOWANCE_COOLED).is_none());
+    Ok(())
+}
+
+/// A call a cooldown held says so: `x-allowance-cooled` beside `x-allowance-waited`.
+#[tokio::test(start_paused = true)]
+async fn a_call_a_cooldown_held_says_how_long_in_its_metadata() -> Result<(), BoxError> {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let allowance = Allowance::new(AllowanceConfig::per_second(10, 10)?.exact());
+    allowance.extend_cooldown(Duration::from_secs(3)).await?;
+    let stack = ServiceBuilder::new()
+        .layer(GrpcLayer::new(allowance))
+        .service(recording(|_| OK, seen));
+    let answer = stack.oneshot(call()).await?;
+    assert_eq!(answer.headers()[X_ALLOWANCE_WAITED], "3000");
+    assert_eq!(answer.headers()[X_ALLOWANCE_COOLED], "3000");
     Ok(())
 }

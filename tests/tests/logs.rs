@@ -120,13 +120,15 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let debug = captured.at("DEBUG");
     assert_eq!(debug.len(), 2, "{debug:#?}");
     assert!(
-        debug[0]
-            .contains("retrying allowance=\"odds-api-logs\" attempt=2 delay=1s reason=Throttled"),
+        debug[0].contains(
+            "retrying allowance=\"odds-api-logs\" request=1 attempt=2 delay=1s reason=Throttled"
+        ),
         "{debug:#?}"
     );
     // The retry's slot, reserved when it was decided, a second away.
     assert!(
-        debug[1].contains("waiting for a slot allowance=\"odds-api-logs\" wait=1s"),
+        // The same request: one number over its attempts.
+        debug[1].contains("waiting for a slot allowance=\"odds-api-logs\" wait=1s request=1"),
         "{debug:#?}"
     );
 
@@ -137,7 +139,8 @@ async fn state_changes_at_info_waits_and_retries_at_debug() {
     let debug = captured.at("DEBUG");
     assert_eq!(debug.len(), 3, "{debug:#?}");
     assert!(
-        debug[2].contains("waiting for a slot allowance=\"odds-api-logs\" wait=500ms"),
+        // Another request, another number (the two that went at once were named by none).
+        debug[2].contains("waiting for a slot allowance=\"odds-api-logs\" wait=500ms request=2"),
         "{debug:#?}"
     );
     // Nothing else changed state: still the two INFO lines.

@@ -169,6 +169,9 @@ async fn a_response_says_how_long_it_queued() {
         .expect("a record: it waited");
     upstream.shutdown().await;
     assert_eq!(record.number(), 1);
+    // The rate held it, no cooldown: the record says which.
+    assert_eq!(record.cooled(), Duration::ZERO);
+    assert_eq!(record.cooldowns(), 0);
     // Load only delays the first request's end, shortening the second's wait: a lower bound
     // with 300 ms of margin under the second.
     assert!(record.queued() >= Duration::from_millis(700), "{record:?}");

@@ -73,6 +73,10 @@ pub(crate) struct Progress {
     pub(crate) turn: classes::Turn,
     /// The slot it was sent at, when paced (the admission layer reports its answer).
     pub(crate) slot: Option<Instant>,
+    /// Of its wait, how long a cooldown held it (`Attempt::cooled`).
+    pub(crate) cooled: Duration,
+    /// Its number in the debug events, once one named it (`Attempt::request`).
+    pub(crate) request: Option<std::num::NonZeroU64>,
 }
 
 /// Makes the first step of an admission at `now`.
@@ -89,6 +93,7 @@ pub(crate) fn begin(
         }));
     }
     let started = *progress.started.get_or_insert(now);
+    progress.request = progress.request.or(options.request);
     #[cfg(feature = "shares")]
     if let Some(step) = classes::before(shared, options, progress, now) {
         return step;
@@ -164,8 +169,16 @@ fn decide(
             Begin::Ready(Ok(()))
         }
         Admission::Reserved { wait, reservation } => {
-            tracing::debug!(allowance = shared.name(), ?wait, "waiting for a slot");
+            // Named when an event first names it (never on the fast path).
+            let request = *progress
+                .request
+                .get_or_insert_with(|| shared.next_request());
+            let name = shared.name();
+            tracing::debug!(allowance = name, ?wait, request, "waiting for a slot");
             let at = now.checked_add(wait).unwrap_or(now);
+            // Held by a cooldown this process knows of, until its end.
+            let cooldown = shared.holders().known().blocked_until.filter(|c| *c > now);
+            progress.cooled += cooldown.map_or(Duration::ZERO, |c| c.min(at) - now);
             // Its checks (a state already replaced, a closure, a deadline) come on the first
             // poll, which also replaces the waker; until then nothing can wake us late.
             let id =
@@ -226,7 +239,7 @@ fn outage(
     if !progress.in_outage {
         progress.in_outage = true;
         shared.holders().enter();
-        tracing::debug!(allowance = shared.name(), error = %error, "store unavailable; waiting for it");
+        tracing::debug!(allowance = shared.name(), error = %error, request = *progress.request.get_or_insert_with(|| shared.next_request()), "store unavailable; waiting for it");
     }
     Begin::Outage(next)
 }
@@ -374,6 +387,9 @@ impl<H: Deref<Target = Shared>> Future for Admit<H> {
                     match shared.holders().check(id, cx.waker()) {
                         Check::Wait(at) => {
                             if sleep.deadline() != at {
+                                // Moved later by a cooldown: held by it as long.
+                                let moved = at.saturating_duration_since(sleep.deadline());
+                                this.progress.cooled += moved;
                                 sleep.as_mut().reset(at);
                             }
                             ready!(sleep.as_mut().poll(cx));

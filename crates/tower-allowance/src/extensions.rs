@@ -60,6 +60,8 @@ fn far_future(now: Instant) -> Instant {
 /// | last | [`Prepare`](crate::retry::Prepare), for a request no retry will follow, and why | the cooldown layer (a throttling answer to it is marked abandoned, with that reason, not passed off as final) |
 /// | sent | the admission layer, in the response's record, when it carries one or the rate is adaptive | the cooldown layer (an adaptive rate cuts once per round of sends) |
 /// | [`queued`](Self::queued) | the admission layer (adding each attempt's wait for its slot), `RetryPolicy` (carrying it to the retry) | the caller, from the response: why the answer waited |
+/// | [`cooled`](Self::cooled), [`cooldowns`](Self::cooldowns) | the admission layer (the part of each attempt's wait a cooldown held it, and whether one did), `RetryPolicy` (carrying them) | the caller: which waits were the server's |
+/// | [`request`](Self::request) | the admission layer (when it first names the request in a debug event), `RetryPolicy` (on a retry) | the admission layer and `RetryPolicy` (their debug events name the request by it), the caller |
 ///
 /// The request's body for a retry travels apart (a [`Replay`](crate::body::Replay), typed by
 /// the body), and so does how a response was read (a
@@ -81,6 +83,9 @@ pub struct Attempt {
     pub(crate) last: Option<AbandonReason>,
     pub(crate) sent: Option<Instant>,
     pub(crate) queued: Duration,
+    pub(crate) cooled: Duration,
+    pub(crate) cooldowns: u32,
+    pub(crate) request: Option<std::num::NonZeroU64>,
 }
 
 impl Default for Attempt {
@@ -92,6 +97,9 @@ impl Default for Attempt {
             last: None,
             sent: None,
             queued: Duration::ZERO,
+            cooled: Duration::ZERO,
+            cooldowns: 0,
+            request: None,
         }
     }
 }
@@ -113,6 +121,26 @@ impl Attempt {
     /// default, zero) when every attempt went at once.
     pub fn queued(&self) -> Duration {
         self.queued
+    }
+
+    /// Of the time [`queued`](Self::queued), how long a cooldown held the request: the part
+    /// of each attempt's wait before the end of a cooldown this process knew of when the
+    /// slot was reserved, and each time a cooldown moved the slot later. The rest is the
+    /// rate (other callers' turns).
+    pub fn cooled(&self) -> Duration {
+        self.cooled
+    }
+
+    /// How many of its attempts a cooldown held (a cooldown raised by a `429` holds the retry
+    /// that follows it, say).
+    pub fn cooldowns(&self) -> u32 {
+        self.cooldowns
+    }
+
+    /// The number the allowance's debug events name this request by (`request = N`), when
+    /// one named it: unique per allowance, the same over all its attempts.
+    pub fn request(&self) -> Option<u64> {
+        self.request.map(std::num::NonZeroU64::get)
     }
 
     /// The record a request carries, if any.
@@ -141,6 +169,8 @@ pub struct Cost(pub u32);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AcquireOptions {
     pub(crate) deadline: Option<Instant>,
+    /// The request's number in debug events, when its record has one.
+    pub(crate) request: Option<std::num::NonZeroU64>,
     pub(crate) retry: bool,
     pub(crate) cost: Option<u32>,
     pub(crate) not_before: Option<Duration>,

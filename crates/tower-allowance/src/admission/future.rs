@@ -88,6 +88,7 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
     let ext = req.extensions();
     let record = Attempt::of(ext);
     let retry = record.is_some_and(|a| a.is_retry());
+    let request = record.and_then(|a| a.request);
     let deadline = ext.get::<Deadline>().map(|Deadline(d)| match retry {
         // A retry's slot must come strictly before the deadline.
         true => d.checked_sub(Duration::from_micros(1)).unwrap_or(*d),
@@ -95,6 +96,7 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
     });
     AcquireOptions {
         deadline,
+        request,
         retry,
         cost: ext.get::<Cost>().map(|Cost(c)| *c),
         not_before: record
@@ -106,21 +108,26 @@ fn options_for<B>(req: &Request<B>, now: Instant) -> AcquireOptions {
 }
 
 /// The record the response will carry: the request's, or (for an adaptive rate, which
-/// cuts once per round of sends) a new one, with when the attempt was sent.
+/// cuts once per round of sends) a new one, with when the attempt was sent, how long it
+/// waited and how much of that a cooldown held it (`progress`: its admission's, when it
+/// waited for one).
 fn record_for<B>(
     shared: &Shared,
     req: &Request<B>,
     sent: Instant,
     waited: Duration,
+    progress: Option<&Progress>,
 ) -> Option<Attempt> {
     let record = Attempt::of(req.extensions());
     let adaptive = shared.config().rule_params().adaptive().is_some();
     (record.is_some() || adaptive || !waited.is_zero()).then(|| {
-        let record = record.unwrap_or_default();
-        let queued = record.queued.saturating_add(waited);
+        let (record, cooled) = (record.unwrap_or_default(), progress.map(|p| p.cooled));
         Attempt {
             sent: Some(sent),
-            queued,
+            queued: record.queued.saturating_add(waited),
+            cooled: record.cooled.saturating_add(cooled.unwrap_or_default()),
+            cooldowns: record.cooldowns + u32::from(cooled.is_some_and(|c| !c.is_zero())),
+            request: record.request.or(progress.and_then(|p| p.request)),
             ..record
         }
     })
@@ -163,7 +170,7 @@ where
             Begin::Ready(Ok(())) => match service.poll_ready(cx) {
                 Poll::Ready(ready) => {
                     ready.map_err(Into::into)?;
-                    let record = record_for(&shared, &request, now, Duration::ZERO);
+                    let record = record_for(&shared, &request, now, Duration::ZERO, None);
                     let future = service.call(request);
                     let at = progress.slot.map(|at| Box::new((shared.clone(), at)));
                     return Ok(State::Called { future, record, at });
@@ -201,10 +208,11 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<State<S, B>, BoxError>> {
         let mut this = self.project();
-        let mut at = None;
+        let (mut at, mut progress) = (None, None);
         if let Some(mut acquire) = this.acquire.as_mut().as_pin_mut() {
             let admitted = ready!(acquire.as_mut().poll(cx));
             at = (acquire.progress.slot).map(|at| Box::new((this.shared.clone(), at)));
+            progress = Some(acquire.progress);
             this.acquire.set(None);
             admitted.map_err(|e| e.into_box())?;
         }
@@ -224,7 +232,7 @@ where
         };
         let now = Instant::now();
         let waited = now.saturating_duration_since(*this.since);
-        let record = record_for(this.shared, &request, now, waited);
+        let record = record_for(this.shared, &request, now, waited, progress.as_ref());
         let future = this.service.call(request);
         Poll::Ready(Ok(State::Called { future, record, at }))
     }

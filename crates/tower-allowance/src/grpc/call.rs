@@ -20,7 +20,7 @@ use super::{
     deadline::{parse_timeout, CallDeadline, GrpcDeadline},
     trailers::FeedAllowance,
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT, X_ALLOWANCE_ABANDONED,
-    X_ALLOWANCE_WAITED,
+    X_ALLOWANCE_COOLED, X_ALLOWANCE_WAITED,
 };
 use crate::{
     classify::Classified,
@@ -164,10 +164,16 @@ where
                     let reason = HeaderValue::from_static(abandoned.reason().as_str());
                     response.headers_mut().insert(X_ALLOWANCE_ABANDONED, reason);
                 }
-                let queued = response.extensions().get::<Attempt>().map(Attempt::queued);
-                if let Some(ms) = queued.filter(|q| !q.is_zero()).map(|q| q.as_millis()) {
-                    let ms = HeaderValue::from(u64::try_from(ms).unwrap_or(u64::MAX));
-                    response.headers_mut().insert(X_ALLOWANCE_WAITED, ms);
+                let attempt = response.extensions().get::<Attempt>().copied();
+                let waits = attempt.map(|a| {
+                    [
+                        (X_ALLOWANCE_WAITED, a.queued()),
+                        (X_ALLOWANCE_COOLED, a.cooled()),
+                    ]
+                });
+                for (key, wait) in waits.into_iter().flatten().filter(|(_, w)| !w.is_zero()) {
+                    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+                    response.headers_mut().insert(key, HeaderValue::from(ms));
                 }
                 Ok(response)
             }

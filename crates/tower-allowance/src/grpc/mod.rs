@@ -218,3 +218,8 @@ pub const X_ALLOWANCE_ABANDONED: &str = "x-allowance-abandoned";
 /// call queued for admission over all its attempts
 /// ([`Attempt::queued`](crate::Attempt::queued)); absent when every attempt went at once.
 pub const X_ALLOWANCE_WAITED: &str = "x-allowance-waited";
+
+/// The metadata key (a response header) saying how much of that wait a cooldown held the
+/// call (the server's wait rather than the rate's): milliseconds
+/// ([`Attempt::cooled`](crate::Attempt::cooled)); absent when no cooldown held it.
+pub const X_ALLOWANCE_COOLED: &str = "x-allowance-cooled";

@@ -40,6 +40,8 @@ pub struct RetryPolicy<C = StatusClassifier> {
     /// Attempts made by this request so far.
     attempts: u32,
     rng: Option<fastrand::Rng>,
+    /// The request's number in debug events, once named (`Attempt::request`).
+    request: Option<std::num::NonZeroU64>,
     /// The response that prompted the retry in flight, for when admission refuses the retry.
     stash: Stash,
 }
@@ -50,6 +52,7 @@ impl<C> Clone for RetryPolicy<C> {
             shared: self.shared.clone(),
             attempts: self.attempts,
             rng: self.rng.clone(),
+            request: self.request,
             stash: Stash::default(),
         }
     }
@@ -136,6 +139,7 @@ impl<C: Classify> RetryPolicy<C> {
             }),
             attempts: 0,
             rng: None,
+            request: None,
             stash: Stash::default(),
         }
     }
@@ -245,7 +249,9 @@ impl<C> RetryPolicy<C> {
         }
         let attempt = self.attempts.saturating_add(1);
         let name = self.shared.allowance.name();
-        tracing::debug!(allowance = name, attempt, delay = ?total, reason = ?class, "retrying");
+        let request =
+            *(self.request).get_or_insert_with(|| self.shared.allowance.shared.next_request());
+        tracing::debug!(allowance = name, request, attempt, delay = ?total, reason = ?class, "retrying");
         Plan::Retry { sleep, not_before }
     }
 }
@@ -285,6 +291,9 @@ impl<C: Classify> RetryPolicy<C> {
                 });
                 match classified.class {
                     class @ (Classification::Throttled | Classification::Transient) => {
+                        // Named by the admission layer's events already, perhaps.
+                        let record = Attempt::of(res.extensions());
+                        self.request = self.request.or(record.and_then(|a| a.request));
                         self.plan(extensions, class, classified.delay)
                     }
                     _ => return None,
@@ -329,7 +338,7 @@ impl<C: Classify> RetryPolicy<C> {
                 // Kept for when the retry is refused (tower drops the result when a retry is
                 // scheduled; nobody observes its stand-in). Nothing stale is kept for an error.
                 let kept = std::mem::replace(result, Err("response kept for a retry".into()));
-                let prior = kept.as_ref().ok().map(|r| Attempt::of(r.extensions()));
+                let prior = kept.as_ref().ok().and_then(|r| Attempt::of(r.extensions()));
                 self.stash.put(kept.ok());
                 let over = self.shared.over_admission;
                 let record = Attempt {
@@ -340,7 +349,9 @@ impl<C: Classify> RetryPolicy<C> {
                         .and_then(|d| Instant::now().checked_add(d)),
                     last: None,
                     sent: None,
-                    queued: prior.flatten().map_or(Duration::ZERO, |a| a.queued),
+                    request: self.request,
+                    // The time queued, and held by cooldowns, so far.
+                    ..prior.unwrap_or_default()
                 };
                 extensions.insert(record);
                 // ... or the policy does.

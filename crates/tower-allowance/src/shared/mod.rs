@@ -49,6 +49,8 @@ pub(crate) struct Shared {
     pending_deposits: AtomicU64,
     /// Seeds per-request jitter streams so that concurrent retries do not share one.
     jitter_seq: AtomicU64,
+    /// Numbers requests for the debug events (`Attempt::request`), from 1.
+    requests: AtomicU64,
     /// The rate a server last advertised, as last told to the store (thousandths per second).
     advertised: AtomicU64,
     /// Whether an untrusted `Date` has been warned about (once; later ones at debug).
@@ -131,6 +133,7 @@ impl Shared {
             stats,
             pending_deposits: AtomicU64::new(0),
             jitter_seq: AtomicU64::new(0),
+            requests: AtomicU64::new(1),
             advertised: AtomicU64::new(0),
             warned_date: AtomicBool::new(false),
             #[cfg(feature = "quota")]
@@ -212,6 +215,12 @@ impl Shared {
     /// A seed for one request's jitter stream (concurrent retries must not share one).
     pub(crate) fn next_jitter_seed(&self) -> u64 {
         self.jitter_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A number for a request the debug events name (`Attempt::request`).
+    pub(crate) fn next_request(&self) -> std::num::NonZeroU64 {
+        let n = self.requests.fetch_add(1, Ordering::Relaxed);
+        std::num::NonZeroU64::new(n).unwrap_or(std::num::NonZeroU64::MIN)
     }
 
     /// Counts a request given up on, and why.
