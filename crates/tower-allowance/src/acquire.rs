@@ -109,18 +109,16 @@ pub(crate) fn begin(
     } else {
         AdmitRequest::first()
     };
-    req = req
-        .deposits(deposits)
-        .known_generation(shared.holders().generation());
+    let generation = shared.holders().generation();
+    req = req.deposits(deposits).known_generation(generation);
     if let Some(cost) = options.cost {
         req = req.cost(cost);
     }
     if let Some(delay) = options.not_before {
         // From when the admission began: asking again (after an outage, or for a slot the
         // store lost) keeps the instant, neither shortens nor lengthens the delay.
-        let left = started
-            .checked_add(delay)
-            .map_or(delay, |at| at.saturating_duration_since(now));
+        let at = started.checked_add(delay);
+        let left = at.map_or(delay, |at| at.saturating_duration_since(now));
         req = req.not_before(left);
     }
     if overloaded {
@@ -170,10 +168,8 @@ fn decide(
         }
         Admission::Reserved { wait, reservation } => {
             // Named when an event first names it (never on the fast path).
-            let request = *progress
-                .request
-                .get_or_insert_with(|| shared.next_request());
-            let name = shared.name();
+            let (name, next) = (shared.name(), || shared.next_request());
+            let request = *progress.request.get_or_insert_with(next);
             tracing::debug!(allowance = name, ?wait, request, "waiting for a slot");
             let at = now.checked_add(wait).unwrap_or(now);
             // Held by a cooldown this process knows of, until its end.

@@ -195,9 +195,8 @@ impl StatusSet {
     fn contains(&self, status: StatusCode) -> bool {
         // Every `StatusCode` is within 100..=999.
         let bit = usize::from(status.as_u16().wrapping_sub(Self::FIRST));
-        self.0
-            .get(bit / 64)
-            .is_some_and(|word| word & (1 << (bit % 64)) != 0)
+        let word = self.0.get(bit / 64);
+        word.is_some_and(|word| word & (1 << (bit % 64)) != 0)
     }
 
     fn iter(&self) -> impl Iterator<Item = u16> + '_ {

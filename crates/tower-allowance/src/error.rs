@@ -142,9 +142,8 @@ impl std::str::FromStr for AbandonReason {
     type Err = crate::ConfigError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::each()
-            .find(|r| r.as_str() == s)
-            .ok_or(crate::ConfigError::new("names no abandonment reason"))
+        let reason = Self::each().find(|r| r.as_str() == s);
+        reason.ok_or(crate::ConfigError::new("names no abandonment reason"))
     }
 }
 
@@ -309,10 +308,10 @@ impl Exhausted {
 impl fmt::Display for Exhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = self.reason().describe();
-        match self
+        let left = self
             .until
-            .map(|u| u.saturating_duration_since(Instant::now()))
-        {
+            .map(|u| u.saturating_duration_since(Instant::now()));
+        match left {
             Some(left) => write!(f, "allowance exhausted ({why}); reopens in {left:?}"),
             None => write!(f, "allowance exhausted ({why}) until cleared"),
         }

@@ -76,9 +76,11 @@ fn far_future(now: Instant) -> Instant {
 /// assert_eq!(attempt.number(), 1); // none: the first attempt
 /// assert!(!attempt.is_retry());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// `Attempt::default()` is a first attempt's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Attempt {
-    pub(crate) number: u32,
+    /// Attempts made before this one (0: a first attempt).
+    pub(crate) retries: u32,
     pub(crate) not_before: Option<Instant>,
     pub(crate) last: Option<AbandonReason>,
     pub(crate) sent: Option<Instant>,
@@ -88,31 +90,15 @@ pub struct Attempt {
     pub(crate) request: Option<std::num::NonZeroU64>,
 }
 
-impl Default for Attempt {
-    /// A first attempt.
-    fn default() -> Self {
-        Self {
-            number: 1,
-            not_before: None,
-            last: None,
-            sent: None,
-            queued: Duration::ZERO,
-            cooled: Duration::ZERO,
-            cooldowns: 0,
-            request: None,
-        }
-    }
-}
-
 impl Attempt {
     /// The attempt number, starting at 1.
     pub fn number(&self) -> u32 {
-        self.number
+        self.retries.saturating_add(1)
     }
 
     /// Whether this attempt is a retry.
     pub fn is_retry(&self) -> bool {
-        self.number > 1
+        self.retries > 0
     }
 
     /// Why the answer waited: how long the request queued for admission, over all its

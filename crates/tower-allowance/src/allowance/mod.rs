@@ -164,9 +164,8 @@ impl Allowance {
     /// Returns whether anything changed: `true` when the cooldown moved later or the
     /// allowance closed. [`Allowance::snapshot`] shows the cooldown and closure that hold now.
     pub async fn extend_cooldown(&self, delay: Duration) -> Result<bool, CooldownError> {
-        self.raise_cooldown(delay)
-            .await
-            .map(|d| d.extended || d.closed.is_some())
+        let raised = self.raise_cooldown(delay).await;
+        raised.map(|d| d.extended || d.closed.is_some())
     }
 
     /// [`Allowance::extend_cooldown`], with the rule's whole answer.

@@ -173,9 +173,8 @@ impl AbandonedCounts {
 
     /// Every reason with a non-zero count.
     pub fn iter(&self) -> impl Iterator<Item = (AbandonReason, u64)> + '_ {
-        AbandonReason::each()
-            .map(|r| (r, self.get(r)))
-            .filter(|(_, n)| *n > 0)
+        let counts = AbandonReason::each().map(|r| (r, self.get(r)));
+        counts.filter(|(_, n)| *n > 0)
     }
 }
 

@@ -209,9 +209,8 @@ struct Copied<B, F> {
 
 impl<B, F: Fn(ReplayBody<B>) -> B> Source<B> for Copied<B, F> {
     fn body(&self) -> Option<B> {
-        self.body
-            .can_replay()
-            .then(|| (self.rebuild)(self.body.clone()))
+        let body = &self.body;
+        body.can_replay().then(|| (self.rebuild)(body.clone()))
     }
 
     fn is_capped(&self) -> bool {

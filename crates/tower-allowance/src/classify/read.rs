@@ -91,9 +91,8 @@ pub(crate) fn read<C: Classify>(
         _ => (Classified::new(class, None), None),
     };
     read.advertised_milli = reading.policy.and_then(|p| {
-        let window_us = u64::try_from(p.window.as_micros())
-            .ok()
-            .filter(|w| *w > 0)?;
+        let window_us = u64::try_from(p.window.as_micros()).ok();
+        let window_us = window_us.filter(|w| *w > 0)?;
         Some(p.quota.saturating_mul(1_000_000_000) / window_us)
     });
     #[cfg(feature = "dialects")]

@@ -194,12 +194,9 @@ impl RetryConfig {
 
     /// The backoff bound when the server gives no `Retry-After`, before jitter.
     pub(crate) fn backoff_cap(&self, attempt: u32) -> Duration {
-        let factor = 1u32
-            .checked_shl(attempt.saturating_sub(1))
-            .unwrap_or(u32::MAX);
-        self.backoff_base
-            .saturating_mul(factor)
-            .min(self.backoff_max)
+        let factor = 1u32.checked_shl(attempt.saturating_sub(1));
+        let backoff = self.backoff_base.saturating_mul(factor.unwrap_or(u32::MAX));
+        backoff.min(self.backoff_max)
     }
 }
 

@@ -81,7 +81,7 @@ where
         let span = tracing::debug_span!(
             "allowance_attempt",
             allowance = %self.shared.allowance.name(),
-            attempt = attempt.number,
+            attempt = attempt.number(),
         );
         let future = {
             let _entered = span.enter();

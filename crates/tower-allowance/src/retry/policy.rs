@@ -240,10 +240,8 @@ impl<C> RetryPolicy<C> {
         let total = sleep.saturating_add(not_before.unwrap_or_default());
         if let Some(Deadline(deadline)) = extensions.get::<Deadline>() {
             // Don't sleep only to fail, and don't retry exactly at the deadline.
-            if Instant::now()
-                .checked_add(total)
-                .is_none_or(|at| at >= *deadline)
-            {
+            let at = Instant::now().checked_add(total);
+            if at.is_none_or(|at| at >= *deadline) {
                 return closed(&self.shared, AbandonReason::Deadline);
             }
         }
@@ -342,7 +340,7 @@ impl<C: Classify> RetryPolicy<C> {
                 self.stash.put(kept.ok());
                 let over = self.shared.over_admission;
                 let record = Attempt {
-                    number: self.attempts.saturating_add(1),
+                    retries: self.attempts,
                     // The admission layer below waits out the server's delay...
                     not_before: not_before
                         .filter(|_| over)

@@ -29,9 +29,8 @@ pub(crate) fn remaining(budget: &mut BudgetState, now: u64, params: &BudgetParam
             advance(budget, now, slot_us);
             let sum = |xs: &[u64]| xs.iter().fold(0u64, |a, x| a.saturating_add(*x));
             let earned = sum(&budget.deposits).saturating_mul(per_mille) / 1_000;
-            reserve
-                .saturating_add(earned)
-                .saturating_sub(sum(&budget.withdrawals))
+            let total = reserve.saturating_add(earned);
+            total.saturating_sub(sum(&budget.withdrawals))
         }
     }
 }

@@ -188,9 +188,8 @@ pub const FOREVER: u64 = u64::MAX;
 ///
 /// `None` when the duration exceeds [`MAX_DELAY`].
 pub fn micros_ceil(d: Duration) -> Option<u64> {
-    let us = d
-        .as_micros()
-        .checked_add(u128::from(!d.subsec_nanos().is_multiple_of(1_000)))?;
+    let rounding = u128::from(!d.subsec_nanos().is_multiple_of(1_000));
+    let us = d.as_micros().checked_add(rounding)?;
     u64::try_from(us).ok().filter(|us| *us <= MAX_DELAY_US)
 }
 

@@ -244,20 +244,13 @@ impl Shared {
         result: Result<Reply, StoreError>,
         asked: Option<&str>,
     ) {
-        match result {
-            Ok(Reply::Defer(deferred)) => self.after_defer(now, &deferred, asked),
-            Ok(_) => tracing::warn!(
-                allowance = self.name(),
-                error = %StoreError::protocol(WrongReply),
-                "could not record the cooldown in the allowance store"
-            ),
-            Err(e) => tracing::warn!(
-                allowance = self.name(),
-                error = %e,
-                cause = ?std::error::Error::source(&e).map(ToString::to_string),
-                "could not record the cooldown in the allowance store"
-            ),
-        }
+        let e = match result {
+            Ok(Reply::Defer(deferred)) => return self.after_defer(now, &deferred, asked),
+            Ok(_) => StoreError::protocol(WrongReply),
+            Err(e) => e,
+        };
+        let cause = std::error::Error::source(&e).map(ToString::to_string);
+        tracing::warn!(allowance = self.name(), error = %e, ?cause, "could not record the cooldown in the allowance store");
     }
 
     /// What a cooldown raise did, for this process: counters, holders, the known deadline.

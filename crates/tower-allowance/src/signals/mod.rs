@@ -339,11 +339,8 @@ fn retry_after_in(
     headers: &HeaderMap,
     cx: &ReadContext,
 ) -> Result<Option<Duration>, UnrepresentableDelay> {
-    match Dialect::none()
-        .with(Reader::RetryAfter)
-        .read(headers, cx)
-        .wait
-    {
+    let reading = Dialect::none().with(Reader::RetryAfter).read(headers, cx);
+    match reading.wait {
         None => Ok(None),
         Some(Wait::For(delay)) => Ok(Some(delay)),
         Some(Wait::TooLong { value }) => Err(UnrepresentableDelay::new(value)),
@@ -498,12 +495,8 @@ impl Collector<'_> {
 
     /// Offers a measured wait from `reader`; the longest is kept.
     fn offer(&mut self, reader: Reader, wait: Wait) {
-        if self
-            .reading
-            .wait
-            .as_ref()
-            .is_none_or(|c| wait.is_longer_than(c))
-        {
+        let current = self.reading.wait.as_ref();
+        if current.is_none_or(|c| wait.is_longer_than(c)) {
             self.reading.wait = Some(wait);
             self.reading.source = Some(reader);
         }

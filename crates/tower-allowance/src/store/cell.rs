@@ -216,9 +216,8 @@ impl Cell {
         // Reads the latest bucket (lock-free commits included) and stops further ones.
         let word = self.word.0.fetch_or(BUSY, Ordering::AcqRel);
         state.tat[0] = unpack(word).0;
-        state.reserved_until = state
-            .reserved_until
-            .max(self.reserved_until.0.load(Ordering::Acquire));
+        let reserved = self.reserved_until.0.load(Ordering::Acquire);
+        state.reserved_until = state.reserved_until.max(reserved);
         // tokio's clock is monotonic; readings that reach the lock out of order by a few
         // microseconds are taken as the latest seen, never as a backward step.
         let now = now.max(state.seen);
@@ -230,12 +229,9 @@ impl Cell {
         publish(&published.closed_until, state.closed_until);
         publish(&published.closed_by, state.closed_by);
         publish(&published.epoch, state.epoch);
-        self.reserved_until
-            .0
-            .fetch_max(state.reserved_until, Ordering::AcqRel);
-        self.word
-            .0
-            .store(pack(state.tat[0], state.epoch), Ordering::Release);
+        let (reserved, word) = (&self.reserved_until.0, &self.word.0);
+        reserved.fetch_max(state.reserved_until, Ordering::AcqRel);
+        word.store(pack(state.tat[0], state.epoch), Ordering::Release);
         reply
     }
 
@@ -246,9 +242,8 @@ impl Cell {
         let state = self.lock();
         let mut tat = state.tat;
         tat[0] = unpack(self.word.0.load(Ordering::Acquire)).0;
-        let reserved_until = state
-            .reserved_until
-            .max(self.reserved_until.0.load(Ordering::Acquire));
+        let reserved = self.reserved_until.0.load(Ordering::Acquire);
+        let reserved_until = state.reserved_until.max(reserved);
         let current = State {
             tat,
             reserved_until,

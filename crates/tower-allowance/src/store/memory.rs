@@ -48,9 +48,8 @@ impl MemoryStore {
     #[inline]
     fn micros(&self, now: Instant) -> u64 {
         let d = now.saturating_duration_since(self.epoch);
-        d.as_secs()
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::from(d.subsec_micros()))
+        let us = u64::from(d.subsec_micros());
+        d.as_secs().saturating_mul(1_000_000).saturating_add(us)
     }
 
     /// Applies `op` and tells every watcher of the event it caused, if any.
