@@ -43,8 +43,8 @@ pub enum Outcome {
 
 impl Outcome {
     /// Classifies a stack's result: an [`Abandoned`] error or response extension, an
-    /// [`Overloaded`] (ours, or tower's `LoadShed` refusal: nothing was sent) or
-    /// [`Exhausted`] error (also behind wrappers such as `Buffer` or
+    /// [`Overloaded`](crate::error::Overloaded) (ours, or tower's `LoadShed` refusal: nothing was sent) or
+    /// [`Exhausted`](crate::error::Exhausted) error (also behind wrappers such as `Buffer` or
     /// `MapErr`: the `source()` chain is searched), another error, or a response, which is a
     /// success or not as the stack classified it.
     pub fn of<B>(result: &Result<Response<B>, BoxError>) -> Self {
