@@ -45,8 +45,25 @@ local function settle_deficit(l)
   return floor(sat_sub(s[TAT[l]], now) / max(P.iv[l], 1))
 end
 
+-- rule::settle::class_settled: a classed settlement moves its class's virtual finish time
+-- by the units it gives back to the class (Settle::class_units), at the class's weight.
+local function settle_class(class, weight, reserved, used, refused, fin)
+  if weight == 0 then return end
+  local own = reserved
+  if not refused then own = sat_sub(reserved, used) end
+  local units = max(min(fin, own), -sat_sub(used, reserved))
+  if units == 0 then return end
+  load(CLASSES)
+  local field = 'c' .. (min(class, MAX_CLASSES - 1) + 1)
+  if units > 0 then
+    s[field] = sat_sub(s[field], floor(units * SHARE_SCALE / weight))
+  else
+    s[field] = s[field] + floor(-units * SHARE_SCALE / weight)
+  end
+end
+
 -- rule::settle::settle: {moved, share, 0} or {moved, share, 1, event words...}.
-local function settle(reserved, used, refused, observed, limit, remaining, sent_ago)
+local function settle(reserved, used, refused, observed, limit, remaining, sent_ago, class, weight)
   local sp = settle_params()
   if not sp then return {0, 0, 0} end
   load(SETTLE)
@@ -66,7 +83,7 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
   o = s.so
   -- Fresh: no settlement since the request was sent; a stale reading only takes away.
   local fresh = s.sl <= sat_sub(now, sent_ago)
-  s.sl = now
+  s.sl = max(s.sl, now)
   local room
   if observed then
     room = k - o - sat_sub(limit, remaining)
@@ -92,7 +109,8 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
   else
     fin = target
   end
-  if not refused then s.sc = s.sc + fin + extra end
+  if refused then s.sc = s.sc + fin - reserved else s.sc = s.sc + fin + extra end
+  settle_class(class, weight, reserved, used, refused, fin)
   local shift = {0, 0, 0, 0}
   local moved = false
   for l = 1, P.n do

@@ -9,7 +9,8 @@
 //!
 //! - `outstanding`: the cost admitted and not settled yet (a charge the provider may not have
 //!   seen: a reservation still waiting for its slot, a request on its way);
-//! - `unused`: the unused reservations settled so far, and `credited`: what came back of them;
+//! - `unused`: the unused reservations settled so far, and `credited`: what came back of them
+//!   (less what a refused attempt is still owed: a reading may hold part of it back);
 //! - `share`: the share learned (thousandths), which only grows.
 //!
 //! An answer reporting the provider's remaining tokens bounds what may come back: the
@@ -72,7 +73,8 @@ pub struct SettleState {
     pub(crate) outstanding: u64,
     /// Unused reservations settled so far (tokens).
     pub(crate) unused: u64,
-    /// What came back of them (negative after a correction down).
+    /// What came back of them, less what refused attempts are still owed (negative after a
+    /// correction down).
     pub(crate) credited: i64,
     /// The share learned, in thousandths.
     pub(crate) share_milli: u64,
@@ -101,6 +103,8 @@ pub struct Settle {
     pub(crate) refused: bool,
     pub(crate) observed: Option<(u64, u64)>,
     pub(crate) sent_ago_us: u64,
+    /// The admission's class index and weight (feature `shares`; weight 0: no class).
+    pub(crate) class: (u8, u32),
 }
 
 impl Settle {
@@ -112,6 +116,7 @@ impl Settle {
             refused: false,
             observed: None,
             sent_ago_us: u64::MAX,
+            class: (0, 0),
         }
     }
 
@@ -123,6 +128,7 @@ impl Settle {
             refused: true,
             observed: None,
             sent_ago_us: u64::MAX,
+            class: (0, 0),
         }
     }
 
@@ -144,6 +150,36 @@ impl Settle {
     /// Microseconds since the request was sent (`u64::MAX`: unknown).
     pub fn sent_ago_us(&self) -> u64 {
         self.sent_ago_us
+    }
+
+    /// Admitted for class index `class` at `weight` (feature `shares`): the settlement moves
+    /// the class's virtual finish time by what it gives back or debits ([`Self::class_units`]),
+    /// in the same store call, so that a class's share counts the tokens settled, not those
+    /// reserved. Weight 0: no class (the default).
+    pub fn class(mut self, class: u8, weight: u32) -> Self {
+        self.class = (class, weight);
+        self
+    }
+
+    /// The class index and weight (weight 0: no class).
+    pub fn class_of(&self) -> (u8, u32) {
+        self.class
+    }
+
+    /// The units this settlement moves its class by, given what it `moved` in the bucket
+    /// ([`Settled::moved`]): positive, given back to the class, never more than its own
+    /// unused part (its whole reservation after a 429); negative, charged to it, never more
+    /// than its own under-estimate. So a class is credited only what the bucket got back (a
+    /// provider that keeps unused tokens keeps them in the class's share too), and a
+    /// correction of the whole bucket (a reading showing less) is no class's charge.
+    pub fn class_units(&self, moved: i64) -> i64 {
+        let (reserved, used) = (i64::from(self.reserved), i64::from(self.used));
+        let own = if self.refused {
+            reserved
+        } else {
+            (reserved - used).max(0)
+        };
+        moved.clamp(-(used - reserved).max(0), own)
     }
 
     /// The cost reserved.
@@ -230,8 +266,10 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     let outstanding = i128::from(state.settle.outstanding);
     // Fresh: no settlement since the request was sent, so every request settled is counted in
     // the reading. A stale reading may only take tokens away.
+    // The latest instant settled, whatever the order settlements arrive in (a memory store
+    // reads its clock before its lock), and never moved back by a clock step.
     let fresh = state.settle.last_at <= now.saturating_sub(op.sent_ago_us);
-    state.settle.last_at = now;
+    state.settle.last_at = state.settle.last_at.max(now);
     let room = op.observed.map(|(limit, remaining)| {
         let room = k - outstanding - i128::from(limit.saturating_sub(remaining));
         if fresh {
@@ -263,9 +301,17 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         None if target > 0 => target.min((k - outstanding).max(0)),
         None => target,
     };
-    if !op.refused {
-        state.settle.credited = clamp_i64(i128::from(state.settle.credited) + fin + extra);
-    }
+    // What came back beyond what is owed whatever the provider's rule: a refused attempt's
+    // reservation is owed whole, so the part a reading held back counts as still owed (it
+    // comes back with a later settlement, and is no evidence of the provider's share).
+    let owed_back = if op.refused {
+        -i128::from(reserved)
+    } else {
+        extra
+    };
+    state.settle.credited = clamp_i64(i128::from(state.settle.credited) + fin + owed_back);
+    #[cfg(feature = "shares")]
+    class_settled(state, op, clamp_i64(fin));
     let mut shift = [0u64; MAX_LIMITS];
     #[allow(
         clippy::needless_range_loop,
@@ -306,6 +352,28 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         share_milli: share(state, &sp),
         event,
     }
+}
+
+/// A classed settlement moves its class's virtual finish time by the units it gives back to
+/// the class (earlier: the class's next turn comes sooner) or charges it (later), at the
+/// class's weight, as its admission moved it by the cost reserved (`rule/shares.rs`). Never
+/// below zero: a class cannot bank time before the virtual time (its next start is the later
+/// of the two).
+#[cfg(feature = "shares")]
+fn class_settled(state: &mut State, op: &Settle, moved: i64) {
+    let (class, weight) = op.class;
+    let units = op.class_units(moved);
+    if weight == 0 || units == 0 {
+        return;
+    }
+    let c = usize::from(class).min(super::MAX_CLASSES - 1);
+    let step = super::share_step_of(units.unsigned_abs(), weight);
+    let f = &mut state.classes.finish[c];
+    *f = if units > 0 {
+        f.saturating_sub(step)
+    } else {
+        f.saturating_add(step)
+    };
 }
 
 /// How a settlement moved the pending schedule earlier ([`EventKind::Settled`]).

@@ -25,6 +25,10 @@ pub(crate) struct Pending {
     pub(crate) done: bool,
     /// Where the share in force is noted (`SettleLayer::share`).
     pub(crate) share: Arc<std::sync::atomic::AtomicU64>,
+    /// The request's class index and weight, when the allowance has classes (feature
+    /// `shares`): its settlement moves the class's share.
+    #[cfg(feature = "shares")]
+    pub(crate) class: Option<(u8, u32)>,
 }
 
 impl Pending {
@@ -46,8 +50,16 @@ impl Pending {
         if let Some((limit, remaining)) = self.reading {
             s = s.observed(limit, remaining);
         }
-        s = s.sent(self.sent.elapsed());
-        super::apply(&self.shared, s, &self.share);
+        #[cfg(feature = "shares")]
+        if let Some((class, weight)) = self.class {
+            s = s.class(class, weight);
+        }
+        // How long ago it was sent, as of the instant the store decides at: a later
+        // instant would date the sending later than it was (a settlement made meanwhile
+        // would pass for one made before it, and its reading for a fresh one).
+        let now = tokio::time::Instant::now();
+        s = s.sent(now.saturating_duration_since(self.sent));
+        super::apply(&self.shared, s, now, &self.share);
     }
 }
 
