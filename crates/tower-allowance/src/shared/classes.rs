@@ -112,10 +112,11 @@ impl Gate {
 
     /// A settlement of a request of this process moved the bucket by `moved` (feature
     /// `settle`): its class's virtual times here move as the store's did
-    /// ([`Settle::class_units`](crate::rule::settle::Settle::class_units)), the times this
-    /// process picks its next caller on, the head of the class's queue with them (never
-    /// before the virtual time: a class banks no credit), and the store's times it knows.
-    /// A class given tokens back comes up sooner.
+    /// ([`Settle::class_units`](crate::rule::settle::Settle::class_units)): the times this
+    /// process picks its next caller on, the start of the class's next waiting caller with
+    /// them, and the store's times it knows. A class given tokens back comes up sooner: as if
+    /// its requests had reserved what they used. (Not floored at the virtual time: the
+    /// settlement comes after the next turn was given, which moved the virtual time on.)
     #[cfg(feature = "settle")]
     pub(crate) fn settled(
         &self,
@@ -139,7 +140,7 @@ impl Gate {
         q.local.finish[c] = by(q.local.finish[c]);
         q.tags.finish[c] = by(q.tags.finish[c]);
         if !q.queues[c].is_empty() {
-            q.head[c] = by(q.head[c]).max(q.local.vtime);
+            q.head[c] = by(q.head[c]);
         }
         q.dispatch(shared, &mut wake);
         drop(q);
