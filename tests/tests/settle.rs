@@ -1,6 +1,6 @@
 //! Reserve, then settle (feature `settle`) on every store: random sequences of admissions
 //! (classed or not, feature `shares`), settlements (with and without the provider's readings,
-//! of a class or not), releases and cooldowns, applied at the same instants to the memory
+//! of a class or not, the provider refilling faster than the bucket or not), releases and cooldowns, applied at the same instants to the memory
 //! store and to the Redis function and script, get identical replies (the settlement's events
 //! included, and the classes' virtual times each class admission returns, which settlements
 //! move) — `rule/settle.rs` and `lua/settle.lua` decide alike.
@@ -46,11 +46,12 @@ fn op() -> impl Strategy<Value = Op> {
                 Op::Share(ShareRequest::new(admit, class, weight).high(high))
             }
         ),
-        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)), 0u64..400_000, class())
-            .prop_map(|(reserved, used, reading, ago, (class, weight))| {
+        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)), 0u64..400_000, class(), 0u32..40_000)
+            .prop_map(|(reserved, used, reading, ago, (class, weight), excess)| {
                 let mut s = Settle::used(reserved, used)
                     .sent(Duration::from_micros(ago))
-                    .class(class, weight);
+                    .class(class, weight)
+                    .refill_excess(excess);
                 if let Some((limit, remaining)) = reading {
                     s = s.observed(limit, remaining);
                 }

@@ -27,7 +27,7 @@ pub(super) fn push_params(text: &mut String, params: &Params) {
 }
 
 /// The op's arguments: reserved, used, refused (0/1), observed (0/1), limit, remaining, sent
-/// ago (µs), class index, class weight (0: no class).
+/// ago (µs), class index, class weight (0: no class), the provider's refill excess (ppm).
 pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
     let (observed, (limit, remaining)) = match s.observation() {
         Some(o) => (1, o),
@@ -44,6 +44,7 @@ pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
         Arg::N(exact(s.sent_ago_us())),
         Arg::N(u64::from(class)),
         Arg::N(u64::from(weight)),
+        Arg::N(u64::from(s.refill_excess_of())),
     ]);
 }
 

@@ -289,7 +289,7 @@ fn jump(
     state.reserved_until = state.reserved_until.saturating_add(2 * d).max(front);
     // Charged like any admission: outstanding until settled (feature `settle`).
     #[cfg(feature = "settle")]
-    super::settle::admitted(state, params, req.cost);
+    super::settle::admitted(state, now, params, req.cost);
     state.epoch += 1;
     let budget_slot = if req.retry {
         spend(&mut state.budget, now, &params.budget)

@@ -12,7 +12,10 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::UsageReader;
-use crate::{rule::settle::Settle, shared::Shared};
+use crate::{
+    rule::settle::{refill_excess_ppm, Settle},
+    shared::Shared,
+};
 
 /// An attempt not settled yet: settles on drop with what is known (the whole reservation,
 /// unless a reading or usage says otherwise), exactly once.
@@ -49,6 +52,12 @@ impl Pending {
         self.done = true;
         if let Some((limit, remaining)) = self.reading {
             s = s.observed(limit, remaining);
+        }
+        // The provider refills the first cost limit faster than the bucket's whole
+        // microseconds count (the share learned leaves the difference out).
+        let limits = self.shared.config().limits();
+        if let Some(l) = limits.iter().find(|l| l.counts_cost()) {
+            s = s.refill_excess(refill_excess_ppm(l.rate(), l.period()));
         }
         #[cfg(feature = "shares")]
         if let Some((class, weight)) = self.class {

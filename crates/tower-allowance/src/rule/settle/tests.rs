@@ -362,3 +362,53 @@ fn a_high_request_that_jumped_is_outstanding_until_settled() {
     assert!(reply.event.is_some(), "it jumped");
     assert_eq!(s.settle.outstanding, 1_200);
 }
+
+/// One request at a time against a strict provider of 30,000 tokens/s (the bucket's 34 µs per
+/// token is 2% slower than its 33.3), each reserving 3,000 and using 1,000, the provider
+/// giving back `share_milli` of the unused part; for `secs`: the share learned, and whether it
+/// ever refused (429).
+fn at_30k(share_milli: u64, secs: u64, excess_ppm: u32) -> (u64, bool) {
+    let config = AllowanceConfig::per_second(100, 100)
+        .and_then(|c| {
+            c.exact()
+                .with_limit(Limit::per_second(30_000, 30_000)?.exact().counting_cost())
+        })
+        .expect("valid");
+    let mut p = *config.rule_params();
+    p.settle = Some(LEARN);
+    let mut s = State::default();
+    let (mut level, mut at, mut now, mut refused) = (30_000.0f64, 0u64, 0u64, false);
+    loop {
+        now = admit(&mut s, now, &p, 3_000);
+        if now >= secs * SEC {
+            return (s.settle.share_milli, refused);
+        }
+        level = (level + (now - at) as f64 * 0.03).min(30_000.0);
+        at = now;
+        refused |= level < 3_000.0;
+        level -= 3_000.0;
+        level = (level + 2_000.0 * share_milli as f64 / 1000.0).min(30_000.0);
+        let answer = Settle::used(3_000, 1_000)
+            .observed(30_000, level.floor() as u64)
+            .sent(std::time::Duration::ZERO)
+            .refill_excess(excess_ppm);
+        settle_at(&mut s, now, &p, answer);
+    }
+}
+
+#[test]
+fn a_bucket_rounded_to_whole_microseconds_teaches_no_refund() {
+    let excess = refill_excess_ppm(30_000, std::time::Duration::from_secs(1));
+    assert_eq!(
+        excess, 20_000,
+        "34 µs a token where the provider takes 33.3"
+    );
+    // Never back: the provider's faster refill is not taken for unused tokens coming back.
+    assert_eq!(at_30k(0, 10, excess), (0, false));
+    // Without the excess, it was (what the bucket counted 2% slower looked like refunds).
+    assert!(at_30k(0, 10, 0).0 > 0);
+    // All back, or half: learned as before, never a 429.
+    assert_eq!(at_30k(1000, 10, excess), (1000, false));
+    let (half, refused) = at_30k(500, 10, excess);
+    assert!((450..=500).contains(&half) && !refused, "{half}");
+}
