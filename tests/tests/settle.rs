@@ -1,8 +1,9 @@
-//! Reserve, then settle (feature `settle`) on every store: random sequences of admissions,
-//! settlements (with and without the provider's readings), releases and cooldowns, applied at
-//! the same instants to the memory store and to the Redis function and script, get identical
-//! replies (the settlement's events included) — `rule/settle.rs` and `lua/settle.lua` decide
-//! alike.
+//! Reserve, then settle (feature `settle`) on every store: random sequences of admissions
+//! (classed or not, feature `shares`), settlements (with and without the provider's readings,
+//! of a class or not, the provider refilling faster than the bucket or not), releases and cooldowns, applied at the same instants to the memory
+//! store and to the Redis function and script, get identical replies (the settlement's events
+//! included, and the classes' virtual times each class admission returns, which settlements
+//! move) — `rule/settle.rs` and `lua/settle.lua` decide alike.
 
 use std::{
     sync::atomic::{AtomicUsize, Ordering},
@@ -16,7 +17,7 @@ use proptest::{
 };
 use tower_allowance::{
     cost::settle::Settlement,
-    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply},
+    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply, ShareReply, ShareRequest},
     store::{MemoryStore, Store},
     AllowanceConfig, Limit,
 };
@@ -38,18 +39,33 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (1u32..700, 0u64..2_000_000).prop_map(|(cost, max_wait)| {
             Op::Admit(AdmitRequest::first().cost(cost).max_wait(Duration::from_micros(max_wait)))
         }),
-        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)), 0u64..400_000)
-            .prop_map(|(reserved, used, reading, ago)| {
-                let mut s = Settle::used(reserved, used).sent(Duration::from_micros(ago));
+        // A class's admission (feature `shares`), high or not.
+        3 => (1u32..700, 0u64..2_000_000, 0u8..3, 1u32..4, any::<bool>()).prop_map(
+            |(cost, max_wait, class, weight, high)| {
+                let admit = AdmitRequest::first().cost(cost).max_wait(Duration::from_micros(max_wait));
+                Op::Share(ShareRequest::new(admit, class, weight).high(high))
+            }
+        ),
+        5 => (1u32..700, 0u32..900, proptest::option::of((900u64..1_100, 0u64..1_100)), 0u64..400_000, class(), 0u32..40_000)
+            .prop_map(|(reserved, used, reading, ago, (class, weight), excess)| {
+                let mut s = Settle::used(reserved, used)
+                    .sent(Duration::from_micros(ago))
+                    .class(class, weight)
+                    .refill_excess(excess);
                 if let Some((limit, remaining)) = reading {
                     s = s.observed(limit, remaining);
                 }
                 Op::Settle(s)
             }),
-        1 => (1u32..700).prop_map(|r| Op::Settle(Settle::refused(r))),
+        1 => (1u32..700, class()).prop_map(|(r, (class, weight))| Op::Settle(Settle::refused(r).class(class, weight))),
         1 => proptest::option::of(0u64..1_000_000).prop_map(|delay_us| Op::Defer { delay_us }),
         1 => (0u64..3).prop_map(|deposits| Op::Read { deposits }),
     ]
+}
+
+/// A settlement's class: none (weight 0), or one of three at weight 1 to 3.
+fn class() -> impl Strategy<Value = (u8, u32)> {
+    prop_oneof![Just((0, 0)), (0u8..3, 1u32..4)]
 }
 
 fn config() -> impl Strategy<Value = AllowanceConfig> {
@@ -131,11 +147,20 @@ fn differential(functions: bool) {
                         .expect("redis")
                         .into();
                     prop_assert_eq!(got, want, "op #{} {:?}", i, op);
-                    if let Reply::Settled(s) = got {
+                    if let (Reply::Settled(s), Op::Settle(op)) = (got, op) {
                         let n = usize::from(s.moved != 0) + 2 * usize::from(s.event.is_some());
                         SEEN[n].fetch_add(1, Ordering::Relaxed);
+                        // A class moved (the next class admission's reply shows where).
+                        if op.class_of().1 > 0 && op.class_units(s.moved) != 0 {
+                            SEEN[2].fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    if let Reply::Admit(Admission::Reserved { reservation, .. }) = got {
+                    if let Reply::Admit(Admission::Reserved { reservation, .. })
+                    | Reply::Share(ShareReply {
+                        admission: Admission::Reserved { reservation, .. },
+                        ..
+                    }) = got
+                    {
                         last = Some(reservation);
                     }
                 }
@@ -143,12 +168,13 @@ fn differential(functions: bool) {
             })
         })
         .expect("identical replies");
-    // The sequences reached every case: nothing moved, a credit or debit, a holder's event.
+    // The sequences reached every case: nothing moved, a credit or debit, a class moved, a
+    // holder's event.
     let seen = SEEN.each_ref().map(|n| n.load(Ordering::Relaxed));
-    assert!(seen[0] > 0 && seen[1] > 0 && seen[3] > 0, "{seen:?}");
+    assert!(seen.iter().all(|n| *n > 0), "{seen:?}");
 }
 
-/// Settlements seen: [nothing moved, moved, -, moved with an event].
+/// Settlements seen: [nothing moved, moved, a class moved, moved with an event].
 static SEEN: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 
 /// The Redis function settles exactly as the memory store, reply for reply.

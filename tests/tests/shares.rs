@@ -386,3 +386,84 @@ fn classes_come_from_a_config_file() {
     }));
     assert!(bad.is_err(), "a weight of 0 is refused");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_class_share_counts_settled_tokens_not_reserved_ones() {
+    use std::collections::HashMap;
+
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Full};
+    use tower::{service_fn, ServiceBuilder, ServiceExt};
+    use tower_allowance::{
+        cost::settle::{OpenAiUsage, SettleLayer, Settlement},
+        Cost, Limit,
+    };
+
+    // 1,000 tokens/s (and 100 requests/s), every request reserving 100 tokens; equal weights.
+    // "lean" always uses 10 of them, "full" all 100; unused tokens come back (Settlement::all).
+    let config = config(100, 100)
+        .with_limit(
+            Limit::per_second(1_000, 1_000)
+                .expect("ok")
+                .exact()
+                .counting_cost(),
+        )
+        .expect("ok")
+        .with_settlement(Settlement::all())
+        .with_class("lean", Share::weight(1).expect("ok"))
+        .expect("ok")
+        .with_class("full", Share::weight(1).expect("ok"))
+        .expect("ok");
+    let allowance = Allowance::new(config);
+    let provider = service_fn(|req: Request<Full<bytes::Bytes>>| async move {
+        let used = match Class::of(req.extensions()).map(Class::name) {
+            Some("lean") => 10,
+            _ => 100,
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let body = format!(r#"{{"usage":{{"total_tokens":{used}}}}}"#);
+        Ok::<_, std::convert::Infallible>(Response::new(Full::new(bytes::Bytes::from(body))))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(allowance.layer())
+        .layer(SettleLayer::new(&allowance, OpenAiUsage::new()))
+        .service(provider);
+    let start = Instant::now();
+    let end = start + Duration::from_secs(20);
+    let done: Arc<Mutex<HashMap<&'static str, (u64, u64)>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for name in ["lean", "full"] {
+        for _ in 0..4 {
+            let (svc, done) = (svc.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let mut req = Request::new(Full::<bytes::Bytes>::default());
+                    req.extensions_mut().insert(Class::new(name));
+                    req.extensions_mut().insert(Cost(100));
+                    let res = svc.clone().oneshot(req).await.expect("answered");
+                    res.into_body().collect().await.expect("the whole body");
+                    let used = if name == "lean" { 10 } else { 100 };
+                    let mut d = done.lock().expect("ok");
+                    let e = d.entry(name).or_default();
+                    *e = (e.0 + 1, e.1 + used);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("ok");
+    }
+    let done = done.lock().expect("ok").clone();
+    let ((lean_n, lean_used), (full_n, full_used)) = (done["lean"], done["full"]);
+    // The tokens used, not those reserved, are shared 1:1: "lean" sends about ten times as
+    // many requests. (Charged at what they reserve, they would be sent 1:1, and "full" would
+    // use ten times the tokens.)
+    let ratio = lean_used as f64 / full_used as f64;
+    assert!(
+        (0.8..=1.25).contains(&ratio),
+        "used {lean_used} vs {full_used} ({lean_n} vs {full_n} requests)"
+    );
+    assert!(lean_n >= 8 * full_n, "{lean_n} vs {full_n} requests");
+    // Nothing lost: about the tokens 20 s allow (the burst, then 1,000/s), all used.
+    assert!(lean_used + full_used >= 19_000, "{lean_used} + {full_used}");
+}

@@ -135,6 +135,7 @@ where
     {
         settle::a_settlement_moves_waiting_callers_earlier(make().await).await;
         settle::the_layer_settles_429s_and_usage(make().await).await;
+        settle::a_settlement_moves_its_class_share(make().await).await;
     }
     lease::a_lease_is_admissions_in_a_row(make().await).await;
     lease::a_lease_s_tail_goes_back(make().await).await;

@@ -1,6 +1,7 @@
 //! Reserve, then settle (feature `settle`): a settlement gives the unused part back through
 //! the store, moves the callers waiting on reserved slots earlier, and a 429 gives the whole
-//! reservation back.
+//! reservation back; a classed settlement moves its class's virtual finish time (feature
+//! `shares`) in the same store call.
 
 use std::{convert::Infallible, time::Duration};
 
@@ -10,7 +11,7 @@ use tower::{service_fn, ServiceExt};
 use tower_allowance::{
     cost::settle::{OpenAiUsage, SettleLayer, Settlement},
     retry::RetryConfig,
-    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply},
+    rule::{settle::Settle, Admission, AdmitRequest, Op, Reply, ShareRequest, SHARE_SCALE},
     store::Store,
     AcquireOptions, AllowanceConfig, Cost, Limit,
 };
@@ -99,4 +100,26 @@ pub(crate) async fn the_layer_settles_429s_and_usage<S: Store>(store: S) {
     let (status, waited) = send("/ok").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(waited, 900 * MS);
+}
+
+/// A class's 900 reserved and 100 used: the 800 given back move its virtual finish time back
+/// by 800 units at its weight (2), in the store, as the next class admission's reply shows.
+pub(crate) async fn a_settlement_moves_its_class_share<S: Store>(store: S) {
+    let (_a, direct) = allowance(tokens(Settlement::all()), store);
+    let share = |cost| Op::Share(ShareRequest::new(AdmitRequest::first().cost(cost), 1, 2));
+    let Ok(Reply::Share(first)) = direct.apply(share(900)).await else {
+        panic!("a share's reply");
+    };
+    assert_eq!(first.admission, Admission::Admitted);
+    assert_eq!(first.classes.finish(1), 450 * SHARE_SCALE);
+    let settle = Settle::used(900, 100).class(1, 2);
+    let Ok(Reply::Settled(settled)) = direct.apply(Op::Settle(settle)).await else {
+        panic!("a settlement's reply");
+    };
+    assert_eq!(settled.moved, 800);
+    // The class starts its next admission where its first finishes at what it used: 50.
+    let Ok(Reply::Share(next)) = direct.apply(share(100)).await else {
+        panic!("a share's reply");
+    };
+    assert_eq!(next.classes.finish(1), 100 * SHARE_SCALE);
 }

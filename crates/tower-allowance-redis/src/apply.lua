@@ -71,7 +71,7 @@ local function apply(keys, args)
     reply = admit_share(arg(0), arg(1) == 1, arg(2), arg(3), arg(4), arg(6), arg(7), arg(8), arg(9))
     if reply[MAX_CLASSES + 2] == 1 then ev_at = MAX_CLASSES + 3 end
   elseif OP == 12 then
-    reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6))
+    reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6), arg(7), arg(8), arg(9))
     if reply[3] == 1 then ev_at = 4 end
   elseif OP == 13 then
     reply = grant(arg(0), arg(1), arg(2), arg(3), arg(4), {arg(5), arg(6), arg(7), arg(8)}, arg(9), arg(10), arg(11))

@@ -27,12 +27,13 @@ pub(super) fn push_params(text: &mut String, params: &Params) {
 }
 
 /// The op's arguments: reserved, used, refused (0/1), observed (0/1), limit, remaining, sent
-/// ago (µs).
+/// ago (µs), class index, class weight (0: no class), the provider's refill excess (ppm).
 pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
     let (observed, (limit, remaining)) = match s.observation() {
         Some(o) => (1, o),
         None => (0, (0, 0)),
     };
+    let (class, weight) = s.class_of();
     a.extend([
         Arg::N(u64::from(s.reserved())),
         Arg::N(u64::from(s.used_units())),
@@ -41,6 +42,9 @@ pub(super) fn push_settle(a: &mut Vec<Arg<'_>>, s: &Settle) {
         Arg::N(exact(limit)),
         Arg::N(exact(remaining)),
         Arg::N(exact(s.sent_ago_us())),
+        Arg::N(u64::from(class)),
+        Arg::N(u64::from(weight)),
+        Arg::N(u64::from(s.refill_excess_of())),
     ]);
 }
 

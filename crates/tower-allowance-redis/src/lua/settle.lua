@@ -1,11 +1,13 @@
 -- rule/settle.rs: reserve, then settle (feature `settle` of tower-allowance). Its parameters
 -- are the block after the marker -32 in the parameters' text (share in thousandths, learns:
 -- 0/1), absent when not configured; its state is the group `s` (outstanding, unused,
--- credited, share learned, last settlement).
+-- credited, share learned, last settlement, when the first cost limit was last full).
 
-local SETTLE = {'so', 'su', 'sc', 'sh', 'sl'}
+local SETTLE = {'so', 'su', 'sc', 'sh', 'sl', 'sf'}
 FIELD[SETTLE] = 's'
-FORMAT[SETTLE] = '<ddddd'
+FORMAT[SETTLE] = '<dddddd'
+-- rule::settle::DRIFT_UNITS_CAP.
+local DRIFT_UNITS_CAP = 8589934592
 GROUPS[#GROUPS + 1] = SETTLE
 
 -- The settlement's parameters, parsed once per parameters' text (false: not configured).
@@ -28,11 +30,21 @@ local function settle_params()
   return sp
 end
 
--- rule::settle::admitted: an admission's cost is outstanding until settled.
+-- rule::settle::first_cost: the first limit counted in cost (nil: none).
+local function settle_first()
+  for l = 1, P.n do
+    if P.unit[l] == 1 then return l end
+  end
+end
+
+-- rule::settle::admitted: an admission's cost is outstanding until settled; the first cost
+-- limit was full before it if it holds no more than this cost now.
 local function settle_admitted(cost)
   if not settle_params() then return end
   load(SETTLE)
   s.so = s.so + cost
+  local f = settle_first()
+  if f and s[TAT[f]] <= now + cost * P.iv[f] then s.sf = now end
 end
 
 local function settle_share(sp)
@@ -45,28 +57,40 @@ local function settle_deficit(l)
   return floor(sat_sub(s[TAT[l]], now) / max(P.iv[l], 1))
 end
 
+-- rule::settle::class_settled: a classed settlement moves its class's virtual finish time
+-- by the units it gives back to the class (Settle::class_units), at the class's weight.
+local function settle_class(class, weight, reserved, used, refused, fin)
+  if weight == 0 then return end
+  local own = reserved
+  if not refused then own = sat_sub(reserved, used) end
+  local units = max(min(fin, own), -sat_sub(used, reserved))
+  if units == 0 then return end
+  load(CLASSES)
+  local field = 'c' .. (min(class, MAX_CLASSES - 1) + 1)
+  if units > 0 then
+    s[field] = sat_sub(s[field], floor(units * SHARE_SCALE / weight))
+  else
+    s[field] = s[field] + floor(-units * SHARE_SCALE / weight)
+  end
+end
+
 -- rule::settle::settle: {moved, share, 0} or {moved, share, 1, event words...}.
-local function settle(reserved, used, refused, observed, limit, remaining, sent_ago)
+local function settle(reserved, used, refused, observed, limit, remaining, sent_ago, class, weight, excess)
   local sp = settle_params()
   if not sp then return {0, 0, 0} end
   load(SETTLE)
   s.so = sat_sub(s.so, reserved)
   local o = s.so
-  local first
-  for l = 1, P.n do
-    if P.unit[l] == 1 then
-      first = l
-      break
-    end
-  end
+  local first = settle_first()
   if not first then return {0, settle_share(sp), 0} end
+  if s[TAT[first]] <= now then s.sf = now end
   local k = settle_deficit(first)
   -- What the provider has not seen is within what the bucket owes.
   s.so = min(s.so, k)
   o = s.so
   -- Fresh: no settlement since the request was sent; a stale reading only takes away.
   local fresh = s.sl <= sat_sub(now, sent_ago)
-  s.sl = now
+  s.sl = max(s.sl, now)
   local room
   if observed then
     room = k - o - sat_sub(limit, remaining)
@@ -79,7 +103,10 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
   else
     s.su = s.su + sat_sub(reserved, used)
     if room and sp.learn == 1 and s.su > 0 and fresh then
-      local bound = s.sc + room
+      -- Less the provider's refill beyond the bucket's count since both were full.
+      local units = min(floor(sat_sub(now, s.sf) / max(P.iv[first], 1)), DRIFT_UNITS_CAP)
+      local p = units * excess
+      local bound = s.sc + room - (p - p % 1000000) / 1000000
       if bound > 0 then s.sh = max(s.sh, min(floor(bound * 1000 / s.su), 1000)) end
     end
     target = floor(s.su * settle_share(sp) / 1000) - s.sc - extra
@@ -92,7 +119,8 @@ local function settle(reserved, used, refused, observed, limit, remaining, sent_
   else
     fin = target
   end
-  if not refused then s.sc = s.sc + fin + extra end
+  if refused then s.sc = s.sc + fin - reserved else s.sc = s.sc + fin + extra end
+  settle_class(class, weight, reserved, used, refused, fin)
   local shift = {0, 0, 0, 0}
   local moved = false
   for l = 1, P.n do

@@ -28,6 +28,8 @@ local function jump(cost, retry, not_before, max_wait)
   if at <= front or front - now > max_wait then return nil end
   for l = 1, P.n do s[TAT[l]] = s[TAT[l]] + shift[l] end
   s.ru = max(s.ru + 2 * d, front)
+  -- Charged like any admission: outstanding until settled (rule::settle::admitted).
+  settle_admitted(cost)
   s.ep = s.ep + 1
   local budget_slot = 0
   if retry then budget_slot = spend() end

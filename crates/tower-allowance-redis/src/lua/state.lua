@@ -42,6 +42,10 @@ end
 local function unpack_group(group, packed)
   loaded[group] = packed
   if packed then
+    -- Written by a version whose group had fewer fields (a process not upgraded yet): the
+    -- fields it lacks read as zeros.
+    local short = 8 * #group - #packed
+    if short > 0 then packed = packed .. string.rep('\0', short) end
     local v = {struct.unpack(FORMAT[group], packed)}
     for j = 1, #group do s[group[j]] = v[j] end
   else

@@ -125,7 +125,7 @@ pub(crate) fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitReq
     }
     state.tat[..n].copy_from_slice(&new_tat[..n]);
     #[cfg(feature = "settle")]
-    super::settle::admitted(state, params, req.cost);
+    super::settle::admitted(state, now, params, req.cost);
     let budget_slot = if req.retry {
         spend(&mut state.budget, now, &params.budget)
     } else {

@@ -9,7 +9,8 @@
 //!
 //! - `outstanding`: the cost admitted and not settled yet (a charge the provider may not have
 //!   seen: a reservation still waiting for its slot, a request on its way);
-//! - `unused`: the unused reservations settled so far, and `credited`: what came back of them;
+//! - `unused`: the unused reservations settled so far, and `credited`: what came back of them
+//!   (less what a refused attempt is still owed: a reading may hold part of it back);
 //! - `share`: the share learned (thousandths), which only grows.
 //!
 //! An answer reporting the provider's remaining tokens bounds what may come back: the
@@ -18,9 +19,13 @@
 //! never believes it has more than the provider will have once it has seen every request
 //! admitted — as long as the reading is fresh (no settlement since the request was sent: an
 //! answer settled after a later one may not count that one's charge); a stale one may only
-//! take tokens away. The share learned is the largest `(credited + room) / unused` seen: a lower bound
-//! of the provider's share, since `room` counts requests the provider has seen as if it had
-//! not. Without a reading, the share (learned or configured) gives the unused part back,
+//! take tokens away. The share learned is the largest `(credited + room - drift) / unused`
+//! seen, where `drift` is what the provider refilled beyond the bucket's count since the bucket
+//! was last full (the bucket's interval is rounded up to the microsecond: 34 µs a token at
+//! 30,000/s where the provider takes 33.3; [`Settle::refill_excess`]): a lower bound of the
+//! provider's share, since `room` counts requests the provider has seen as if it had not. A
+//! refused attempt's reservation held back by a reading stays owed (it comes back later), and
+//! is no evidence of the provider's share either. Without a reading, the share (learned or configured) gives the unused part back,
 //! never more than leaves the deficit at `outstanding`: no earlier than now, never fuller
 //! than the bucket's bound. An under-estimate (the answer used more than was reserved) is
 //! debited, and so is a reading showing less than the allowance counts: a debit moves the
@@ -72,13 +77,20 @@ pub struct SettleState {
     pub(crate) outstanding: u64,
     /// Unused reservations settled so far (tokens).
     pub(crate) unused: u64,
-    /// What came back of them (negative after a correction down).
+    /// What came back of them, less what refused attempts are still owed (negative after a
+    /// correction down).
     pub(crate) credited: i64,
     /// The share learned, in thousandths.
     pub(crate) share_milli: u64,
     /// When the last settlement was made (store clock): a reading from an answer to a request
     /// sent before it may miss that request's charge (answers settle out of order).
     pub(crate) last_at: u64,
+    /// When the first limit counted in cost was last seen full (store clock), at an
+    /// admission or a settlement: the provider's bucket, refilling at least as fast, was
+    /// full then too. Since then, the provider refilled more than the bucket's whole
+    /// microseconds per unit count ([`Settle::refill_excess`]).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub(crate) full_at: u64,
 }
 
 impl SettleState {
@@ -101,6 +113,10 @@ pub struct Settle {
     pub(crate) refused: bool,
     pub(crate) observed: Option<(u64, u64)>,
     pub(crate) sent_ago_us: u64,
+    /// The admission's class index and weight (feature `shares`; weight 0: no class).
+    pub(crate) class: (u8, u32),
+    /// How much faster than the bucket the provider refills, in millionths.
+    pub(crate) excess_ppm: u32,
 }
 
 impl Settle {
@@ -112,6 +128,8 @@ impl Settle {
             refused: false,
             observed: None,
             sent_ago_us: u64::MAX,
+            class: (0, 0),
+            excess_ppm: 0,
         }
     }
 
@@ -123,6 +141,8 @@ impl Settle {
             refused: true,
             observed: None,
             sent_ago_us: u64::MAX,
+            class: (0, 0),
+            excess_ppm: 0,
         }
     }
 
@@ -144,6 +164,52 @@ impl Settle {
     /// Microseconds since the request was sent (`u64::MAX`: unknown).
     pub fn sent_ago_us(&self) -> u64 {
         self.sent_ago_us
+    }
+
+    /// Admitted for class index `class` at `weight` (feature `shares`): the settlement moves
+    /// the class's virtual finish time by what it gives back or debits ([`Self::class_units`]),
+    /// in the same store call, so that a class's share counts the tokens settled, not those
+    /// reserved. Weight 0: no class (the default).
+    pub fn class(mut self, class: u8, weight: u32) -> Self {
+        self.class = (class, weight);
+        self
+    }
+
+    /// The class index and weight (weight 0: no class).
+    pub fn class_of(&self) -> (u8, u32) {
+        self.class
+    }
+
+    /// The provider refills the first limit counted in cost `ppm` millionths faster than the
+    /// bucket does: the bucket's interval is the limit's `period / rate` rounded *up* to the
+    /// microsecond (30,000 tokens/s: 34 µs, not 33.3, so 2% slower). The difference builds up
+    /// as room in the provider's readings that is no unused token coming back: the share
+    /// learned leaves it out ([`refill_excess_ppm`] computes it from the limit).
+    pub fn refill_excess(mut self, ppm: u32) -> Self {
+        // Below a million: the bucket's interval is less than twice the provider's.
+        self.excess_ppm = ppm.min(1_000_000);
+        self
+    }
+
+    /// How much faster the provider refills, in millionths ([`Self::refill_excess`]).
+    pub fn refill_excess_of(&self) -> u32 {
+        self.excess_ppm
+    }
+
+    /// The units this settlement moves its class by, given what it `moved` in the bucket
+    /// ([`Settled::moved`]): positive, given back to the class, never more than its own
+    /// unused part (its whole reservation after a 429); negative, charged to it, never more
+    /// than its own under-estimate. So a class is credited only what the bucket got back (a
+    /// provider that keeps unused tokens keeps them in the class's share too), and a
+    /// correction of the whole bucket (a reading showing less) is no class's charge.
+    pub fn class_units(&self, moved: i64) -> i64 {
+        let (reserved, used) = (i64::from(self.reserved), i64::from(self.used));
+        let own = if self.refused {
+            reserved
+        } else {
+            (reserved - used).max(0)
+        };
+        moved.clamp(-(used - reserved).max(0), own)
     }
 
     /// The cost reserved.
@@ -196,10 +262,37 @@ fn clamp_i64(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
 
-/// An admission of `cost` while settlement is on: outstanding until settled.
-pub(crate) fn admitted(state: &mut State, params: &Params, cost: u32) {
+/// The most units of refill the drift between the provider's refill and the bucket's is
+/// counted over (2^33: its product with a millionth rate stays exact in Lua's doubles).
+pub const DRIFT_UNITS_CAP: u64 = 1 << 33;
+
+/// How much faster (millionths) a provider refills a limit of `rate` per `period` than a bucket
+/// of whole microseconds per unit (`period / rate` rounded up) does: what
+/// [`Settle::refill_excess`] takes.
+pub fn refill_excess_ppm(rate: u32, period: std::time::Duration) -> u32 {
+    let (rate, period) = (u128::from(rate.max(1)), period.as_micros().max(1));
+    let interval = period.div_ceil(rate);
+    u32::try_from((interval * rate - period) * 1_000_000 / period).unwrap_or(u32::MAX)
+}
+
+/// The first limit counted in cost.
+fn first_cost(params: &Params) -> Option<usize> {
+    params.limits[..params.limit_count]
+        .iter()
+        .position(|l| l.unit == Unit::Cost)
+}
+
+/// An admission of `cost` at `now` while settlement is on: outstanding until settled; the
+/// first limit counted in cost was full before it if it holds no more than this cost now.
+pub(crate) fn admitted(state: &mut State, now: u64, params: &Params, cost: u32) {
     if params.settle().is_some() {
         state.settle.outstanding = state.settle.outstanding.saturating_add(u64::from(cost));
+        if let Some(f) = first_cost(params) {
+            let took = u64::from(cost).saturating_mul(params.limits[f].interval_us);
+            if state.tat[f] <= now.saturating_add(took) {
+                state.settle.full_at = now;
+            }
+        }
     }
 }
 
@@ -215,13 +308,16 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     let n = params.limit_count;
     let st = &mut state.settle;
     st.outstanding = st.outstanding.saturating_sub(u64::from(op.reserved));
-    let Some(first) = params.limits[..n].iter().position(|l| l.unit == Unit::Cost) else {
+    let Some(first) = first_cost(params) else {
         return Settled {
             moved: 0,
             share_milli: share(state, &sp),
             event: None,
         };
     };
+    if state.tat[first] <= now {
+        state.settle.full_at = now;
+    }
     let owed = deficit(state, params, first, now);
     let k = i128::from(owed);
     // What the provider has not seen is within what the bucket owes (a slot given back without
@@ -230,8 +326,10 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
     let outstanding = i128::from(state.settle.outstanding);
     // Fresh: no settlement since the request was sent, so every request settled is counted in
     // the reading. A stale reading may only take tokens away.
+    // The latest instant settled, whatever the order settlements arrive in (a memory store
+    // reads its clock before its lock), and never moved back by a clock step.
     let fresh = state.settle.last_at <= now.saturating_sub(op.sent_ago_us);
-    state.settle.last_at = now;
+    state.settle.last_at = state.settle.last_at.max(now);
     let room = op.observed.map(|(limit, remaining)| {
         let room = k - outstanding - i128::from(limit.saturating_sub(remaining));
         if fresh {
@@ -248,7 +346,12 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         let st = &mut state.settle;
         st.unused = st.unused.saturating_add(reserved.saturating_sub(used));
         if let (Some(room), true, true, true) = (room, sp.learn, st.unused > 0, fresh) {
-            let bound = i128::from(st.credited) + room;
+            // Less what the provider refilled beyond the bucket's count since both were full:
+            // room, but no unused token coming back.
+            let iv = params.limits[first].interval_us.max(1);
+            let units = (now.saturating_sub(st.full_at) / iv).min(DRIFT_UNITS_CAP);
+            let drift = units * u64::from(op.excess_ppm) / 1_000_000;
+            let bound = i128::from(st.credited) + room - i128::from(drift);
             if bound > 0 {
                 let l = (bound * 1000 / i128::from(st.unused)).min(1000);
                 st.share_milli = st.share_milli.max(u64::try_from(l).unwrap_or(0));
@@ -263,9 +366,17 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         None if target > 0 => target.min((k - outstanding).max(0)),
         None => target,
     };
-    if !op.refused {
-        state.settle.credited = clamp_i64(i128::from(state.settle.credited) + fin + extra);
-    }
+    // What came back beyond what is owed whatever the provider's rule: a refused attempt's
+    // reservation is owed whole, so the part a reading held back counts as still owed (it
+    // comes back with a later settlement, and is no evidence of the provider's share).
+    let owed_back = if op.refused {
+        -i128::from(reserved)
+    } else {
+        extra
+    };
+    state.settle.credited = clamp_i64(i128::from(state.settle.credited) + fin + owed_back);
+    #[cfg(feature = "shares")]
+    class_settled(state, op, clamp_i64(fin));
     let mut shift = [0u64; MAX_LIMITS];
     #[allow(
         clippy::needless_range_loop,
@@ -306,6 +417,28 @@ pub(crate) fn settle(state: &mut State, now: u64, params: &Params, op: &Settle) 
         share_milli: share(state, &sp),
         event,
     }
+}
+
+/// A classed settlement moves its class's virtual finish time by the units it gives back to
+/// the class (earlier: the class's next turn comes sooner) or charges it (later), at the
+/// class's weight, as its admission moved it by the cost reserved (`rule/shares.rs`). Never
+/// below zero: a class cannot bank time before the virtual time (its next start is the later
+/// of the two).
+#[cfg(feature = "shares")]
+fn class_settled(state: &mut State, op: &Settle, moved: i64) {
+    let (class, weight) = op.class;
+    let units = op.class_units(moved);
+    if weight == 0 || units == 0 {
+        return;
+    }
+    let c = usize::from(class).min(super::MAX_CLASSES - 1);
+    let step = super::share_step_of(units.unsigned_abs(), weight);
+    let f = &mut state.classes.finish[c];
+    *f = if units > 0 {
+        f.saturating_sub(step)
+    } else {
+        f.saturating_add(step)
+    };
 }
 
 /// How a settlement moved the pending schedule earlier ([`EventKind::Settled`]).

@@ -120,7 +120,12 @@ impl ClassState {
 
 /// Virtual time a request of `cost` at `weight` takes.
 pub fn share_step(cost: u32, weight: u32) -> u64 {
-    u64::from(cost.max(1)) * SHARE_SCALE / u64::from(weight.max(1))
+    share_step_of(u64::from(cost.max(1)), weight)
+}
+
+/// Virtual time `units` of cost take at `weight` (a settlement's, which may be zero).
+pub fn share_step_of(units: u64, weight: u32) -> u64 {
+    units.saturating_mul(SHARE_SCALE) / u64::from(weight.max(1))
 }
 
 /// An admission for a class: [`Op::Share`](super::Op::Share).
@@ -282,6 +287,9 @@ fn jump(
         *t = t.saturating_add(s);
     }
     state.reserved_until = state.reserved_until.saturating_add(2 * d).max(front);
+    // Charged like any admission: outstanding until settled (feature `settle`).
+    #[cfg(feature = "settle")]
+    super::settle::admitted(state, now, params, req.cost);
     state.epoch += 1;
     let budget_slot = if req.retry {
         spend(&mut state.budget, now, &params.budget)

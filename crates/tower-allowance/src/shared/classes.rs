@@ -109,6 +109,43 @@ impl Gate {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Queues> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// A settlement of a request of this process moved the bucket by `moved` (feature
+    /// `settle`): its class's virtual times here move as the store's did
+    /// ([`Settle::class_units`](crate::rule::settle::Settle::class_units)): the times this
+    /// process picks its next caller on, the start of the class's next waiting caller with
+    /// them, and the store's times it knows. A class given tokens back comes up sooner: as if
+    /// its requests had reserved what they used. (Not floored at the virtual time: the
+    /// settlement comes after the next turn was given, which moved the virtual time on.)
+    #[cfg(feature = "settle")]
+    pub(crate) fn settled(
+        &self,
+        shared: &Shared,
+        settle: &crate::rule::settle::Settle,
+        moved: i64,
+    ) {
+        let (class, weight) = settle.class_of();
+        let units = settle.class_units(moved);
+        if weight == 0 || units == 0 {
+            return;
+        }
+        let c = usize::from(class).min(MAX_CLASSES - 1);
+        let step = crate::rule::share_step_of(units.unsigned_abs(), weight);
+        let by = |t: u64| match units > 0 {
+            true => t.saturating_sub(step),
+            false => t.saturating_add(step),
+        };
+        let mut wake = Vec::new();
+        let mut q = self.lock();
+        q.local.finish[c] = by(q.local.finish[c]);
+        q.tags.finish[c] = by(q.tags.finish[c]);
+        if !q.queues[c].is_empty() {
+            q.head[c] = by(q.head[c]);
+        }
+        q.dispatch(shared, &mut wake);
+        drop(q);
+        wake.into_iter().for_each(Waker::wake);
+    }
 }
 
 impl Queues {

@@ -14,7 +14,7 @@ use crate::rule::{self, Deferred};
 /// [`State::apply`](super::State::apply). See `cell.rs` for why the two agree.
 ///
 /// Several allowances in one process (one per Tokio runtime, say) can share one memory store
-/// through an `Arc`: each hears the others' cooldowns and closures through
+/// through an `Arc`: each hears the others' cooldowns, closures and settlements through
 /// [`Store::watch`].
 ///
 /// # Clone
@@ -85,6 +85,8 @@ fn event_of(reply: &rule::Reply) -> Option<rule::Event> {
         rule::Reply::Defer(Deferred { event, .. }) => event,
         #[cfg(feature = "quota")]
         rule::Reply::ProbeFinished(event) => event,
+        #[cfg(feature = "settle")]
+        rule::Reply::Settled(settled) => settled.event,
         rule::Reply::Changed(event) => Some(event),
         _ => None,
     }

@@ -12,7 +12,10 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 use super::UsageReader;
-use crate::{rule::settle::Settle, shared::Shared};
+use crate::{
+    rule::settle::{refill_excess_ppm, Settle},
+    shared::Shared,
+};
 
 /// An attempt not settled yet: settles on drop with what is known (the whole reservation,
 /// unless a reading or usage says otherwise), exactly once.
@@ -25,6 +28,10 @@ pub(crate) struct Pending {
     pub(crate) done: bool,
     /// Where the share in force is noted (`SettleLayer::share`).
     pub(crate) share: Arc<std::sync::atomic::AtomicU64>,
+    /// The request's class index and weight, when the allowance has classes (feature
+    /// `shares`): its settlement moves the class's share.
+    #[cfg(feature = "shares")]
+    pub(crate) class: Option<(u8, u32)>,
 }
 
 impl Pending {
@@ -46,8 +53,22 @@ impl Pending {
         if let Some((limit, remaining)) = self.reading {
             s = s.observed(limit, remaining);
         }
-        s = s.sent(self.sent.elapsed());
-        super::apply(&self.shared, s, &self.share);
+        // The provider refills the first cost limit faster than the bucket's whole
+        // microseconds count (the share learned leaves the difference out).
+        let limits = self.shared.config().limits();
+        if let Some(l) = limits.iter().find(|l| l.counts_cost()) {
+            s = s.refill_excess(refill_excess_ppm(l.rate(), l.period()));
+        }
+        #[cfg(feature = "shares")]
+        if let Some((class, weight)) = self.class {
+            s = s.class(class, weight);
+        }
+        // How long ago it was sent, as of the instant the store decides at: a later
+        // instant would date the sending later than it was (a settlement made meanwhile
+        // would pass for one made before it, and its reading for a fresh one).
+        let now = tokio::time::Instant::now();
+        s = s.sent(now.saturating_duration_since(self.sent));
+        super::apply(&self.shared, s, now, &self.share);
     }
 }
 

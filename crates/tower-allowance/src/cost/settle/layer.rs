@@ -122,6 +122,8 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let reserved = req.extensions().get::<Cost>().map_or(1, |Cost(c)| *c);
         let pending = Pending {
+            #[cfg(feature = "shares")]
+            class: super::class_of(&self.shared, req.extensions()),
             shared: self.shared.clone(),
             reserved,
             reading: None,

@@ -80,8 +80,12 @@
 //!   gives its reservation back whole); a retry the admission layer refuses reserved nothing.
 //! - The adaptive rate: unchanged (it adapts the main limit, which counts requests); a
 //!   settlement keeps the slots of a main limit whose rate adapts.
-//! - Classes (shares of one allowance) count settled tokens once a class's state learns of
-//!   settlements: not wired yet (see the CHANGELOG).
+//! - Classes (feature `shares`): a class's share counts the tokens settled, not those
+//!   reserved. The settlement moves its request's class's virtual finish time by what it gives
+//!   back to the bucket (at most the request's own unused part) or debits (at most its own
+//!   under-estimate), in the same store call, and in this process's class queues: a class
+//!   whose requests use a tenth of what they reserve gets ten times as many requests as one
+//!   that uses all of it, at equal weights. What the provider keeps, the class is charged.
 
 mod body;
 mod layer;
@@ -111,10 +115,21 @@ use crate::{
     shared::{spawn, Applying, Shared},
 };
 
-/// Applies one settlement; the event (a schedule moved earlier) goes to this process's
-/// holders. Best effort: a store that fails leaves the reservation charged (the safe side).
-pub(crate) fn apply(shared: &Arc<Shared>, settle: Settle, share: &Arc<AtomicU64>) {
-    let done = |shared: &Shared, share: &AtomicU64, reply| match reply {
+/// The class of a request (index, weight) when the allowance has classes (feature `shares`).
+#[cfg(feature = "shares")]
+pub(crate) fn class_of(shared: &Shared, extensions: &http::Extensions) -> Option<(u8, u32)> {
+    shared.classes()?;
+    let key = crate::config::classes::Class::key_of(extensions);
+    let (i, _, share) = shared.config().classes.find(key)?;
+    Some((i, share.weight_of()))
+}
+
+/// Applies one settlement at `now`; the event (a schedule moved earlier) goes to this
+/// process's holders, and the units given back to (or charged to) its class to this
+/// process's class queues. Best effort: a store that fails leaves the reservation charged
+/// (the safe side).
+pub(crate) fn apply(shared: &Arc<Shared>, settle: Settle, now: Instant, share: &Arc<AtomicU64>) {
+    let done = move |shared: &Shared, share: &AtomicU64, reply| match reply {
         Ok(Reply::Settled(Settled {
             share_milli,
             event,
@@ -127,6 +142,10 @@ pub(crate) fn apply(shared: &Arc<Shared>, settle: Settle, share: &Arc<AtomicU64>
                 "settled"
             );
             share.store(share_milli, Ordering::Relaxed);
+            #[cfg(feature = "shares")]
+            if let Some(gate) = shared.classes() {
+                gate.settled(shared, &settle, moved);
+            }
             if let Some(event) = event {
                 shared.holders().event(event);
             }
@@ -135,7 +154,7 @@ pub(crate) fn apply(shared: &Arc<Shared>, settle: Settle, share: &Arc<AtomicU64>
         Err(e) => tracing::debug!(error = %e, "could not settle a reservation"),
     };
     tracing::debug!(?settle, "settling");
-    match shared.apply(Instant::now(), Op::Settle(settle)) {
+    match shared.apply(now, Op::Settle(settle)) {
         Applying::Done(r) => done(shared, share, r),
         Applying::Pending(fut) => {
             let (shared, share) = (shared.clone(), share.clone());

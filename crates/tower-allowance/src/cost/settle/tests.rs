@@ -160,3 +160,36 @@ async fn the_adaptive_rate_keeps_working_with_settlements() {
     // Three of 1,000 each used 100: 300 charged in all (plus what refilled meanwhile).
     assert!(wait_for(&allowance, 1_000).await <= Duration::from_millis(300));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_credit_moves_the_callers_of_another_allowance_on_the_same_memory_store() {
+    // Two allowances (one per runtime, say) on one memory store: a settlement in one moves
+    // the caller waiting in the other earlier, as a cooldown would reach it.
+    let memory = Arc::new(crate::store::MemoryStore::new());
+    let one = Allowance::builder(config(Settlement::all()))
+        .store(memory.clone())
+        .build();
+    let other = Allowance::builder(config(Settlement::all()))
+        .store(memory)
+        .build();
+    let answers = service_fn(|_req: Request<Full<bytes::Bytes>>| async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, Infallible>(Response::new(Full::new(bytes::Bytes::from_static(
+            USAGE_100.as_bytes(),
+        ))))
+    });
+    let svc = ServiceBuilder::new()
+        .layer(one.layer())
+        .layer(SettleLayer::new(&one, OpenAiUsage::new()))
+        .service(answers);
+    // 900 reserved in `one` (answered 10 ms later, 100 used); `other`'s 900 wait for it.
+    let sent = tokio::spawn(async move {
+        let res = svc.oneshot(request(900)).await.expect("answered");
+        res.into_body().collect().await.expect("whole body");
+    });
+    tokio::task::yield_now().await;
+    let waited = wait_for(&other, 900).await;
+    sent.await.expect("joined");
+    // 800 came back at 10 ms: the waiter goes then, not at 800 ms.
+    assert_eq!(waited, Duration::from_millis(10));
+}
