@@ -9,7 +9,7 @@ use std::{
 use tokio::time::Instant;
 use tower_allowance::{
     shares::{Class, Share},
-    AcquireOptions, Allowance, AllowanceConfig,
+    AcquireOptions, Allowance, AllowanceConfig, Attempt,
 };
 
 fn config(rate: u32, burst: u32) -> AllowanceConfig {
@@ -295,6 +295,10 @@ async fn a_retry_keeps_its_class() {
         .expect("ok");
     assert_eq!(res.status(), 200);
     assert_eq!(calls.load(Ordering::Relaxed), 2);
+    // The answer says why it waited: its record (the second attempt) and its class.
+    let record = res.extensions().get::<Attempt>().copied().expect("a record");
+    assert_eq!(record.number(), 2);
+    assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("b")));
     let snap = allowance.snapshot();
     let b = snap.classes.iter().find(|c| c.name == "b").expect("ok");
     let a = snap.classes.iter().find(|c| c.name == "a").expect("ok");
@@ -466,4 +470,28 @@ async fn a_class_share_counts_settled_tokens_not_reserved_ones() {
     assert!(lean_n >= 8 * full_n, "{lean_n} vs {full_n} requests");
     // Nothing lost: about the tokens 20 s allow (the burst, then 1,000/s), all used.
     assert!(lean_used + full_used >= 19_000, "{lean_used} + {full_used}");
+}
+
+/// The answer names the class the request was admitted in: the one it carried, else the
+/// layer's.
+#[tokio::test(start_paused = true)]
+async fn the_answer_names_the_class_it_was_admitted_in() {
+    use tower::{Service, ServiceExt};
+    let allowance = Allowance::new(two_classes(10, 4));
+    let inner = tower::service_fn(|_req: http::Request<()>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    });
+    let mut svc = tower::ServiceBuilder::new()
+        .layer(allowance.layer().class("b"))
+        .service(inner);
+    let mut named = http::Request::new(());
+    named.extensions_mut().insert(Class::new("a"));
+    let res = svc.ready().await.expect("ready").call(named).await.expect("ok");
+    assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("a")));
+    let res = svc.ready().await.expect("ready").call(http::Request::new(())).await;
+    let res = res.expect("ok");
+    assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("b")));
+    let snap = allowance.snapshot();
+    let admitted = |name: &str| snap.classes.iter().find(|c| c.name == name).map(|c| c.admitted);
+    assert_eq!((admitted("a"), admitted("b")), (Some(1), Some(1)));
 }

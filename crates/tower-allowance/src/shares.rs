@@ -30,11 +30,14 @@
 
 use std::{
     fmt,
+    future::Future,
+    pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{ready, Context, Poll},
 };
 
-use http::Request;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -143,19 +146,79 @@ impl<S> fmt::Debug for SetClass<S> {
     }
 }
 
-impl<S: Service<Request<B>>, B> Service<Request<B>> for SetClass<S> {
+impl<S, B, R> Service<Request<B>> for SetClass<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+{
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Classed<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if req.extensions().get::<Class>().is_none() {
-            req.extensions_mut().insert(self.class.clone());
+        let class = match req.extensions().get::<Class>() {
+            Some(class) => class.clone(),
+            None => {
+                req.extensions_mut().insert(self.class.clone());
+                self.class.clone()
+            }
+        };
+        Classed {
+            future: self.inner.call(req),
+            class: Some(class),
         }
-        self.inner.call(req)
+    }
+}
+
+pin_project! {
+    /// The future of [`SetClass`]: the answer names the request's class (a [`Class`] in the
+    /// response's extensions, beside its [`Attempt`](crate::Attempt) record).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_allowance::shares::{Class, ClassLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = ClassLayer::new("bulk", tower::layer::util::Identity::new());
+    /// let service = layer.layer(service_fn(|_req: http::Request<()>| async {
+    ///     Ok::<_, Infallible>(http::Response::new(()))
+    /// }));
+    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// assert_eq!(response.extensions().get::<Class>(), Some(&Class::new("bulk")));
+    /// # }
+    /// ```
+    pub struct Classed<F> {
+        #[pin]
+        future: F,
+        class: Option<Class>,
+    }
+}
+
+impl<F> fmt::Debug for Classed<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Classed")
+            .field("class", &self.class)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, R, E> Future for Classed<F>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut result = ready!(this.future.poll(cx));
+        if let (Ok(response), Some(class)) = (&mut result, this.class.take()) {
+            response.extensions_mut().insert(class);
+        }
+        Poll::Ready(result)
     }
 }
