@@ -296,7 +296,11 @@ async fn a_retry_keeps_its_class() {
     assert_eq!(res.status(), 200);
     assert_eq!(calls.load(Ordering::Relaxed), 2);
     // The answer says why it waited: its record (the second attempt) and its class.
-    let record = res.extensions().get::<Attempt>().copied().expect("a record");
+    let record = res
+        .extensions()
+        .get::<Attempt>()
+        .copied()
+        .expect("a record");
     assert_eq!(record.number(), 2);
     assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("b")));
     let snap = allowance.snapshot();
@@ -486,12 +490,73 @@ async fn the_answer_names_the_class_it_was_admitted_in() {
         .service(inner);
     let mut named = http::Request::new(());
     named.extensions_mut().insert(Class::new("a"));
-    let res = svc.ready().await.expect("ready").call(named).await.expect("ok");
+    let res = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(named)
+        .await
+        .expect("ok");
     assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("a")));
-    let res = svc.ready().await.expect("ready").call(http::Request::new(())).await;
+    let res = svc
+        .ready()
+        .await
+        .expect("ready")
+        .call(http::Request::new(()))
+        .await;
     let res = res.expect("ok");
     assert_eq!(res.extensions().get::<Class>(), Some(&Class::new("b")));
     let snap = allowance.snapshot();
-    let admitted = |name: &str| snap.classes.iter().find(|c| c.name == name).map(|c| c.admitted);
+    let admitted = |name: &str| {
+        snap.classes
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.admitted)
+    };
     assert_eq!((admitted("a"), admitted("b")), (Some(1), Some(1)));
+}
+
+/// Two allowances on one memory store (one per runtime, say): a high request of one that
+/// jumps the queue moves the slots the other's callers wait for, as it moves its own, so the
+/// bucket's bound holds across them (as across processes on Redis).
+#[tokio::test(start_paused = true)]
+async fn a_high_request_moves_the_waiters_of_another_allowance_on_the_same_memory_store() {
+    let memory = Arc::new(tower_allowance::store::MemoryStore::new());
+    let classes = || {
+        config(10, 1)
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok")
+            .with_class("bulk", Share::weight(1).expect("ok"))
+            .expect("ok")
+    };
+    let one = Allowance::builder(classes()).store(memory.clone()).build();
+    let other = Allowance::builder(classes()).store(memory).build();
+    let start = Instant::now();
+    let bulk = || AcquireOptions::new().class(&Class::new("bulk"));
+    // `other`: one admitted now, two waiting for the slots at 100 and 200 ms.
+    other.acquire_with(bulk()).await.expect("admitted");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let other = other.clone();
+            tokio::spawn(async move {
+                other.acquire_with(bulk()).await.expect("admitted");
+                ms(start)
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    // `one`'s urgent request jumps the queue: it takes the slot at 100 ms.
+    one.acquire_with(AcquireOptions::new().class(&Class::new("urgent")))
+        .await
+        .expect("admitted");
+    assert_eq!(ms(start), 100);
+    let mut sent = Vec::new();
+    for w in waiters {
+        sent.push(w.await.expect("joined"));
+    }
+    sent.sort_unstable();
+    // One admission a slot: the pending reservation moved two increments later (the rule's
+    // price of a jump, `rule::shares`), none shares the urgent request's 100 ms (without the
+    // event: [100, 400], two sends at 100 ms at a burst of 1).
+    assert_eq!(sent, [300, 400]);
 }

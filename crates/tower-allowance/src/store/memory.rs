@@ -88,6 +88,8 @@ fn event_of(reply: &rule::Reply) -> Option<rule::Event> {
         #[cfg(feature = "settle")]
         rule::Reply::Settled(settled) => settled.event,
         rule::Reply::Changed(event) => Some(event),
+        #[cfg(feature = "shares")]
+        rule::Reply::Share(ref share) => share.event,
         _ => None,
     }
 }
