@@ -322,7 +322,7 @@ async fn three_limits_all_or_nothing_at_the_earliest_common_instant<S: Store>(st
         admit(&store, &config, AdmitRequest::first().max_wait(50 * MS)),
         Admission::Refused {
             wait: 100 * MS,
-            cooldown: false
+            cooldown: None
         }
     );
     // 5 more: the per-second limit's schedule (100 ms apart) and the per-minute one's burst

@@ -157,7 +157,7 @@ pub(crate) async fn max_wait_reserves_nothing<S: Store>(store: S) {
         refused,
         Admission::Refused {
             wait: 100 * MS,
-            cooldown: false
+            cooldown: None
         }
     );
     // Nothing was spent: the next slot is still 100 ms away.

@@ -501,9 +501,9 @@ pub(crate) fn decode_admit(req: &AdmitRequest, reply: &[i64]) -> Result<Admissio
                 )),
             }
         }
-        [2, wait, cooldown @ (0 | 1)] => Admission::Refused {
+        [2, wait, cooldown] => Admission::Refused {
             wait: us(*wait)?,
-            cooldown: *cooldown == 1,
+            cooldown: Some(us(*cooldown)?).filter(|d| !d.is_zero()),
         },
         [3] => Admission::BudgetExhausted,
         [4, until, by] => Admission::Closed {
@@ -551,10 +551,10 @@ mod tests {
             Some(Reply::Admit(Admission::Admitted))
         );
         assert_eq!(
-            decode(&first, &[2, 7, 1]).ok(),
+            decode(&first, &[2, 7, 5]).ok(),
             Some(Reply::Admit(Admission::Refused {
                 wait: Duration::from_micros(7),
-                cooldown: true
+                cooldown: Some(Duration::from_micros(5))
             }))
         );
         assert_eq!(
@@ -568,7 +568,7 @@ mod tests {
             &[][..],
             &[6],
             &[0, -1],
-            &[2, 1, 2],
+            &[2, 1, -2],
             &[1, 1, 2, 3],
             &[4, 1, 9],
         ] {

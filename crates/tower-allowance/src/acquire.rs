@@ -185,10 +185,11 @@ fn decide(
             shared.abandon(AbandonReason::Overloaded);
             Begin::Ready(Err(AcquireError::Overloaded(Overloaded { wait })))
         }
-        // Past its deadline: the slot the store offered tells when to come back, even before
-        // this process hears of the cooldown that moved it.
-        Admission::Refused { wait, .. } => {
-            Begin::Ready(Err(late(shared, progress, now, now.checked_add(wait))))
+        // Past its deadline: to come back when the cooldown that held it ends, as the store
+        // told (even before this process hears of it), else at the slot the store offered.
+        Admission::Refused { wait, cooldown } => {
+            let until = now.checked_add(cooldown.unwrap_or(wait));
+            Begin::Ready(Err(late(shared, progress, now, until)))
         }
         Admission::BudgetExhausted => {
             tracing::debug!(allowance = shared.name(), "retry budget exhausted");

@@ -19,7 +19,7 @@ local function schedule(iv, tol, t0, cost)
 end
 
 -- {0} admitted; {1, wait, slot, t1..t4, generation, epoch, rebased, budget slot} reserved;
--- {2, wait, cooldown} refused; {3} budget exhausted; {4, until or -1, by} closed;
+-- {2, wait, cooldown left or 0} refused; {3} budget exhausted; {4, until or -1, by} closed;
 -- {5} too costly.
 local function admit(cost, retry, not_before, max_wait, deposits)
   deposit(deposits)
@@ -34,9 +34,7 @@ local function admit(cost, retry, not_before, max_wait, deposits)
   if not at then return {5} end
   local wait = at - now
   if wait > max_wait then
-    local cd = 0
-    if s.bu > now then cd = 1 end
-    return {2, wait, cd}
+    return {2, wait, max(s.bu - now, 0)}
   end
   for l = 1, P.n do s[TAT[l]] = new[l] end
   settle_admitted(cost)

@@ -54,9 +54,7 @@ local function grant(tokens, max_wait, valid_until, mark, back, back_tat, back_g
     if not at then return {1, 5} end
     if at - now > max_wait then
       if k == 0 then
-        local cd = 0
-        if s.bu > now then cd = 1 end
-        return {1, 2, at - now, cd}
+        return {1, 2, at - now, max(s.bu - now, 0)}
       end
       break
     end

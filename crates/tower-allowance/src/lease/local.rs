@@ -196,7 +196,7 @@ impl Local {
         if wait > max_wait {
             return Some(Ok(Reply(rule::Reply::Admit(Admission::Refused {
                 wait,
-                cooldown: false,
+                cooldown: None,
             }))));
         }
         self.tokens.pop_front();
@@ -226,7 +226,7 @@ impl Local {
             return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(
                 Admission::Refused {
                     wait,
-                    cooldown: false,
+                    cooldown: None,
                 },
             )))));
         }

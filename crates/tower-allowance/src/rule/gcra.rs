@@ -120,7 +120,7 @@ pub(crate) fn admit(state: &mut State, now: u64, params: &Params, req: &AdmitReq
     if wait > req.max_wait_us {
         return Admission::Refused {
             wait: us(wait),
-            cooldown: state.blocked_until > now,
+            cooldown: (state.blocked_until > now).then(|| us(state.blocked_until - now)),
         };
     }
     state.tat[..n].copy_from_slice(&new_tat[..n]);

@@ -225,7 +225,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
             if k == 0 {
                 return Grant::Denied(Admission::Refused {
                     wait: us(at - now),
-                    cooldown: state.blocked_until > now,
+                    cooldown: (state.blocked_until > now).then(|| us(state.blocked_until - now)),
                 });
             }
             break;

@@ -306,8 +306,9 @@ pub enum Admission {
     Refused {
         /// Time until an admission could happen.
         wait: Duration,
-        /// The shared cooldown is (part of) the reason.
-        cooldown: bool,
+        /// The shared cooldown's time left, when it is (part of) the reason: when a caller
+        /// may come back, even before this process hears of the cooldown.
+        cooldown: Option<Duration>,
     },
     /// A retry was refused: the shared retry budget is spent. Nothing was spent.
     BudgetExhausted,

@@ -78,7 +78,7 @@ fn max_wait_reserves_nothing() {
         refused,
         Admission::Refused {
             wait: Duration::from_micros(499_999),
-            cooldown: false
+            cooldown: None
         }
     );
     assert_eq!(s, before, "a refusal changes nothing");

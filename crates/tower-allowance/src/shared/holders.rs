@@ -358,6 +358,15 @@ impl Holders {
                     r.known.closed = Some(Exhausted::new(None, by));
                 }
                 EventKind::Cleared => r.known = Known::default(),
+                // Known here before the reply that raised it returns, if it does here at all.
+                EventKind::Cooldown { until, .. } => {
+                    let local = r
+                        .entries
+                        .values()
+                        .find(|e| !e.lost)
+                        .and_then(|e| local(e, until));
+                    r.known.blocked_until = r.known.blocked_until.max(local);
+                }
                 _ => {}
             }
             let Registry { entries, log, .. } = &mut *r;
@@ -453,12 +462,19 @@ fn catch_up(entry: &mut Entry, log: &VecDeque<Event>, params: &Params) {
                     EventKind::Closed { until, by } => (until, by),
                     _ => (FOREVER, ClosedBy::ServerDelay),
                 };
-                // The local instant of a store-clock `until` is known relative to the slot.
-                let after_slot = until.saturating_sub(entry.reservation.slot());
-                let local = (until != FOREVER).then(|| after(entry.at, after_slot));
+                let local = (until != FOREVER).then(|| local(entry, until)).flatten();
                 entry.closed = Some(Exhausted::new(local, by));
             }
         }
+    }
+}
+
+/// The local instant of store-clock instant `t`, known relative to the entry's slot.
+fn local(entry: &Entry, t: u64) -> Option<Instant> {
+    let slot = entry.reservation.slot();
+    match t.checked_sub(slot) {
+        Some(later) => entry.at.checked_add(Duration::from_micros(later)),
+        None => entry.at.checked_sub(Duration::from_micros(slot - t)),
     }
 }
 

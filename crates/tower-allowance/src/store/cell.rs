@@ -163,7 +163,8 @@ impl Cell {
             if wait > req.max_wait_us {
                 return Some(Admission::Refused {
                     wait: Duration::from_micros(wait),
-                    cooldown: blocked_until > now,
+                    cooldown: (blocked_until > now)
+                        .then(|| Duration::from_micros(blocked_until - now)),
                 });
             }
             // The full epoch of the word: the locked path that stored it published it first.
