@@ -210,20 +210,20 @@ impl<S: Store> Inner<S> {
         let mut req = GrantRequest::new(n)
             .mark(local.mark)
             .known_generation(local.generation);
+        if let Some((every, after, _)) = local.spacing(now) {
+            req = req.spaced(every, after);
+        }
         if let Some(store_now) = local.store_now(now) {
             let timeout = u64::try_from(self.lease.get_call_timeout().as_micros()).unwrap_or(0);
             req = req.valid_until_us(store_now.saturating_add(timeout).max(1));
         }
-        if local.outage.is_some() || !local.outage_sent.is_empty() {
-            // What was admitted locally within the last burst window (and ahead): charged.
-            let window = local
-                .params
-                .map_or(0, |p| p.limits().first().map_or(0, |l| l.tolerance_us));
-            let since = now
-                .checked_sub(Duration::from_micros(window))
-                .unwrap_or(now);
-            let debit = local.outage_sent.iter().filter(|t| **t >= since).count();
-            req = req.debit(u32::try_from(debit).unwrap_or(u32::MAX));
+        if let (Some(_), Some((last, _))) = (&local.outage, &local.last) {
+            // Rejoining: the fleet's fallback charged (see `GrantRequest::rejoin`), then the
+            // local admissions still ahead.
+            let debit = local.outage_sent.iter().filter(|t| **t > now).count();
+            req = req
+                .rejoin(last)
+                .debit(u32::try_from(debit).unwrap_or(u32::MAX));
         }
         req
     }
@@ -240,12 +240,18 @@ impl<S: Store> Inner<S> {
         let now = Instant::now();
         match reply {
             Ok(Reply(rule::Reply::Grant(Grant::Granted(lease)))) => {
-                if local.outage.take().is_some() || !local.outage_sent.is_empty() {
+                if let Some(outage) = local.outage.take() {
+                    local.rejoin_after = outage.since_store;
+                    tracing::debug!(
+                        sent = local.outage_sent.len(),
+                        holders = lease.holders,
+                        counted = lease.counted,
+                        "the lease store answers again: rejoined, pacing at the share until every holder has"
+                    );
                     // Rejoined: keep the share's pace for a window, until every process has.
                     local.outage_sent.clear();
                     local.pace_until = Some(now + Duration::from_micros(HOLDER_WINDOW_US));
                 }
-                let _ = sent;
                 local.take_in(lease, now, params);
             }
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
@@ -268,9 +274,23 @@ impl<S: Store> Inner<S> {
             Err(e)
                 if e.is_unavailable() && self.lease.get_local_fallback() && local.holders > 0 =>
             {
+                if local.outage.is_none() {
+                    tracing::debug!(
+                        holders = local.holders,
+                        share_in_ms = local.schedule_end(sent).saturating_duration_since(now).as_millis(),
+                        error = %e,
+                        "the lease store does not answer: admitting at this holder's share"
+                    );
+                }
+                let start = local.schedule_end(sent);
+                let since_store = local.store_now(sent).unwrap_or(0);
                 local
                     .outage
-                    .get_or_insert(Outage { last_try: now })
+                    .get_or_insert(Outage {
+                        last_try: now,
+                        start,
+                        since_store,
+                    })
                     .last_try = now;
             }
             Err(e) => {

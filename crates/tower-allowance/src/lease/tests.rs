@@ -359,3 +359,92 @@ async fn a_cooldown_raised_in_an_outage_holds_here() {
         start.elapsed()
     );
 }
+
+/// The share starts where the store's schedule ends, not where this holder's own tokens do:
+/// the other holders' tokens granted after its last lease still go out (the old code sent
+/// its first share at its own last slot, on top of the other holder's lease).
+#[tokio::test(start_paused = true)]
+async fn an_outage_s_share_starts_after_the_other_holders_tokens() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let down = Arc::new(AtomicBool::new(false));
+    let flaky = Flaky {
+        store: Arc::new(MemoryStore::new()),
+        down: down.clone(),
+    };
+    let lease = Lease::fixed(10, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let (a, b) = (
+        LeaseStore::new(flaky.clone(), lease),
+        LeaseStore::new(flaky, lease),
+    );
+    let start = Instant::now();
+    // Round robin, 10 ms slots: a's [0, 50], b's [60, 150], then (each asks for its next
+    // lease as its tokens run low) a's [160, 250], b's [260, 350].
+    admit(&a, &params);
+    admit(&b, &params);
+    for store in [&a, &b] {
+        while store.lease_calls() < 2 {
+            admit(store, &params);
+        }
+    }
+    assert_eq!(a.holders(), 2);
+    down.store(true, Ordering::SeqCst);
+    // a spends its tokens; its next call fails; the share begins after b's.
+    let op = || Op(rule::Op::Admit(AdmitRequest::first()));
+    while !a.in_outage() || a.tokens_held() > 0 {
+        a.apply(&params, op()).await.expect("from the lease");
+    }
+    a.apply(&params, op()).await.expect("at the share");
+    let first = start.elapsed();
+    assert!(
+        first > Duration::from_millis(350),
+        "the share's first admission at {first:?}, inside b's tokens"
+    );
+}
+
+/// A rejoining holder marks the bucket as the fleet's fallback left it (spent at the rate
+/// since its last lease, which had taken the bucket past empty) with its own first call,
+/// before the other holders' calls come in: the old debit (its own sends of the last burst
+/// window) left half the burst free for the first lease.
+#[tokio::test(start_paused = true)]
+async fn a_rejoin_empties_the_bucket_before_the_others_rejoin() {
+    let c = config(100, 20);
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let flaky = Flaky {
+        store: memory.clone(),
+        down: down.clone(),
+    };
+    let lease = |n| {
+        Lease::fixed(n, Duration::from_millis(200))
+            .expect("valid")
+            .local_fallback(true)
+    };
+    let b = LeaseStore::new(flaky.clone(), lease(1));
+    let a = LeaseStore::new(flaky, lease(40));
+    admit(&b, &params);
+    // 40 tokens: the schedule runs 400 ms ahead, past the 200 ms burst window.
+    admit(&a, &params);
+    assert_eq!(a.holders(), 2);
+    down.store(true, Ordering::SeqCst);
+    // The lease, then the share (20 ms apart) until a second has passed; b is silent here,
+    // and whatever it sent is not known.
+    let allowance = Allowance::with_store(c, a.clone());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        allowance.acquire().await.expect("admitted in the outage");
+    }
+    down.store(false, Ordering::SeqCst);
+    while a.in_outage() {
+        allowance.acquire().await.expect("admitted");
+    }
+    // The lease taken on rejoining starts after an empty bucket's next slot, 10 ms away.
+    let first = a.next_token_in().expect("a lease is held");
+    assert!(
+        first >= Duration::from_millis(10),
+        "the rejoin's lease starts {first:?} from now: the bucket was not empty"
+    );
+}
