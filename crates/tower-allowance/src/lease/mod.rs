@@ -19,16 +19,24 @@
 //! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
 //! cooldown moves them past its end; a closure drops them). Retries (they spend the shared
 //! retry budget), requests of a cost above one, requests with a `not_before`, and allowances
-//! with an adaptive rate go to the store as without a lease.
+//! with an adaptive rate go to the store as without a lease. So do the admissions of an
+//! allowance with classes (feature `shares`): the store decides whose turn each slot is
+//! (priority, then weighted fair share), so each is one store call, behind the tokens
+//! leased.
 //!
 //! # Outages
 //!
 //! With [`Lease::local_fallback`], a store that does not answer does not stop admissions:
 //! the process admits from its lease, then at its share of the rate: the rate divided by the
 //! holders the store counted in its last window (a heartbeat every lease call carries), with
-//! no burst. It asks the store again in the background; the first answer charges what it
-//! admitted meanwhile (the tokens within the last burst window), and for one holders' window
-//! after that it keeps pacing at its share too, until every process has rejoined.
+//! no burst, from where the store's schedule ends (the other holders' leased tokens still go
+//! out; this holder estimates it from its last lease). It asks the store again in the
+//! background. Its first answer charges the bucket with what the fleet may have sent at the
+//! fallback's pace since that lease, capped at an empty bucket as of now, without waiting
+//! for the other holders' calls (the rule's `GrantRequest::rejoin`),
+//! then its own local slots still ahead. Until every holder of before has called again (or
+//! for one holders' window), its leases are spaced at its share in the store, so that no
+//! token is used late and the end of the pace makes no burst.
 //!
 //! # Stale calls
 //!

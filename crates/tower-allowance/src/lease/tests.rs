@@ -448,3 +448,44 @@ async fn a_rejoin_empties_the_bucket_before_the_others_rejoin() {
         "the rejoin's lease starts {first:?} from now: the bucket was not empty"
     );
 }
+
+/// With classes (feature `shares`) the store decides whose turn a slot is (priority, then
+/// weighted fair share, next to the bucket): a classed admission is not served from the
+/// lease but goes to the store, one call each, and waits behind the tokens other holders
+/// leased (they were taken from the bucket up front).
+#[cfg(feature = "shares")]
+#[tokio::test(start_paused = true)]
+async fn classed_admissions_go_to_the_store_behind_the_leases() {
+    use crate::{
+        shares::{Class, Share},
+        AcquireOptions,
+    };
+    let memory = Arc::new(MemoryStore::new());
+    let lease = Lease::fixed(20, Duration::from_millis(200)).expect("valid");
+    // Holder a, without classes, leases 20 tokens of 100/s burst 5: slots up to 150 ms.
+    let a = LeaseStore::new(memory.clone(), lease);
+    let params = *config(100, 5).params();
+    admit(&a, &params);
+    assert_eq!(a.lease_calls(), 1);
+    // Holder b, with classes, over the same bucket.
+    let classed = config(100, 5)
+        .with_class("live", Share::weight(1).expect("valid").high())
+        .expect("valid")
+        .with_class("bulk", Share::weight(3).expect("valid"))
+        .expect("valid");
+    let b = LeaseStore::new(memory, lease);
+    let allowance = Allowance::with_store(classed, b.clone());
+    let start = Instant::now();
+    for class in ["live", "bulk", "live"] {
+        let options = AcquireOptions::new().class(&Class::new(class));
+        allowance.acquire_with(options).await.expect("admitted");
+    }
+    assert_eq!(b.lease_calls(), 0, "no lease for classed admissions");
+    assert_eq!(b.tokens_held(), 0);
+    // Behind a's 20 tokens: the first classed slot is the 21st, at 160 ms.
+    assert!(
+        start.elapsed() >= Duration::from_millis(180),
+        "{:?}",
+        start.elapsed()
+    );
+}
