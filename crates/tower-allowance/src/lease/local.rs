@@ -177,7 +177,7 @@ impl Local {
     /// that they never move the bucket's schedule past what its tolerance holds): `(spacing,
     /// the first slot's earliest, the most tokens)` on the store's clock.
     pub(super) fn spacing(&self, now: Instant) -> Option<(u64, u64, u32)> {
-        if self.outage.is_none() && !self.pace_until.is_some_and(|u| now < u) {
+        if self.outage.is_none() && self.pace_until.is_none_or(|u| now >= u) {
             return None;
         }
         let every = self.share_every()?.max(1);
