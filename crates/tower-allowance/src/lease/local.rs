@@ -72,6 +72,7 @@ pub(super) struct Local {
     /// After an outage: keep pacing at the share until then (or until every holder has
     /// rejoined: counted in a window begun after `rejoin_after`, on the store's clock).
     pub(super) pace_until: Option<Instant>,
+    /// When the last outage began, on the store's clock (see `pace_until`).
     pub(super) rejoin_after: u64,
     /// The last token handed out's slot (store's clock).
     pub(super) last_slot: u64,
@@ -172,10 +173,9 @@ impl Local {
     }
 
     /// Rejoining after an outage (the first call, then until every holder has or the window
-    /// ends), the leases'
-    /// tokens are spaced at the share, as many as fit the main limit's burst window (so
-    /// that they never move the bucket's schedule past what its tolerance holds): `(spacing,
-    /// the first slot's earliest, the most tokens)` on the store's clock.
+    /// ends), the leases' tokens are spaced at the share, as many as fit the main limit's
+    /// burst window (so that they never move the bucket's schedule past what its tolerance
+    /// holds): `(spacing, the first slot's earliest, the most tokens)`, on the store's clock.
     pub(super) fn spacing(&self, now: Instant) -> Option<(u64, u64, u32)> {
         if self.outage.is_none() && self.pace_until.is_none_or(|u| now >= u) {
             return None;
