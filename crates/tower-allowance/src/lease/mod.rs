@@ -43,7 +43,8 @@
 //! Every lease call carries the instant, on the store's clock, after which it must not be
 //! applied ([`Lease::call_timeout`] after it was sent, estimated from the last reply): a call
 //! delayed past it (a partition, a paused server) is refused by the store unapplied, so it
-//! reserves nothing for a caller that has gone.
+//! reserves nothing for a caller that has gone. A call not answered in twice that time is
+//! given up here (an outage, with the local fallback), whatever the store's own timeout.
 //!
 //! ```
 //! use std::time::Duration;
@@ -366,9 +367,18 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
         return;
     }
     let fut = inner.store.apply(params, op);
+    // A call that has not answered in twice the call timeout is given up (it cannot apply
+    // later: its valid-until has passed), so that a store call that hangs does not hold
+    // the lease, and the outage's share and the rejoin go on.
+    let give_up = inner.lease.get_call_timeout().saturating_mul(2);
     let weak: Weak<Inner<S>> = Arc::downgrade(inner);
     tokio::spawn(async move {
-        let reply = fut.await;
+        let reply = match tokio::time::timeout(give_up, fut).await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::unavailable(
+                "the lease call did not answer in twice its timeout",
+            )),
+        };
         if let Some(inner) = weak.upgrade() {
             let mut local = inner.lock();
             inner.answered(&mut local, now, reply, &rule_params);

@@ -489,3 +489,59 @@ async fn classed_admissions_go_to_the_store_behind_the_leases() {
         start.elapsed()
     );
 }
+
+/// A store whose calls hang (never answer) while `hang` is set, and that answers nothing
+/// synchronously (as Redis).
+#[derive(Debug, Clone)]
+struct Hanging {
+    store: Arc<MemoryStore>,
+    hang: Arc<AtomicBool>,
+}
+
+impl Store for Hanging {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        if self.hang.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.store.apply(params, op)
+    }
+}
+
+/// A lease call that never answers is given up after twice the call timeout: the holder
+/// falls back at its share and rejoins once the store answers again (the old code waited
+/// for that call for ever: no share, no rejoin).
+#[tokio::test(start_paused = true)]
+async fn a_lease_call_that_hangs_is_given_up() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let hang = Arc::new(AtomicBool::new(false));
+    let store = Hanging {
+        store: Arc::new(MemoryStore::new()),
+        hang: hang.clone(),
+    };
+    let lease = Lease::fixed(1, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let a = LeaseStore::new(store, lease);
+    let op = || Op(rule::Op::Admit(AdmitRequest::first()));
+    a.apply(&params, op()).await.expect("a first lease");
+    hang.store(true, Ordering::SeqCst);
+    let allowance = Allowance::with_store(c, a.clone());
+    let within = Duration::from_secs(5);
+    for _ in 0..5 {
+        tokio::time::timeout(within, allowance.acquire())
+            .await
+            .expect("the hanging call was given up")
+            .expect("admitted at the share");
+    }
+    assert!(a.in_outage());
+    hang.store(false, Ordering::SeqCst);
+    let start = Instant::now();
+    while a.in_outage() {
+        tokio::time::timeout(within, allowance.acquire())
+            .await
+            .expect("not stuck")
+            .expect("admitted");
+        assert!(start.elapsed() < within, "never rejoined");
+    }
+}
