@@ -117,3 +117,50 @@ pub(crate) async fn a_debit_charges_the_bucket<S: Store>(store: S) {
     };
     assert_eq!(wait, 100 * MS);
 }
+
+/// Rejoining after an outage charges what the fleet may have sent meanwhile at the fallback's
+/// pace, whether or not the other holders' calls have come in: from the holder's last lease
+/// on, the schedule moved at the pace (as far ahead of the clock as it stood then), capped
+/// at an empty bucket as of now; the tokens asked for are then spaced at the share.
+pub(crate) async fn a_rejoin_charges_the_outage_and_spaces_the_tokens<S: Store>(store: S) {
+    let config = per_second(10, 5);
+    let params = *config.params().rule();
+    let (_, direct) = allowance(config, store);
+    let last = granted(grant(&direct, GrantRequest::new(2)).await);
+    // 200 ms ahead after that lease; three seconds later, still.
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let req = GrantRequest::new(4).rejoin(&last).spaced(300_000, 0);
+    let lease = granted(grant(&direct, req).await);
+    assert_eq!(lease.tat[0], lease.now + 200_000, "charged to 200 ms ahead");
+    let waits: Vec<u64> = lease_slots(&lease, &params)
+        .iter()
+        .map(|(slot, _)| (slot - lease.now) / 1_000)
+        .collect();
+    assert_eq!(waits, [0, 300, 600, 900], "spaced at the share");
+    // The lease ran 1 s ahead: charged again, it is capped at an empty bucket.
+    tokio::time::advance(Duration::from_millis(1_200)).await;
+    let again = granted(grant(&direct, GrantRequest::new(0).rejoin(&lease)).await);
+    assert_eq!(again.end_tat[0], again.now + 500_000, "empty as of now");
+}
+
+/// Each limit is charged at the pace (the slowest limit's rate): a limit of 10/s is
+/// charged three tokens it refilled long ago, a limit of 60/min the same three (3 s of it).
+pub(crate) async fn a_rejoin_charges_every_limit_at_the_pace<S: Store>(store: S) {
+    let minute = match tower_allowance::Limit::per_minute(60, 60) {
+        Ok(l) => l.exact(),
+        Err(e) => panic!("valid limit: {e}"),
+    };
+    let config = match per_second(10, 5).with_limit(minute) {
+        Ok(c) => c,
+        Err(e) => panic!("valid config: {e}"),
+    };
+    let (_, direct) = allowance(config, store);
+    let last = granted(grant(&direct, GrantRequest::new(2)).await);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let after = granted(grant(&direct, GrantRequest::new(0).rejoin(&last)).await);
+    // 10/s: the same three tokens, 300 ms of its schedule, long past: still full.
+    assert_eq!(after.end_tat[0], last.end_tat[0] + 300_000);
+    assert!(after.end_tat[0] < after.now, "the fast limit is full");
+    // 60/min: 2 s + 3 s x (1 s / 1 s): three tokens charged.
+    assert_eq!(after.end_tat[1], last.end_tat[1] + 3_000_000);
+}

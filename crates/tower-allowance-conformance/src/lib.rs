@@ -142,4 +142,6 @@ where
     lease::a_stale_lease_call_is_refused(make().await).await;
     lease::holders_are_counted_per_window(make().await).await;
     lease::a_debit_charges_the_bucket(make().await).await;
+    lease::a_rejoin_charges_the_outage_and_spaces_the_tokens(make().await).await;
+    lease::a_rejoin_charges_every_limit_at_the_pace(make().await).await;
 }

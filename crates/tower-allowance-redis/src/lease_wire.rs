@@ -7,7 +7,8 @@ use super::{decode_admit, exact, n, Arg, BadReply};
 
 /// The arguments `grant` (`lua/grant.lua`) reads: tokens, max wait, valid-until, the
 /// holder's window mark, the give-back (tokens, the lease's end times, its generation and
-/// clock-step total), the debit, the known generation.
+/// clock-step total), the debit, the known generation, the rejoin (the last grant's clock
+/// and end times), the spacing and the first slot's earliest.
 pub(crate) fn push_grant(a: &mut Vec<Arg<'_>>, req: &GrantRequest) {
     a.extend([
         Arg::N(u64::from(req.tokens)),
@@ -22,11 +23,14 @@ pub(crate) fn push_grant(a: &mut Vec<Arg<'_>>, req: &GrantRequest) {
         Arg::N(exact(req.back_rebased)),
         Arg::N(u64::from(req.debit)),
         Arg::N(exact(req.known_generation)),
+        Arg::N(exact(req.since_us)),
     ]);
+    a.extend(req.since_tat.iter().map(|t| Arg::N(exact(*t))));
+    a.extend([Arg::N(exact(req.spacing_us)), Arg::N(exact(req.after_us))]);
 }
 
-/// `{2}` stale; `{1, admission...}` denied; `{0, tokens, now, t0, tat.., end tat..,
-/// generation, epoch, rebased, returned, holders, window}` granted.
+/// `{2}` stale; `{1, admission...}` denied; `{0, tokens, now, t0, spacing, tat.., end tat..,
+/// generation, epoch, rebased, returned, holders, window, counted}` granted.
 pub(crate) fn decode_grant(reply: &[i64]) -> Result<Grant, BadReply> {
     match reply {
         [2] => Ok(Grant::Stale),
@@ -34,20 +38,21 @@ pub(crate) fn decode_grant(reply: &[i64]) -> Result<Grant, BadReply> {
             &AdmitRequest::first(),
             admission,
         )?)),
-        [0, rest @ ..] if rest.len() == 3 + 2 * MAX_LIMITS + 6 => {
+        [0, rest @ ..] if rest.len() == 4 + 2 * MAX_LIMITS + 7 => {
             let v = rest
                 .iter()
                 .map(|x| n(*x))
                 .collect::<Result<Vec<u64>, _>>()?;
             let mut tat = [0; MAX_LIMITS];
             let mut end_tat = [0; MAX_LIMITS];
-            tat.copy_from_slice(&v[3..3 + MAX_LIMITS]);
-            end_tat.copy_from_slice(&v[3 + MAX_LIMITS..3 + 2 * MAX_LIMITS]);
-            let w = &v[3 + 2 * MAX_LIMITS..];
+            tat.copy_from_slice(&v[4..4 + MAX_LIMITS]);
+            end_tat.copy_from_slice(&v[4 + MAX_LIMITS..4 + 2 * MAX_LIMITS]);
+            let w = &v[4 + 2 * MAX_LIMITS..];
             Ok(Grant::Granted(Granted {
                 tokens: u32::try_from(v[0]).map_err(|_| BadReply)?,
                 now: v[1],
                 t0: v[2],
+                spacing: v[3],
                 tat,
                 end_tat,
                 generation: w[0],
@@ -60,6 +65,7 @@ pub(crate) fn decode_grant(reply: &[i64]) -> Result<Grant, BadReply> {
                 },
                 holders: w[4],
                 window: w[5],
+                counted: w[6],
             }))
         }
         _ => Err(BadReply),

@@ -125,3 +125,47 @@ async fn a_cooldown_from_another_process_freezes_every_token_of_a_lease() {
     }
     assert_eq!(a.lease_calls(), calls, "the moved lease served them");
 }
+
+/// The script's rejoin (`lua/grant.lua`, as `rule/grant.rs`): the bucket charged with what
+/// the fleet may have sent at the pace since the holder's last lease (at most an empty
+/// bucket as of now), then the tokens spaced at the share. Exact: the server's clock, read
+/// once per call, decides both.
+#[tokio::test]
+async fn a_rejoin_charges_the_outage_and_spaces_the_tokens_on_redis() {
+    let redis = TestRedis::start_private().await;
+    let name = unique_name("lease-rejoin");
+    let config = config();
+    let store = connect(&redis, &name, Duration::from_secs(30)).await;
+    let Reply::Grant(Grant::Granted(last)) =
+        apply(&store, &config, Op::Grant(GrantRequest::new(2))).await
+    else {
+        panic!("a lease");
+    };
+    // The schedule stood 200 ms ahead after that lease (2 tokens at 10/s): at the pace it
+    // still does, whenever the rejoin comes (here 600 ms later, its bucket refilled).
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let req = GrantRequest::new(4).rejoin(&last).spaced(300_000, 0);
+    let Reply::Grant(Grant::Granted(lease)) = apply(&store, &config, Op::Grant(req)).await else {
+        panic!("a lease");
+    };
+    assert_eq!(lease.tat[0], lease.now + 200_000, "charged to 200 ms ahead");
+    let params = *config.params().rule();
+    let waits: Vec<u64> = tower_allowance::rule::lease_slots(&lease, &params)
+        .iter()
+        .map(|(slot, _)| (slot - lease.now) / 1_000)
+        .collect();
+    // Burst 5 with 2 spent: the first now, then 300 ms apart.
+    assert_eq!(waits, [0, 300, 600, 900], "spaced at the share");
+    // A long outage: capped at an empty bucket (500 ms ahead), never beyond.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let Reply::Grant(Grant::Granted(again)) = apply(
+        &store,
+        &config,
+        Op::Grant(GrantRequest::new(0).rejoin(&lease)),
+    )
+    .await
+    else {
+        panic!("a lease");
+    };
+    assert_eq!(again.end_tat[0], again.now + 500_000, "empty as of now");
+}

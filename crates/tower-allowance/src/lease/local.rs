@@ -69,8 +69,13 @@ pub(super) struct Local {
     /// While the store does not answer (local fallback): since when, the next local slot, the
     /// local admissions (their slots), the last attempt to rejoin.
     pub(super) outage: Option<Outage>,
-    /// After an outage: keep pacing at the share until then.
+    /// After an outage: keep pacing at the share until then (or until every holder has
+    /// rejoined: counted in a window begun after `rejoin_after`, on the store's clock).
     pub(super) pace_until: Option<Instant>,
+    /// When the last outage began, on the store's clock (see `pace_until`).
+    pub(super) rejoin_after: u64,
+    /// The last token handed out's slot (store's clock).
+    pub(super) last_slot: u64,
     /// The next slot of the share's pace (outage and rejoin).
     pub(super) pace_next: Option<Instant>,
     /// Local admissions during the outage, to charge on rejoining.
@@ -89,6 +94,10 @@ pub(super) struct Local {
 
 pub(super) struct Outage {
     pub(super) last_try: Instant,
+    /// The share's first slot: where the store's schedule ends, as this holder estimates it.
+    pub(super) start: Instant,
+    /// When the failed call was sent, on the store's clock (estimated; 0: unknown).
+    pub(super) since_store: u64,
 }
 
 impl Local {
@@ -136,16 +145,19 @@ impl Local {
         }
         // At most twice the last lease (a slow start: the holders are counted meanwhile).
         let last = self.last.map_or(1, |(g, _)| u64::from(g.tokens).max(1));
-        let n = n
+        let mut n = n
             .min(last.saturating_mul(2))
             .max(self.waiters.len() as u64)
             .max(1);
+        if let Some((_, _, most)) = self.spacing(now) {
+            n = n.min(u64::from(most));
+        }
         u32::try_from(n.min(u64::from(MAX_LEASE))).unwrap_or(MAX_LEASE)
     }
 
-    /// The share's pace while in an outage (or rejoining): the next slot at the rate divided
-    /// by the holders, no burst. `None` when no holder count is known yet.
-    pub(super) fn paced(&mut self, now: Instant, at: Instant) -> Option<Instant> {
+    /// The share's interval (µs): the slowest limit's, times the holders; `None` when no
+    /// holder count is known yet.
+    pub(super) fn share_every(&self) -> Option<u64> {
         let params = self.params?;
         if self.holders == 0 {
             return None;
@@ -157,6 +169,40 @@ impl Local {
             .max()
             .unwrap_or(0)
             .saturating_mul(self.holders);
+        Some(every)
+    }
+
+    /// Rejoining after an outage (the first call, then until every holder has or the window
+    /// ends), the leases' tokens are spaced at the share, as many as fit the main limit's
+    /// burst window (so that they never move the bucket's schedule past what its tolerance
+    /// holds): `(spacing, the first slot's earliest, the most tokens)`, on the store's clock.
+    pub(super) fn spacing(&self, now: Instant) -> Option<(u64, u64, u32)> {
+        if self.outage.is_none() && self.pace_until.is_none_or(|u| now >= u) {
+            return None;
+        }
+        let every = self.share_every()?.max(1);
+        let tolerance = self.params?.limits().first().map_or(0, |l| l.tolerance_us);
+        let last = self
+            .tokens
+            .back()
+            .map_or(self.last_slot, |t| t.res.slot.max(self.last_slot));
+        let mut after = if last == 0 {
+            0
+        } else {
+            last.saturating_add(every)
+        };
+        // After the outage's own local slots still ahead.
+        if let Some(next) = self.pace_next.and_then(|p| self.store_now(p)) {
+            after = after.max(next);
+        }
+        let most = u32::try_from((tolerance / every).max(1)).unwrap_or(u32::MAX);
+        Some((every, after, most))
+    }
+
+    /// The share's pace while in an outage: the next slot at the rate divided by the
+    /// holders, no burst. `None` when no holder count is known yet.
+    pub(super) fn paced(&mut self, now: Instant, at: Instant) -> Option<Instant> {
+        let every = self.share_every()?;
         let slot = self.pace_next.map_or(at, |n| n.max(at)).max(now);
         self.pace_next = Some(slot + Duration::from_micros(every));
         Some(slot)
@@ -175,23 +221,11 @@ impl Local {
         now: Instant,
         max_wait: Duration,
     ) -> Option<Result<Reply, StoreError>> {
-        // Rejoining after an outage, the share's pace bounds the rate: a token is used late
-        // rather than dropped.
-        // ... and after the window while the tokens are still behind the pace (used at once,
-        // they would be a burst): it ends once they have caught up with it.
-        let behind = self
-            .pace_next
-            .zip(self.tokens.front())
-            .is_some_and(|(p, t)| t.at < p && self.pace_until.is_some());
-        let pacing = self.pace_until.is_some_and(|u| now < u) || behind;
-        if !pacing {
-            self.expire(now);
-        }
+        // (Rejoining after an outage, the share's pace is in the tokens' slots: see
+        // `spacing`. A token is never used late.)
+        self.expire(now);
         let token = *self.tokens.front()?;
-        let mut at = token.at.max(self.blocked_until.unwrap_or(token.at));
-        if pacing {
-            at = self.paced(now, at).unwrap_or(at);
-        }
+        let at = token.at.max(self.blocked_until.unwrap_or(token.at));
         let wait = at.saturating_duration_since(now);
         if wait > max_wait {
             return Some(Ok(Reply(rule::Reply::Admit(Admission::Refused {
@@ -200,6 +234,7 @@ impl Local {
             }))));
         }
         self.tokens.pop_front();
+        self.last_slot = self.last_slot.max(token.res.slot);
         Some(Ok(Reply(rule::Reply::Admit(if wait.is_zero() {
             Admission::Admitted
         } else {
@@ -217,7 +252,8 @@ impl Local {
 
     /// During an outage: an admission at the share's pace (`None`: no share known).
     pub(super) fn take_local(&mut self, now: Instant, max_wait: Duration) -> Option<Served> {
-        let after = self.last_token_end().unwrap_or(now);
+        let start = self.outage.as_ref().map_or(now, |o| o.start);
+        let after = self.last_token_end().unwrap_or(now).max(start);
         let pace = self.pace_next;
         let at = self.paced(now, after.max(self.blocked_until.unwrap_or(after)))?;
         let wait = at.saturating_duration_since(now);
@@ -232,6 +268,37 @@ impl Local {
         }
         self.outage_sent.push_back(at);
         Some(Served::At(at))
+    }
+
+    /// Where the store's schedule ends, for an outage noticed by a call sent at `sent`: the
+    /// other holders' tokens, granted after this holder's last lease, run until then, so
+    /// the share starts after them. This holder cannot see those leases: the schedule is
+    /// taken to have run as far ahead of the store's clock as it did at its last lease, or
+    /// to hold one lease as large as its own per other holder after it, whichever ends
+    /// later.
+    pub(super) fn schedule_end(&self, sent: Instant) -> Instant {
+        let (Some((g, at)), Some(params)) = (&self.last, &self.params) else {
+            return sent;
+        };
+        let limits = params.limits();
+        let pace = limits.iter().map(|l| l.interval_us).max().unwrap_or(0);
+        // Its last slot, ahead of the store's clock at that lease.
+        let lead = limits
+            .iter()
+            .zip(g.end_tat)
+            .map(|(l, tat)| tat.saturating_sub(l.tolerance_us).saturating_sub(g.now))
+            .max()
+            .unwrap_or(0);
+        // Kept that far ahead until the call that failed (the holders keep it so while they
+        // are busy) ...
+        let kept = sent + Duration::from_micros(lead.saturating_add(pace));
+        // ... or every other holder took one lease as large as this one after it.
+        let others = self.holders.saturating_sub(1);
+        let after = u64::from(g.tokens)
+            .saturating_mul(others)
+            .saturating_mul(pace)
+            .saturating_add(pace);
+        kept.max(*at + Duration::from_micros(lead.saturating_add(after)))
     }
 
     pub(super) fn last_token_end(&self) -> Option<Instant> {
@@ -251,6 +318,15 @@ impl Local {
         } else {
             lease.holders
         };
+        // Every holder of before is back (counted in a window begun after the outage):
+        // the store's schedule covers them all again, the share's pace can end.
+        if rejoining
+            && self.rejoin_after > 0
+            && lease.window > self.rejoin_after
+            && lease.counted >= self.holders
+        {
+            self.pace_until = Some(at);
+        }
         for (slot, tat) in lease_slots(&lease, params) {
             let res = Reservation {
                 slot,

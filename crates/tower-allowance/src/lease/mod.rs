@@ -19,23 +19,32 @@
 //! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
 //! cooldown moves them past its end; a closure drops them). Retries (they spend the shared
 //! retry budget), requests of a cost above one, requests with a `not_before`, and allowances
-//! with an adaptive rate go to the store as without a lease.
+//! with an adaptive rate go to the store as without a lease. So do the admissions of an
+//! allowance with classes (feature `shares`): the store decides whose turn each slot is
+//! (priority, then weighted fair share), so each is one store call, behind the tokens
+//! leased.
 //!
 //! # Outages
 //!
 //! With [`Lease::local_fallback`], a store that does not answer does not stop admissions:
 //! the process admits from its lease, then at its share of the rate: the rate divided by the
 //! holders the store counted in its last window (a heartbeat every lease call carries), with
-//! no burst. It asks the store again in the background; the first answer charges what it
-//! admitted meanwhile (the tokens within the last burst window), and for one holders' window
-//! after that it keeps pacing at its share too, until every process has rejoined.
+//! no burst, from where the store's schedule ends (the other holders' leased tokens still go
+//! out; this holder estimates it from its last lease). It asks the store again in the
+//! background. Its first answer charges the bucket with what the fleet may have sent at the
+//! fallback's pace since that lease, capped at an empty bucket as of now, without waiting
+//! for the other holders' calls (the rule's `GrantRequest::rejoin`),
+//! then its own local slots still ahead. Until every holder of before has called again (or
+//! for one holders' window), its leases are spaced at its share in the store, so that no
+//! token is used late and the end of the pace makes no burst.
 //!
 //! # Stale calls
 //!
 //! Every lease call carries the instant, on the store's clock, after which it must not be
 //! applied ([`Lease::call_timeout`] after it was sent, estimated from the last reply): a call
 //! delayed past it (a partition, a paused server) is refused by the store unapplied, so it
-//! reserves nothing for a caller that has gone.
+//! reserves nothing for a caller that has gone. A call not answered in twice that time is
+//! given up here (an outage, with the local fallback), whatever the store's own timeout.
 //!
 //! ```
 //! use std::time::Duration;
@@ -210,20 +219,20 @@ impl<S: Store> Inner<S> {
         let mut req = GrantRequest::new(n)
             .mark(local.mark)
             .known_generation(local.generation);
+        if let Some((every, after, _)) = local.spacing(now) {
+            req = req.spaced(every, after);
+        }
         if let Some(store_now) = local.store_now(now) {
             let timeout = u64::try_from(self.lease.get_call_timeout().as_micros()).unwrap_or(0);
             req = req.valid_until_us(store_now.saturating_add(timeout).max(1));
         }
-        if local.outage.is_some() || !local.outage_sent.is_empty() {
-            // What was admitted locally within the last burst window (and ahead): charged.
-            let window = local
-                .params
-                .map_or(0, |p| p.limits().first().map_or(0, |l| l.tolerance_us));
-            let since = now
-                .checked_sub(Duration::from_micros(window))
-                .unwrap_or(now);
-            let debit = local.outage_sent.iter().filter(|t| **t >= since).count();
-            req = req.debit(u32::try_from(debit).unwrap_or(u32::MAX));
+        if let (Some(_), Some((last, _))) = (&local.outage, &local.last) {
+            // Rejoining: the fleet's fallback charged (see `GrantRequest::rejoin`), then the
+            // local admissions still ahead.
+            let debit = local.outage_sent.iter().filter(|t| **t > now).count();
+            req = req
+                .rejoin(last)
+                .debit(u32::try_from(debit).unwrap_or(u32::MAX));
         }
         req
     }
@@ -240,12 +249,18 @@ impl<S: Store> Inner<S> {
         let now = Instant::now();
         match reply {
             Ok(Reply(rule::Reply::Grant(Grant::Granted(lease)))) => {
-                if local.outage.take().is_some() || !local.outage_sent.is_empty() {
+                if let Some(outage) = local.outage.take() {
+                    local.rejoin_after = outage.since_store;
+                    tracing::debug!(
+                        sent = local.outage_sent.len(),
+                        holders = lease.holders,
+                        counted = lease.counted,
+                        "the lease store answers again: rejoined, pacing at the share until every holder has"
+                    );
                     // Rejoined: keep the share's pace for a window, until every process has.
                     local.outage_sent.clear();
                     local.pace_until = Some(now + Duration::from_micros(HOLDER_WINDOW_US));
                 }
-                let _ = sent;
                 local.take_in(lease, now, params);
             }
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
@@ -268,9 +283,23 @@ impl<S: Store> Inner<S> {
             Err(e)
                 if e.is_unavailable() && self.lease.get_local_fallback() && local.holders > 0 =>
             {
+                if local.outage.is_none() {
+                    tracing::debug!(
+                        holders = local.holders,
+                        share_in_ms = local.schedule_end(sent).saturating_duration_since(now).as_millis(),
+                        error = %e,
+                        "the lease store does not answer: admitting at this holder's share"
+                    );
+                }
+                let start = local.schedule_end(sent);
+                let since_store = local.store_now(sent).unwrap_or(0);
                 local
                     .outage
-                    .get_or_insert(Outage { last_try: now })
+                    .get_or_insert(Outage {
+                        last_try: now,
+                        start,
+                        since_store,
+                    })
                     .last_try = now;
             }
             Err(e) => {
@@ -338,9 +367,18 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
         return;
     }
     let fut = inner.store.apply(params, op);
+    // A call that has not answered in twice the call timeout is given up (it cannot apply
+    // later: its valid-until has passed), so that a store call that hangs does not hold
+    // the lease, and the outage's share and the rejoin go on.
+    let give_up = inner.lease.get_call_timeout().saturating_mul(2);
     let weak: Weak<Inner<S>> = Arc::downgrade(inner);
     tokio::spawn(async move {
-        let reply = fut.await;
+        let reply = match tokio::time::timeout(give_up, fut).await {
+            Ok(reply) => reply,
+            Err(_) => Err(StoreError::unavailable(
+                "the lease call did not answer in twice its timeout",
+            )),
+        };
         if let Some(inner) = weak.upgrade() {
             let mut local = inner.lock();
             inner.answered(&mut local, now, reply, &rule_params);

@@ -359,3 +359,189 @@ async fn a_cooldown_raised_in_an_outage_holds_here() {
         start.elapsed()
     );
 }
+
+/// The share starts where the store's schedule ends, not where this holder's own tokens do:
+/// the other holders' tokens granted after its last lease still go out (the old code sent
+/// its first share at its own last slot, on top of the other holder's lease).
+#[tokio::test(start_paused = true)]
+async fn an_outage_s_share_starts_after_the_other_holders_tokens() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let down = Arc::new(AtomicBool::new(false));
+    let flaky = Flaky {
+        store: Arc::new(MemoryStore::new()),
+        down: down.clone(),
+    };
+    let lease = Lease::fixed(10, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let (a, b) = (
+        LeaseStore::new(flaky.clone(), lease),
+        LeaseStore::new(flaky, lease),
+    );
+    let start = Instant::now();
+    // Round robin, 10 ms slots: a's [0, 50], b's [60, 150], then (each asks for its next
+    // lease as its tokens run low) a's [160, 250], b's [260, 350].
+    admit(&a, &params);
+    admit(&b, &params);
+    for store in [&a, &b] {
+        while store.lease_calls() < 2 {
+            admit(store, &params);
+        }
+    }
+    assert_eq!(a.holders(), 2);
+    down.store(true, Ordering::SeqCst);
+    // a spends its tokens; its next call fails; the share begins after b's.
+    let op = || Op(rule::Op::Admit(AdmitRequest::first()));
+    while !a.in_outage() || a.tokens_held() > 0 {
+        a.apply(&params, op()).await.expect("from the lease");
+    }
+    a.apply(&params, op()).await.expect("at the share");
+    let first = start.elapsed();
+    assert!(
+        first > Duration::from_millis(350),
+        "the share's first admission at {first:?}, inside b's tokens"
+    );
+}
+
+/// A rejoining holder marks the bucket as the fleet's fallback left it (spent at the rate
+/// since its last lease, which had taken the bucket past empty) with its own first call,
+/// before the other holders' calls come in: the old debit (its own sends of the last burst
+/// window) left half the burst free for the first lease.
+#[tokio::test(start_paused = true)]
+async fn a_rejoin_empties_the_bucket_before_the_others_rejoin() {
+    let c = config(100, 20);
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let flaky = Flaky {
+        store: memory.clone(),
+        down: down.clone(),
+    };
+    let lease = |n| {
+        Lease::fixed(n, Duration::from_millis(200))
+            .expect("valid")
+            .local_fallback(true)
+    };
+    let b = LeaseStore::new(flaky.clone(), lease(1));
+    let a = LeaseStore::new(flaky, lease(40));
+    admit(&b, &params);
+    // 40 tokens: the schedule runs 400 ms ahead, past the 200 ms burst window.
+    admit(&a, &params);
+    assert_eq!(a.holders(), 2);
+    down.store(true, Ordering::SeqCst);
+    // The lease, then the share (20 ms apart) until a second has passed; b is silent here,
+    // and whatever it sent is not known.
+    let allowance = Allowance::with_store(c, a.clone());
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(1) {
+        allowance.acquire().await.expect("admitted in the outage");
+    }
+    down.store(false, Ordering::SeqCst);
+    while a.in_outage() {
+        allowance.acquire().await.expect("admitted");
+    }
+    // The lease taken on rejoining starts after an empty bucket's next slot, 10 ms away.
+    let first = a.next_token_in().expect("a lease is held");
+    assert!(
+        first >= Duration::from_millis(10),
+        "the rejoin's lease starts {first:?} from now: the bucket was not empty"
+    );
+}
+
+/// With classes (feature `shares`) the store decides whose turn a slot is (priority, then
+/// weighted fair share, next to the bucket): a classed admission is not served from the
+/// lease but goes to the store, one call each, and waits behind the tokens other holders
+/// leased (they were taken from the bucket up front).
+#[cfg(feature = "shares")]
+#[tokio::test(start_paused = true)]
+async fn classed_admissions_go_to_the_store_behind_the_leases() {
+    use crate::{
+        shares::{Class, Share},
+        AcquireOptions,
+    };
+    let memory = Arc::new(MemoryStore::new());
+    let lease = Lease::fixed(20, Duration::from_millis(200)).expect("valid");
+    // Holder a, without classes, leases 20 tokens of 100/s burst 5: slots up to 150 ms.
+    let a = LeaseStore::new(memory.clone(), lease);
+    let params = *config(100, 5).params();
+    admit(&a, &params);
+    assert_eq!(a.lease_calls(), 1);
+    // Holder b, with classes, over the same bucket.
+    let classed = config(100, 5)
+        .with_class("live", Share::weight(1).expect("valid").high())
+        .expect("valid")
+        .with_class("bulk", Share::weight(3).expect("valid"))
+        .expect("valid");
+    let b = LeaseStore::new(memory, lease);
+    let allowance = Allowance::with_store(classed, b.clone());
+    let start = Instant::now();
+    for class in ["live", "bulk", "live"] {
+        let options = AcquireOptions::new().class(&Class::new(class));
+        allowance.acquire_with(options).await.expect("admitted");
+    }
+    assert_eq!(b.lease_calls(), 0, "no lease for classed admissions");
+    assert_eq!(b.tokens_held(), 0);
+    // Behind a's 20 tokens: the first classed slot is the 21st, at 160 ms.
+    assert!(
+        start.elapsed() >= Duration::from_millis(180),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A store whose calls hang (never answer) while `hang` is set, and that answers nothing
+/// synchronously (as Redis).
+#[derive(Debug, Clone)]
+struct Hanging {
+    store: Arc<MemoryStore>,
+    hang: Arc<AtomicBool>,
+}
+
+impl Store for Hanging {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        if self.hang.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.store.apply(params, op)
+    }
+}
+
+/// A lease call that never answers is given up after twice the call timeout: the holder
+/// falls back at its share and rejoins once the store answers again (the old code waited
+/// for that call for ever: no share, no rejoin).
+#[tokio::test(start_paused = true)]
+async fn a_lease_call_that_hangs_is_given_up() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let hang = Arc::new(AtomicBool::new(false));
+    let store = Hanging {
+        store: Arc::new(MemoryStore::new()),
+        hang: hang.clone(),
+    };
+    let lease = Lease::fixed(1, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let a = LeaseStore::new(store, lease);
+    let op = || Op(rule::Op::Admit(AdmitRequest::first()));
+    a.apply(&params, op()).await.expect("a first lease");
+    hang.store(true, Ordering::SeqCst);
+    let allowance = Allowance::with_store(c, a.clone());
+    let within = Duration::from_secs(5);
+    for _ in 0..5 {
+        tokio::time::timeout(within, allowance.acquire())
+            .await
+            .expect("the hanging call was given up")
+            .expect("admitted at the share");
+    }
+    assert!(a.in_outage());
+    hang.store(false, Ordering::SeqCst);
+    let start = Instant::now();
+    while a.in_outage() {
+        tokio::time::timeout(within, allowance.acquire())
+            .await
+            .expect("not stuck")
+            .expect("admitted");
+        assert!(start.elapsed() < within, "never rejoined");
+    }
+}

@@ -34,8 +34,21 @@ pub struct GrantRequest {
     pub back_generation: u64,
     /// See `back_generation`.
     pub back_rebased: u64,
-    /// Tokens admitted locally during an outage, charged to the bucket first.
+    /// Tokens admitted locally during an outage (rejoining: those whose slot is still
+    /// ahead), charged to the bucket after the rejoin's mark.
     pub debit: u32,
+    /// Rejoining after an outage: the store's clock at the holder's last grant before it,
+    /// plus one (0: not rejoining), and each limit's arrival time after that grant. See
+    /// [`GrantRequest::rejoin`].
+    pub since_us: u64,
+    /// See `since_us`.
+    pub since_tat: [u64; MAX_LIMITS],
+    /// At least this long between the tokens' slots (0: none), the first no earlier than
+    /// `after_us` (the store's clock): a holder pacing at its share (rejoining after an
+    /// outage) takes tokens it will use at their slots, never late.
+    pub spacing_us: u64,
+    /// See `spacing_us`.
+    pub after_us: u64,
     /// The generation of the state the holder last heard of (0: none), as
     /// [`AdmitRequest::known_generation`](super::AdmitRequest::known_generation).
     pub known_generation: u64,
@@ -55,7 +68,18 @@ impl GrantRequest {
             back_rebased: 0,
             debit: 0,
             known_generation: 0,
+            since_us: 0,
+            since_tat: [0; MAX_LIMITS],
+            spacing_us: 0,
+            after_us: 0,
         }
+    }
+
+    /// Slots at least `spacing_us` apart, the first no earlier than `after_us`.
+    pub const fn spaced(mut self, spacing_us: u64, after_us: u64) -> Self {
+        self.spacing_us = spacing_us;
+        self.after_us = after_us;
+        self
     }
 
     /// The generation of the state the holder last heard of (0: none).
@@ -97,6 +121,20 @@ impl GrantRequest {
         self.debit = tokens;
         self
     }
+
+    /// Rejoins after an outage that began after the lease `last` (this holder's last): every
+    /// limit is charged with what the fleet may have sent meanwhile at the fallback's pace,
+    /// whether or not the other holders have rejoined yet. The schedule is taken to have
+    /// kept moving since `last` at the pace (the slowest limit's rate, at which the holders
+    /// fall back in total), so each limit's arrival time becomes at least `last`'s end plus
+    /// the time since (scaled to the limit's rate), and at most an empty bucket as of now;
+    /// the [`debit`](Self::debit) (the local admissions still ahead) is charged after it.
+    /// Never fuller than it was: a limit already past that mark keeps its time.
+    pub const fn rejoin(mut self, last: &Granted) -> Self {
+        self.since_us = last.now.saturating_add(1);
+        self.since_tat = last.end_tat;
+        self
+    }
 }
 
 /// A lease: `tokens` tokens, the i-th (from 0) at the slot [`schedule`] gives the i-th of
@@ -107,8 +145,10 @@ pub struct Granted {
     pub tokens: u32,
     /// The store's clock when it decided.
     pub now: u64,
-    /// The earliest slot (the cooldown's end, or now).
+    /// The earliest slot (the cooldown's end, or now, or the request's `after_us`).
     pub t0: u64,
+    /// The least time between the slots (the request's `spacing_us`).
+    pub spacing: u64,
     /// Each limit's arrival time before the lease.
     pub tat: [u64; MAX_LIMITS],
     /// After the lease.
@@ -125,6 +165,10 @@ pub struct Granted {
     pub holders: u64,
     /// The window this holder is counted in now (its next `mark`).
     pub window: u64,
+    /// Distinct holders counted in that window so far, this one included: once every
+    /// holder of before an outage is counted again in a window begun after it, every one
+    /// has rejoined.
+    pub counted: u64,
 }
 
 /// The answer to [`Op::Grant`](super::Op::Grant).
@@ -139,8 +183,9 @@ pub enum Grant {
     Stale,
 }
 
-/// Counts the holder in the current window (once per window).
-fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64) {
+/// Counts the holder in the current window (once per window): the live holders, the
+/// window, the holders counted in it so far.
+fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64, u64) {
     if state.holders[0] == 0 || now >= state.holders[0].saturating_add(HOLDER_WINDOW_US) {
         state.holders[2] = if now < state.holders[0].saturating_add(2 * HOLDER_WINDOW_US) {
             state.holders[1]
@@ -156,6 +201,7 @@ fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64) {
     (
         state.holders[1].max(state.holders[2]).max(1),
         state.holders[0],
+        state.holders[1],
     )
 }
 
@@ -164,7 +210,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
     if req.valid_until_us != 0 && now > req.valid_until_us {
         return Grant::Stale;
     }
-    let (holders, window) = heartbeat(state, now, req.mark);
+    let (holders, window, counted) = heartbeat(state, now, req.mark);
     let n = params.limit_count;
     let limits = effective_limits(state, now, params);
     // The give-back: only from the tail (a later grant or reservation keeps it).
@@ -186,6 +232,22 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
             }
         }
     }
+    // Rejoining: the bucket as the fleet's fallback may have left it (see `rejoin`).
+    if req.since_us > 0 {
+        let pace = limits[..n]
+            .iter()
+            .map(|l| l.interval_us)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let elapsed = u128::from(now.saturating_sub(req.since_us - 1));
+        for (l, limit) in limits[..n].iter().enumerate() {
+            let spent = elapsed * u128::from(limit.interval_us) / u128::from(pace);
+            let moved = req.since_tat[l].saturating_add(u64::try_from(spent).unwrap_or(u64::MAX));
+            let empty = now.saturating_add(limit.tolerance_us);
+            state.tat[l] = state.tat[l].max(moved.min(empty));
+        }
+    }
     // The debit: tokens sent during an outage, charged as if admitted now.
     if req.debit > 0 {
         for (l, limit) in limits[..n].iter().enumerate() {
@@ -197,6 +259,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
         tokens: 0,
         now,
         t0: now,
+        spacing: req.spacing_us,
         tat: state.tat,
         end_tat: state.tat,
         generation: state.generation,
@@ -205,6 +268,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
         returned,
         holders,
         window,
+        counted,
     };
     if req.tokens == 0 {
         return Grant::Granted(granted);
@@ -212,13 +276,14 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
     if let Some(answer) = closed(state.closed_until, state.closed_by, now) {
         return Grant::Denied(answer);
     }
-    let t0 = now.max(state.blocked_until);
+    let t0 = now.max(state.blocked_until).max(req.after_us);
     granted.t0 = t0;
     let mut tat = state.tat;
     let mut last = 0;
     let mut k = 0;
+    let mut from = t0;
     while k < req.tokens.min(MAX_GRANT) {
-        let Some((at, next)) = schedule(&tat[..n], &limits[..n], now, t0, 1) else {
+        let Some((at, next)) = schedule(&tat[..n], &limits[..n], now, from, 1) else {
             return Grant::Denied(Admission::TooCostly);
         };
         if at - now > req.max_wait_us {
@@ -232,6 +297,7 @@ pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantReq
         }
         tat[..n].copy_from_slice(&next[..n]);
         last = at;
+        from = from.max(at.saturating_add(req.spacing_us));
         k += 1;
     }
     state.tat = tat;
@@ -247,11 +313,13 @@ pub fn lease_slots(lease: &Granted, params: &Params) -> Vec<(u64, [u64; MAX_LIMI
     let n = params.limit_count;
     let mut tat = lease.tat;
     let mut out = Vec::with_capacity(lease.tokens as usize);
+    let mut from = lease.t0;
     for _ in 0..lease.tokens {
-        let Some((at, next)) = schedule(&tat[..n], params.limits(), lease.now, lease.t0, 1) else {
+        let Some((at, next)) = schedule(&tat[..n], params.limits(), lease.now, from, 1) else {
             break;
         };
         tat[..n].copy_from_slice(&next[..n]);
+        from = from.max(at.saturating_add(lease.spacing));
         out.push((at, tat));
     }
     out
