@@ -308,9 +308,8 @@ impl Exhausted {
 impl fmt::Display for Exhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = self.reason().describe();
-        let left = self
-            .until
-            .map(|u| u.saturating_duration_since(Instant::now()));
+        let now = Instant::now();
+        let left = self.until.map(|u| u.saturating_duration_since(now));
         match left {
             Some(left) => write!(f, "allowance exhausted ({why}); reopens in {left:?}"),
             None => write!(f, "allowance exhausted ({why}) until cleared"),

@@ -249,9 +249,8 @@ where
             State::Called { .. } => "sent",
             State::Done => "done",
         };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish()
+        let mut f = f.debug_struct("ResponseFuture");
+        f.field("state", &state).finish()
     }
 }
 
@@ -266,21 +265,11 @@ where
         let mut this = self.project();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Start { start } => match start.take().map(|s| s.begin(cx)) {
-                    Some(Ok(next)) => next,
-                    Some(Err(e)) => {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(e));
-                    }
+                StateProj::Start { start } => match start.take() {
+                    Some(start) => start.begin(cx),
                     None => panic!("admission future polled after completion"),
                 },
-                StateProj::Waiting { waiting } => match ready!(waiting.as_mut().poll_call(cx)) {
-                    Ok(called) => called,
-                    Err(e) => {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(e));
-                    }
-                },
+                StateProj::Waiting { waiting } => ready!(waiting.as_mut().poll_call(cx)),
                 StateProj::Called { future, record, at } => {
                     let result = ready!(future.poll(cx));
                     if let Some((shared, slot)) = at.as_deref() {
@@ -296,7 +285,13 @@ where
                 }
                 StateProj::Done => panic!("admission future polled after completion"),
             };
-            this.state.set(next);
+            match next {
+                Ok(next) => this.state.set(next),
+                Err(e) => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(Err(e));
+                }
+            }
         }
     }
 }

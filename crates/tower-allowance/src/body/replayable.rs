@@ -113,9 +113,7 @@ impl<B: 'static> Replay<B> {
     where
         F: Fn() -> B + Send + Sync + 'static,
     {
-        Self {
-            source: Arc::new(FromFn(rebuild)),
-        }
+        Self::of(FromFn(rebuild))
     }
 
     /// Replays `body` through a [`ReplayBody`] that keeps a copy of up to `cap` bytes while
@@ -138,10 +136,7 @@ impl<B: 'static> Replay<B> {
             rebuild,
         };
         let first = (copy.rebuild)(body);
-        let replay = Self {
-            source: Arc::new(copy),
-        };
-        (first, Some(replay))
+        (first, Some(Self::of(copy)))
     }
 
     /// A `Replay<C>` that makes each body with `f` from one of these, for wrapper types.
@@ -150,9 +145,12 @@ impl<B: 'static> Replay<B> {
         C: 'static,
         F: Fn(B) -> C + Send + Sync + 'static,
     {
-        Replay {
-            source: Arc::new(Mapped { replay: self, f }),
-        }
+        Replay::of(Mapped { replay: self, f })
+    }
+
+    fn of(source: impl Source<B> + Send + Sync + 'static) -> Self {
+        let source = Arc::new(source);
+        Self { source }
     }
 }
 

@@ -142,11 +142,9 @@ impl Limit {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn exact(self) -> Self {
-        Self {
-            exact: true,
-            ..self
-        }
+    pub fn exact(mut self) -> Self {
+        self.exact = true;
+        self
     }
 
     /// What the rule decides with: the configured parameters and the headroom (a burst above

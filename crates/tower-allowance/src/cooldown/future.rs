@@ -82,9 +82,8 @@ impl<F, RB, C> std::fmt::Debug for ResponseFuture<F, RB, C> {
             State::Recording { .. } => "recording a cooldown",
             State::Done => "done",
         };
-        f.debug_struct("ResponseFuture")
-            .field("state", &state)
-            .finish_non_exhaustive()
+        let mut f = f.debug_struct("ResponseFuture");
+        f.field("state", &state).finish_non_exhaustive()
     }
 }
 

@@ -216,9 +216,8 @@ impl<C> RetryPolicy<C> {
         }
         // A closed allowance refuses whatever the request's own limits say: its reason. The
         // server's wait is when to come back.
-        let closed = |policy: &PolicyShared<C>, r| {
-            Plan::Abandon(policy.allowance.shared.or_closed(r, server_delay))
-        };
+        let closed =
+            |p: &PolicyShared<C>, r| Plan::Abandon(p.allowance.shared.or_closed(r, server_delay));
         if self.attempts >= self.config().max_attempts.get() {
             return closed(&self.shared, AbandonReason::MaxAttempts);
         }
@@ -353,10 +352,7 @@ impl<C: Classify> RetryPolicy<C> {
                 };
                 extensions.insert(record);
                 // ... or the policy does.
-                let sleep = match not_before {
-                    Some(d) if !over => sleep.saturating_add(d),
-                    _ => sleep,
-                };
+                let sleep = sleep.saturating_add(not_before.filter(|_| !over).unwrap_or_default());
                 Some(RetryWait::after(sleep))
             }
         }

@@ -86,10 +86,8 @@ impl<S> Prepare<S> {
     /// Wraps `inner`, preparing requests for `policy` (the policy of the `Retry` that
     /// `inner` is, or holds).
     pub fn new<C>(inner: S, policy: &RetryPolicy<C>) -> Self {
-        Self {
-            inner,
-            config: policy.config_handle().clone(),
-        }
+        let config = policy.config_handle().clone();
+        Self { inner, config }
     }
 
     inner_accessors!();

@@ -258,12 +258,8 @@ impl Shared {
         if deferred.extended {
             self.stats.deferred.fetch_add(1, Ordering::Relaxed);
             self.stats.metrics.cooldown(deferred.blocked_for);
-            let blocked_for = deferred.blocked_for;
-            tracing::info!(
-                allowance = self.name(),
-                ?blocked_for,
-                "allowance cooling down"
-            );
+            let (allowance, blocked_for) = (self.name(), deferred.blocked_for);
+            tracing::info!(allowance, ?blocked_for, "allowance cooling down");
             if let Some(until) = now.checked_add(deferred.blocked_for) {
                 // Its end is logged by the first admission after it (`Holders::ended`).
                 self.holders.learn_cooldown(until);
@@ -319,14 +315,12 @@ impl Shared {
 
     /// A response's `Date` was not trusted: warn once per allowance.
     pub(crate) fn warn_untrusted_date(&self) {
+        let allowance = self.name();
         if self.warned_date.swap(true, Ordering::Relaxed) {
-            tracing::debug!(
-                allowance = self.name(),
-                "response Date not trusted; local clock used"
-            );
+            tracing::debug!(allowance, "response Date not trusted; local clock used");
         } else {
             tracing::warn!(
-                allowance = self.name(),
+                allowance,
                 "a response's Date header is unparseable or too far from the local clock: \
                  its absolute times are measured against the local clock instead"
             );

@@ -154,11 +154,8 @@ impl Stats {
     pub(crate) fn abandon(&self, reason: AbandonReason) {
         self.abandoned[reason.index()].fetch_add(1, Ordering::Relaxed);
         self.metrics.abandoned(reason);
-        tracing::debug!(
-            allowance = &*self.name,
-            reason = reason.as_str(),
-            "request abandoned"
-        );
+        let (allowance, reason) = (&*self.name, reason.as_str());
+        tracing::debug!(allowance, reason, "request abandoned");
     }
 }
 

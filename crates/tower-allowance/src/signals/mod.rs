@@ -373,9 +373,8 @@ impl Dialect {
 
     /// This dialect and `reader`.
     pub const fn with(self, reader: Reader) -> Self {
-        Self {
-            readers: self.readers | reader.bit(),
-        }
+        let readers = self.readers | reader.bit();
+        Self { readers }
     }
 
     /// Whether `reader` is in this dialect.

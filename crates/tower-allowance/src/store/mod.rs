@@ -76,9 +76,7 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc};
 
 use tokio::time::Instant;
 
-use crate::BoxError;
-
-use crate::rule;
+use crate::{rule, BoxError};
 
 pub(crate) mod cell;
 mod memory;
@@ -253,9 +251,8 @@ impl Watcher {
 
 impl fmt::Debug for Watcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watcher")
-            .field("alive", &self.is_alive())
-            .finish()
+        let alive = self.is_alive();
+        f.debug_struct("Watcher").field("alive", &alive).finish()
     }
 }
 
