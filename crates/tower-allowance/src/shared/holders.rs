@@ -344,8 +344,11 @@ impl Holders {
     /// order; wakes the holders it moved or doomed.
     pub(crate) fn event(&self, event: Event) {
         let mut wake = Vec::new();
-        let mut r = self.lock();
+        let (mut r, now) = (self.lock(), Instant::now());
         r.adopt(event.generation(), &self.generation, &mut wake);
+        // A spare whose slot has passed was spent where the store counted it: no event moves
+        // it into the future (a cooldown's would put it beside the restart's burst).
+        (r.entries).retain(|_, e| !e.spare || e.at > now);
         // Keep the log ordered by epoch, without duplicates.
         let pos = r.log.partition_point(|e| e.epoch() < event.epoch());
         if r.log.get(pos).is_none_or(|e| e.epoch() != event.epoch()) {
@@ -401,6 +404,8 @@ impl Holders {
             }
         } else {
             r.adopt(generation, &self.generation, &mut wake);
+            let now = Instant::now();
+            (r.entries).retain(|_, e| !e.spare || e.at > now);
             r.known.blocked_until = r.known.blocked_until.max(Some(blocked_until));
             let Registry { entries, log, .. } = &mut *r;
             for entry in entries.values_mut() {
