@@ -822,8 +822,9 @@ fn retry_after(res: &mut Response<Full<Bytes>>, mode: RetryAfterMode, now: Syste
             res.headers_mut().insert(header::RETRY_AFTER, secs.into());
         }
         RetryAfterMode::HttpDate(ahead) => {
-            // `Date` comes from the same wall-clock reading, so a client computes exactly
-            // `ahead` seconds.
+            // `Date` comes from the same wall-clock reading: both name whole seconds, so the
+            // date is `ahead` seconds after `Date`'s second, and `ahead - 1` to `ahead`
+            // seconds after the reading (what a client refining it by its clock waits).
             let at = now + Duration::from_secs(ahead);
             for (name, t) in [(header::DATE, now), (header::RETRY_AFTER, at)] {
                 if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(t)) {
