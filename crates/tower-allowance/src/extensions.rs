@@ -63,10 +63,9 @@ fn far_future(now: Instant) -> Instant {
 /// | [`cooled`](Self::cooled), [`cooldowns`](Self::cooldowns) | the admission layer (the part of each attempt's wait a cooldown held it, and whether one did), `RetryPolicy` (carrying them) | the caller: which waits were the server's |
 /// | [`request`](Self::request) | the admission layer (when it first names the request in a debug event), `RetryPolicy` (on a retry) | the admission layer and `RetryPolicy` (their debug events name the request by it), the caller |
 ///
-/// The request's class (feature `shares`) travels apart too: the request's
-/// [`Class`](crate::shares::Class), which the class layer
-/// ([`AllowanceLayer::class`](crate::AllowanceLayer::class)) also puts in the answer's
-/// extensions, beside this record.
+/// The request's class (feature `shares`) travels apart too: the request's `shares::Class`,
+/// which the class layer (`AllowanceLayer::class`) also puts in the answer's extensions,
+/// beside this record.
 ///
 /// The request's body for a retry travels apart (a [`Replay`](crate::body::Replay), typed by
 /// the body), and so does how a response was read (a
