@@ -188,7 +188,7 @@ pin_project! {
     /// let service = layer.layer(service_fn(|_req: http::Request<()>| async {
     ///     Ok::<_, Infallible>(http::Response::new(()))
     /// }));
-    /// let response = service.oneshot(http::Request::new(())).await.unwrap();
+    /// let response = service.oneshot(http::Request::new(())).await.expect("the inner service never fails");
     /// assert_eq!(response.extensions().get::<Class>(), Some(&Class::new("bulk")));
     /// # }
     /// ```
