@@ -64,14 +64,14 @@ pub(crate) async fn headroom_delays_the_burst_s_last<S: Store>(store: S) {
     assert_eq!(wait, 10 * MS);
 }
 
-/// Where the interval is shorter than 10 ms, the headroom is one interval, once: 1,000/s,
-/// burst 5, admits 4 at once, the 5th 1 ms later, then one every millisecond (the configured
-/// rate: the tolerance stays whole, so the slot grid costs nothing).
-pub(crate) async fn headroom_at_a_short_interval_is_one_interval<S: Store>(store: S) {
-    let (_, direct) = allowance(AllowanceConfig::per_second(1_000, 5).expect("valid"), store);
-    for i in 0..4 {
+/// Where the burst is shorter than 20 ms, the headroom is half of it, once: 1,000/s, burst 10
+/// (5 ms of headroom), admits 5 at once, the 6th 1 ms later, then one every millisecond (the
+/// configured rate: the tolerance stays whole, so the slot grid costs nothing).
+pub(crate) async fn headroom_at_a_short_interval_is_half_the_burst<S: Store>(store: S) {
+    let (_, direct) = allowance(AllowanceConfig::per_second(1_000, 10).expect("valid"), store);
+    for i in 0..5 {
         let adm = direct.admit(AdmitRequest::first()).await;
-        assert_eq!(adm, Admission::Admitted, "burst #{i} of 4");
+        assert_eq!(adm, Admission::Admitted, "burst #{i} of 5");
     }
     for i in 0..20u32 {
         let Admission::Reserved { wait, .. } = direct.admit(AdmitRequest::first()).await else {

@@ -126,7 +126,7 @@ where
     shared::quota_verdict_is_shared(make().await).await;
     shared::settled_only_when_the_rule_says(make().await).await;
     bucket::headroom_delays_the_burst_s_last(make().await).await;
-    bucket::headroom_at_a_short_interval_is_one_interval(make().await).await;
+    bucket::headroom_at_a_short_interval_is_half_the_burst(make().await).await;
     bucket::headroom_at_burst_one_is_a_50th_of_the_interval(make().await).await;
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
     shares::a_high_request_jumps_the_queue_by_one_slot(make().await).await;

@@ -571,9 +571,13 @@ mod tests {
         assert_eq!((c.burst(), c.interval()), (4, Duration::from_millis(50)));
         assert_eq!(limits(&c), (50_000, 200_000, 10_000));
         assert_eq!(limits(&c.clone().exact()), (50_000, 200_000, 0));
-        // An interval where that is shorter: 999/s at burst 2 keeps its tolerance whole.
+        // Half the burst where that is shorter: 999/s at burst 2 keeps its tolerance whole.
         let c = AllowanceConfig::per_second(999, 2).expect("valid");
         assert_eq!(limits(&c), (1_002, 2_004, 1_002));
+        let c = AllowanceConfig::per_second(1_000, 10).expect("valid");
+        assert_eq!(limits(&c), (1_000, 10_000, 5_000));
+        let c = AllowanceConfig::per_second(1_000, 100).expect("valid");
+        assert_eq!(limits(&c), (1_000, 100_000, 10_000));
         // Burst 1: a 50th of the interval between two sends, at most 10 ms.
         let c = AllowanceConfig::per_second(20, 1).expect("valid");
         assert_eq!(limits(&c), (50_000, 50_000, 1_000));

@@ -9,7 +9,7 @@ use crate::{
 };
 
 /// The headroom of a limit with a burst above 1, in time: its schedule moves this much later
-/// once per burst (one interval where the interval is shorter); see [Headroom](Limit#headroom).
+/// once per burst (half the burst's time where that is shorter); see [Headroom](Limit#headroom).
 /// Delivery jitter is a time (a descheduled client, timers firing together, a new
 /// connection), not a share of the interval: measured against a strict bucket on a loaded
 /// 2-core machine, 10 ms is the least that passed every round (see `BENCHMARKS.md`, §12).
@@ -34,11 +34,12 @@ pub(crate) const SHARED_BURST_ONE_US: u64 = 10_000;
 /// arrive early. Jitter is a time, not a share of the interval (a client descheduled, timers
 /// firing together, a new connection's handshake), so the headroom is a time too: with a
 /// burst above 1, an admission that finds the bucket full moves the schedule 10 ms later
-/// (one interval where the interval is shorter), which absorbs an arrival up to that much
-/// early. The price, precisely: whenever the burst is whole (at the start, after a quiet
-/// spell), its last request waits 10 ms, and the schedule after it is 10 ms later than
-/// without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one every 50 ms;
-/// a run of 200 requests ends 10 ms later); no request of the burst is lost and the steady
+/// (half the burst's time, burst × interval / 2, where that is shorter: at least one
+/// interval), which absorbs an arrival up to that much early. The price, precisely: whenever
+/// the burst is whole (at the start, after a quiet spell), the schedule is that much later
+/// than without headroom (burst 4 at 20/s: 3 at once, the 4th 10 ms later, then one every
+/// 50 ms; burst 100 at 1,000/s: 90 at once, then one every millisecond; a run of 200 requests
+/// ends 10 ms later); no request of the burst is lost and the steady
 /// rate is the configured one, at every rate (the tolerance stays whole, so reserved slots
 /// rounded up to the millisecond cost nothing). With a burst of 1 every admission finds the
 /// bucket full: two sends are a 50th of the interval further apart (at most 10 ms: 20/s sends
@@ -148,14 +149,17 @@ impl Limit {
     }
 
     /// What the rule decides with: the configured parameters and the headroom (a burst above
-    /// 1: 10 ms once per burst, or one interval where that is shorter; at burst 1: a 50th of
-    /// the interval between two sends, at most 10 ms).
+    /// 1: 10 ms once per burst, or half the burst's time where that is shorter; at burst 1: a
+    /// 50th of the interval between two sends, at most 10 ms).
     pub(super) fn rule_params(&self) -> LimitParams {
         let mut p = self.params;
         if !self.exact && p.unit == Unit::Requests {
             p.headroom_us = match self.burst.get() {
                 1 => (p.interval_us / BURST_ONE_SHARE).min(BURST_HEADROOM_US),
-                _ => BURST_HEADROOM_US.min(p.interval_us),
+                // Half the burst at most: a short interval's jitter is still a time (timers
+                // fire on whole milliseconds), and one interval of margin at 1,000/s is less
+                // than it (BENCHMARKS.md, §15).
+                _ => BURST_HEADROOM_US.min(p.tolerance_us / 2),
             };
         }
         p
