@@ -68,7 +68,10 @@ pub(crate) async fn headroom_delays_the_burst_s_last<S: Store>(store: S) {
 /// (5 ms of headroom), admits 5 at once, the 6th 1 ms later, then one every millisecond (the
 /// configured rate: the tolerance stays whole, so the slot grid costs nothing).
 pub(crate) async fn headroom_at_a_short_interval_is_half_the_burst<S: Store>(store: S) {
-    let (_, direct) = allowance(AllowanceConfig::per_second(1_000, 10).expect("valid"), store);
+    let (_, direct) = allowance(
+        AllowanceConfig::per_second(1_000, 10).expect("valid"),
+        store,
+    );
     for i in 0..5 {
         let adm = direct.admit(AdmitRequest::first()).await;
         assert_eq!(adm, Admission::Admitted, "burst #{i} of 5");
