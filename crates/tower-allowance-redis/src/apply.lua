@@ -16,12 +16,37 @@ local function read()
   return {sat_sub(s.bu, now), is_closed, closed_for, left, s.pc, s.ep, adaptive_rate() or 0, s.gn}
 end
 
--- The operation's own arguments, from ARGV[5] on.
-local function arg(i) return tonumber(ARGS[5 + i]) end
+-- The operation's own arguments, from ARGV[7] on.
+local function arg(i) return tonumber(ARGS[7 + i]) end
+
+-- A call that arrives late (validity.rs). ARGV[5] is when it was sent and ARGV[6] until when
+-- it is valid, both on this server's clock as the client bounds them (0: unknown). A call
+-- that takes from the bucket or reserves for its caller is refused after its valid-until,
+-- before anything changes: its caller has stopped waiting. The ones whose caller does not
+-- wait for their effect apply late: a cooldown or closure counted from when it was sent
+-- (extend-only: one whose end has passed changes nothing, one still running still reaches
+-- every process), a release or settlement as it is (refusing it would leave its reservation
+-- behind).
+local STALE = -2
+local late = 0
+local function refused_late(args)
+  local op, sent, valid_until = tonumber(args[1]), tonumber(args[5]), tonumber(args[6])
+  late = 0
+  if sent > 0 and now > sent then late = now - sent end
+  if valid_until == 0 or now <= valid_until then return false end
+  return not (op == 2 or op == 3 or op == 4 or op == 7 or op == 9 or op == 12)
+end
+
+-- A delay counted from the call's sending: what is left of it now (-1, none, stays).
+local function left(delay)
+  if delay < 0 then return delay end
+  return max(delay - late, 0)
+end
 
 -- One call: the clock, the parameters and the state, then the rule.
 local function apply(keys, args)
   clock(args)
+  if refused_late(args) then return {STALE, now} end
   local ok, refusal = begin(keys, args)
   if not ok then
     return refusal or redis.error_reply('ERR tower-allowance: unreadable parameters')
@@ -46,10 +71,15 @@ local function apply(keys, args)
     for l = 1, MAX_LIMITS do tats[l] = arg(l) end
     reply = release(arg(0), tats, arg(MAX_LIMITS + 1), arg(MAX_LIMITS + 2), arg(MAX_LIMITS + 3), arg(MAX_LIMITS + 4) == 1, arg(MAX_LIMITS + 5))
   elseif OP == 3 then
-    reply = extend_cooldown(arg(0))
+    if arg(0) > 0 and left(arg(0)) == 0 then
+      -- Over before it arrived: nothing to extend.
+      reply = {0, sat_sub(s.bu, now), 0, 0, 0}
+    else
+      reply = extend_cooldown(left(arg(0)))
+    end
     if reply[5] == 1 then ev_at = 6 end
   elseif OP == 4 then
-    reply = close(arg(0), arg(1))
+    reply = close(left(arg(0)), arg(1))
     ev_at = 1
   elseif OP == 5 then
     reply = clear()
@@ -57,13 +87,13 @@ local function apply(keys, args)
   elseif OP == 6 then
     reply = lease(arg(0), arg(1))
   elseif OP == 7 then
-    reply = finish_probe(arg(0), arg(1), arg(2))
+    reply = finish_probe(arg(0), arg(1), left(arg(2)))
     if reply[1] == 1 then ev_at = 2 end
   elseif OP == 8 then
     deposit(arg(0))
     reply = read()
   elseif OP == 9 then
-    reply = throttle(arg(0), arg(1))
+    reply = throttle(left(arg(0)), arg(1) + late)
     if reply[5] == 1 then ev_at = 6 end
   elseif OP == 10 then
     reply = advertise(arg(0))
@@ -90,5 +120,7 @@ local function apply(keys, args)
     for i = 0, EVENT_WORDS - 1 do words[#words + 1] = string.format('%.0f', reply[ev_at + i]) end
     redis.call('PUBLISH', channel, table.concat(words, ','))
   end
+  -- The server's clock last: the client bounds the next calls' validity with it.
+  reply[#reply + 1] = now
   return reply
 end

@@ -164,8 +164,9 @@
 //! # Time
 //!
 //! The clock is the Redis server's `TIME`, read inside each script, in microseconds. Deadlines
-//! stay in server time and travel to clients only as durations to wait, so no two machines'
-//! clocks are ever compared. Run it on real time: under a paused tokio clock
+//! stay in server time and travel to clients only as durations to wait, so no decision
+//! compares two machines' clocks (only a call's validity is bounded on the server's clock:
+//! see below). Run it on real time: under a paused tokio clock
 //! (`start_paused`), the runtime auto-advances to the per-call timeout as soon as it idles
 //! waiting on the socket, and every call would time out.
 //!
@@ -183,6 +184,37 @@
 //! one burst goes out at once; reserved slots already handed out are kept by their holders
 //! on their own clocks. Keep Redis hosts on a slewing NTP client (chrony, ntpd) to avoid
 //! steps altogether.
+//!
+//! # Calls that arrive late
+//!
+//! A call that times out here ([`RedisStoreOptions::timeout`]) may still reach Redis and run
+//! later: a partition that delays packets, a paused or overloaded server. So every call
+//! carries when it was sent and until when it is valid (the timeout after it was sent), on the
+//! server's clock, and the script decides what a late call may still do:
+//!
+//! - **refused, unapplied**, when it takes from the bucket or reserves for its caller (an
+//!   admission, first attempt or retry, a class's admission, a lease grant, the quota probe's
+//!   lease, a read with deposits, `clear`, an advertised rate): its caller has gone, so it
+//!   reserves nothing for nobody. The caller saw a timeout ([`error::CallErrorKind::Timeout`],
+//!   the store unavailable), never a success;
+//! - **applied late, counted from when it was sent**, when it raises a cooldown or a closure
+//!   (`Defer`, a 429's `Throttle`, `Close`, a quota probe's `retry_in`): extend-only, so one
+//!   whose end has passed changes nothing, and one still running reaches every process and
+//!   ends when it would have. Refusing it would leave the other processes sending into a
+//!   `Retry-After` that still runs;
+//! - **applied as it is**, when it gives back (a release, a settlement): refusing it would
+//!   leave its reservation behind.
+//!
+//! The server's clock is learnt without a round trip: every reply ends with it. A reply read
+//! at `server` to a call sent at local `t` gives `server - t`, at least the clocks' offset; the
+//! least of the last two 10 s windows, plus 2 ms for drift, bounds the offset from above. The
+//! bound is conservative: when the client gives up on a call, the server's clock reads at most
+//! its valid-until, so a call the client still waits for is never refused because of the
+//! estimate. Should one be (the server's clock stepped forward), its reply carries the
+//! server's clock: the store learns it afresh and sends the call once more, within the same
+//! timeout. What remains is a window of about one one-way latency (the best sample's, plus
+//! the 2 ms): a call may still run that long after its caller gave up. A store's first call,
+//! before any reply taught it the server's clock, carries no bound.
 //!
 //! # When Redis fails
 //!
@@ -213,6 +245,7 @@ mod scripts;
 #[cfg(feature = "serde")]
 mod spec;
 mod store;
+mod validity;
 
 pub mod error;
 #[cfg(feature = "test-util")]

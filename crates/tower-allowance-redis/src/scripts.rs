@@ -19,7 +19,7 @@
 //! | `lua/gcra.lua` | `rule/gcra.rs`: the token buckets and reservations |
 //! | `lua/probe.lua` | `rule/probe.rs`: the quota probe's lease |
 //! | `lua/grant.lua` | `rule/grant.rs`: leases of the shared bucket (op 13; group `l`: the holders' window) |
-//! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read` |
+//! | `apply.lua` | `rule/mod.rs`: `apply` (dispatch, save, publish the events) and `read`; and calls that arrive late (`validity.rs`: refused, or their cooldown counted from their sending) |
 //!
 //! Each rule file's decisions are transcribed under the Rust names, in an order Lua's locals
 //! allow (a function is defined before its callers); the Rust side's memory-only parts
@@ -27,13 +27,18 @@
 //! random operations against both and requires identical answers.
 //!
 //! Every build ships and runs this one script, tests included. `ARGV` is
-//! `[op, clock, params..., channel, op args...]` as built by [`argv`]: `clock` is `-1` ("none":
-//! decide on `TIME`) except under `RedisStore::follow_tokio_clock` (feature `test-util`), the
-//! only caller that sets it. Replies are arrays of integers, decoded by [`decode`].
+//! `[op, clock, params, channel, sent, valid until, op args...]` as built by [`argv`]: `clock`
+//! is `-1` ("none": decide on `TIME`) except under `RedisStore::follow_tokio_clock` (feature
+//! `test-util`), the only caller that sets it; `sent` and `valid until` are the call's
+//! [`Stamp`] (`validity.rs`; 0: unknown). Replies are arrays of integers ending with the
+//! server's clock, split off by [`split`] (a call refused as late is `[-2, clock]`), the rest
+//! decoded by [`decode`].
 
 use std::time::Duration;
 
 use redis::Script;
+
+use crate::validity::Stamp;
 use tower_allowance::rule::{
     Admission, AdmitRequest, BudgetParams, ClassState, ClosedBy, Deferred, Event, Op, Params,
     ProbeOutcome, Reply, Reservation, ShareReply, StoreState, Unit, ADDITIVE_INCREASE_PERIOD_US,
@@ -275,9 +280,9 @@ pub(crate) fn params_text_for_tests(params: &Params) -> String {
 }
 
 /// `ARGV` for `op`: the operation code, the clock (`clock_us`, or "none": the server's `TIME`),
-/// the parameters (one argument, [`params_text`]), the event channel, then the operation's own
-/// arguments. The layout is the same in every build; only `RedisStore::follow_tokio_clock`
-/// passes a clock.
+/// the parameters (one argument, [`params_text`]), the event channel, the call's stamp (see
+/// [`stamp`]), then the operation's own arguments. The layout is the same in every build; only
+/// `RedisStore::follow_tokio_clock` passes a clock.
 pub(crate) fn argv<'a>(
     op: &Op,
     params: &Params,
@@ -290,6 +295,8 @@ pub(crate) fn argv<'a>(
         clock_us.map_or(Arg::None, |c| Arg::N(exact(c))),
         Arg::Params(params_text(params, idle_ms)),
         Arg::Channel(channel),
+        Arg::N(0),
+        Arg::N(0),
     ];
     match *op {
         Op::Admit(req) => push_admit(&mut a, &req),
@@ -332,6 +339,29 @@ pub(crate) fn argv<'a>(
         Op::Grant(req) => lease_wire::push_grant(&mut a, &req),
     }
     a
+}
+
+/// Sets the call's stamp in `argv` (when it was sent and until when it is valid, on the
+/// server's clock; 0: unknown).
+pub(crate) fn stamp(argv: &mut [Arg<'_>], stamp: Stamp) {
+    if let Some(slots) = argv.get_mut(4..6) {
+        slots[0] = Arg::N(exact(stamp.sent_us));
+        slots[1] = Arg::N(exact(stamp.valid_until_us));
+    }
+}
+
+/// The reply marking a call refused as late (it arrived after its valid-until).
+const STALE: i64 = -2;
+
+/// A reply split: the server's clock it ends with, and the operation's answer, or `None` for
+/// a call refused as late (nothing was applied).
+pub(crate) fn split(reply: &[i64]) -> Result<(u64, Option<&[i64]>), BadReply> {
+    let (clock, rest) = reply.split_last().ok_or(BadReply)?;
+    let clock = n(*clock)?;
+    Ok(match rest {
+        [STALE] => (clock, None),
+        _ => (clock, Some(rest)),
+    })
 }
 
 fn push_admit(a: &mut Vec<Arg<'_>>, req: &AdmitRequest) {
@@ -587,7 +617,8 @@ mod tests {
             .expect("valid")
             .exact();
         let a = argv(&Op::Clear, config.params().rule(), 1000, "ta:{x}:ev", None);
-        assert_eq!(a.len(), 4);
+        assert_eq!(a.len(), 6);
+        assert_eq!(a[4..], [Arg::N(0), Arg::N(0)], "no stamp: unknown");
         assert_eq!(a[3], Arg::Channel("ta:{x}:ev"));
         let Arg::Params(text) = &a[2] else {
             panic!("{a:?}")
@@ -614,7 +645,7 @@ mod tests {
             "c",
             None,
         );
-        assert_eq!(admit.len(), 4 + 6, "the admission's six arguments follow");
+        assert_eq!(admit.len(), 6 + 6, "the admission's six arguments follow");
     }
 
     #[test]
@@ -635,6 +666,33 @@ mod tests {
             Some(u64::MAX),
         );
         assert_eq!(far[1], Arg::N(MAX_EXACT));
+    }
+
+    #[test]
+    fn the_stamp_is_fifth_and_sixth_and_the_clock_ends_the_reply() {
+        let config = tower_allowance::AllowanceConfig::per_second(3, 2).expect("valid");
+        let mut a = argv(
+            &Op::Admit(AdmitRequest::first()),
+            config.params().rule(),
+            1000,
+            "c",
+            None,
+        );
+        let plain = a.clone();
+        stamp(
+            &mut a,
+            Stamp {
+                sent_us: 7,
+                valid_until_us: 9,
+            },
+        );
+        assert_eq!(a[4..6], [Arg::N(7), Arg::N(9)]);
+        assert_eq!(a[..4], plain[..4]);
+        assert_eq!(a[6..], plain[6..]);
+        assert_eq!(split(&[0, 42]).ok(), Some((42, Some(&[0][..]))));
+        assert_eq!(split(&[-2, 42]).ok(), Some((42, None)), "refused as late");
+        assert!(split(&[]).is_err());
+        assert!(split(&[0, -5]).is_err());
     }
 
     /// The files under `src/`, read at test time, in the order the module docs give.

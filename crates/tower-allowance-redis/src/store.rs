@@ -33,6 +33,7 @@ use crate::{
     gate::Gate,
     link::{self, millis, with_timeout, Conn, Link},
     scripts::{self, ApplyScript, BadReply},
+    validity::ServerClock,
 };
 
 #[cfg(feature = "test-util")]
@@ -148,6 +149,8 @@ struct Inner {
     gate: Gate,
     /// Whether the configuration is the one every process of the allowance uses.
     config_check: ConfigCheck,
+    /// The server's clock as replies bound it: every call's valid-until (`validity`).
+    clock: ServerClock,
     /// Test support: the clock the script decides on when it follows tokio's.
     #[cfg(feature = "test-util")]
     test: test_clock::TestClock,
@@ -225,6 +228,7 @@ impl RedisStore {
                 subscribed: AtomicBool::new(false),
                 gate: Gate::new(),
                 config_check: ConfigCheck::new(options.pin_config),
+                clock: ServerClock::new(),
                 #[cfg(feature = "test-util")]
                 test: test_clock::TestClock::default(),
                 link,
@@ -455,33 +459,60 @@ impl Inner {
             self.config_check.append(text, v);
         }
         let mut conn = self.link.connection();
+        let timeout = self.link.options.timeout;
+        // Given up on at `deadline` (local): valid until then on the server's clock (`validity`).
+        let first = self.clock.local_us();
+        let deadline = first.saturating_add(u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX));
         let call = async {
-            if let Some(reply) = self.call_function(&mut conn, &argv).await {
-                return reply;
-            }
-            let mut invocation = self.script.script().prepare_invoke();
-            invocation.key(&self.key);
-            invocation.arg(&argv[..]);
-            match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    redis::cmd("EVAL")
-                        .arg(self.script.source())
-                        .arg(1)
-                        .arg(&self.key)
-                        .arg(&argv[..])
-                        .query_async::<Vec<i64>>(&mut conn)
-                        .await
+            let mut again = false;
+            loop {
+                let sent = self.clock.local_us();
+                scripts::stamp(&mut argv, self.clock.stamp(sent, deadline));
+                let reply = self.invoke(&mut conn, &argv).await?;
+                let Ok((server, answer)) = scripts::split(&reply) else {
+                    return Ok(Err(CallError::new(CallErrorKind::UnexpectedReply)));
+                };
+                // Refused as late while this caller still waits: the server's clock is ahead
+                // of the bound (a step). Learnt afresh, sent once more.
+                self.clock.learn(sent, server, answer.is_none());
+                match answer {
+                    Some(answer) => return Ok(Ok(answer.to_vec())),
+                    None if !again => again = true,
+                    None => return Ok(Err(CallError::timeout(timeout))),
                 }
-                other => other,
             }
         };
-        let reply = with_timeout(self.link.options.timeout, call)
-            .await?
-            .map_err(|e| {
-                config_check::mismatch(&e, params, &self.name).unwrap_or_else(|| self.call_error(e))
-            })?;
+        let reply = with_timeout(timeout, call).await?.map_err(|e| {
+            config_check::mismatch(&e, params, &self.name).unwrap_or_else(|| self.call_error(e))
+        })??;
         scripts::decode(op, &reply)
             .map_err(|BadReply| CallError::new(CallErrorKind::UnexpectedReply))
+    }
+
+    /// One `FCALL`, or `EVALSHA` (then `EVAL` should the script be missing again).
+    async fn invoke(
+        &self,
+        conn: &mut link::CountingConnection<'_>,
+        argv: &[scripts::Arg<'_>],
+    ) -> redis::RedisResult<Vec<i64>> {
+        if let Some(reply) = self.call_function(conn, argv).await {
+            return reply;
+        }
+        let mut invocation = self.script.script().prepare_invoke();
+        invocation.key(&self.key);
+        invocation.arg(argv);
+        match invocation.invoke_async::<Vec<i64>>(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                redis::cmd("EVAL")
+                    .arg(self.script.source())
+                    .arg(1)
+                    .arg(&self.key)
+                    .arg(argv)
+                    .query_async::<Vec<i64>>(conn)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// `FCALL` of the library's function, loaded again if it is missing; `None` when the
@@ -646,5 +677,46 @@ mod tests {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
         assert_eq!(state_key("api"), "ta:{api}:s");
+    }
+
+    /// A call refused as late while its caller still waits (the server's clock stepped
+    /// forward past the bound learnt) is sent once more, bounded afresh, and applied.
+    #[cfg(feature = "test-util")]
+    #[tokio::test]
+    async fn a_call_refused_as_late_while_its_caller_waits_is_sent_again() {
+        use tower_allowance::rule::{Admission, AdmitRequest};
+
+        let redis = crate::test_util::TestRedis::start().await;
+        let name = crate::test_util::unique_name("step");
+        let store = RedisStore::connect(redis.url(), &name, crate::RedisStoreOptions::new())
+            .await
+            .expect("connect");
+        let config = tower_allowance::AllowanceConfig::per_second(10, 5).expect("valid");
+        let params = config.params().rule();
+        let admit = Op::Admit(AdmitRequest::first());
+        assert!(matches!(
+            store.inner.eval(params, &admit, None).await.expect("up"),
+            Reply::Admit(Admission::Admitted)
+        ));
+        // As if the server's clock had jumped ahead since the last reply: the bound learnt
+        // is decades behind it, and the call's valid-until long past when it arrives.
+        let local = store.inner.clock.local_us();
+        store.inner.clock.learn(local, 1, true);
+        let before = store.round_trips();
+        assert!(matches!(
+            store
+                .inner
+                .eval(params, &admit, None)
+                .await
+                .expect("sent again"),
+            Reply::Admit(Admission::Admitted)
+        ));
+        assert_eq!(
+            store.round_trips(),
+            before + 2,
+            "refused once, then applied"
+        );
+        store.inner.eval(params, &admit, None).await.expect("up");
+        assert_eq!(store.round_trips(), before + 3, "learnt afresh");
     }
 }

@@ -453,3 +453,118 @@ async fn fallback_honours(cooldown: Op) {
     }
     assert!(store.is_degraded());
 }
+
+/// The state's cooldown as a `Read` sees it.
+async fn blocked_for(store: &RedisStore, config: &AllowanceConfig) -> Duration {
+    match Reply::from(
+        store
+            .apply(config.params(), Op::Read { deposits: 0 }.into())
+            .await
+            .expect("redis is up"),
+    ) {
+        Reply::State(s) => s.blocked_for,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Calls that time out here while Redis is paused still reach it, and run when it wakes. An
+/// admission among them is refused there, unapplied: it reserves nothing for a caller that
+/// has gone (issue 30, item 4; before, eight such calls took the token and reserved 3.5 s of
+/// slots, and the next caller waited behind them).
+#[tokio::test]
+async fn admissions_that_timed_out_reserve_nothing_when_redis_wakes() {
+    let mut redis = TestRedis::start_private().await;
+    let store = RedisStore::connect(
+        redis.url(),
+        &unique_name("late-admit"),
+        options(FailurePolicy::Report),
+    )
+    .await
+    .expect("connect");
+    // 2/s, burst 1: one token, then a slot every 500 ms.
+    let config = AllowanceConfig::per_second(2, 1).expect("valid");
+    assert!(matches!(
+        admit(&store, &config).await.expect("up"),
+        Admission::Admitted
+    ));
+    redis.freeze();
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, config) = (store.clone(), config.clone());
+            tokio::spawn(async move { admit(&store, &config).await })
+        })
+        .collect();
+    for call in calls {
+        let err = call.await.expect("joined").expect_err("redis is paused");
+        assert_eq!(call_error(&err), CallErrorKind::Timeout);
+    }
+    // Paused a second in all: five times the timeout, and the token is back (500 ms).
+    tokio::time::sleep(800 * MS).await;
+    redis.thaw();
+    until_redis_answers(&store, &config).await;
+    let next = admit(&store, &config).await.expect("up");
+    assert!(
+        matches!(next, Admission::Admitted),
+        "the calls that timed out reserved slots when redis woke: {next:?}"
+    );
+}
+
+/// A cooldown raised by a call that times out here while Redis is paused runs when Redis
+/// wakes, counted from when it was sent: one over by then changes nothing (before, a 600 ms
+/// cooldown started a second late), one still running still holds every process, until
+/// the end it would have had.
+#[tokio::test]
+async fn a_cooldown_that_arrives_late_ends_when_it_would_have() {
+    let mut redis = TestRedis::start_private().await;
+    let name = unique_name("late-cooldown");
+    let short = RedisStore::connect(redis.url(), &name, options(FailurePolicy::Report))
+        .await
+        .expect("connect");
+    let long = short
+        .for_allowance(&format!("{name}-long"))
+        .expect("a valid name");
+    let config = AllowanceConfig::per_second(100, 10).expect("valid");
+    for store in [&short, &long] {
+        admit(store, &config).await.expect("up");
+    }
+    redis.freeze();
+    let sent = Instant::now();
+    let raise = |store: &RedisStore, op: Op| {
+        let future = store.apply(config.params(), op.into());
+        tokio::spawn(future)
+    };
+    let throttle = raise(
+        &short,
+        Op::Throttle {
+            delay_us: Some(600_000),
+            age_us: 0,
+        },
+    );
+    let defer = raise(
+        &long,
+        Op::Defer {
+            delay_us: Some(3_000_000),
+        },
+    );
+    for call in [throttle, defer] {
+        let err = call.await.expect("joined").expect_err("redis is paused");
+        assert_eq!(call_error(&err), CallErrorKind::Timeout);
+    }
+    tokio::time::sleep(800 * MS).await;
+    redis.thaw();
+    until_redis_answers(&short, &config).await;
+    until_redis_answers(&long, &config).await;
+    assert_eq!(
+        blocked_for(&short, &config).await,
+        Duration::ZERO,
+        "a cooldown over before it reached redis started late"
+    );
+    let read = Instant::now();
+    let left = blocked_for(&long, &config).await;
+    // Its end: 3 s after it was sent (plus the bound's margin), not after redis woke.
+    let due = (3_000 * MS).saturating_sub(read - sent);
+    assert!(left <= due + 100 * MS, "{left:?} left, {due:?} due");
+    if due > 200 * MS {
+        assert!(left > Duration::ZERO, "a running cooldown was dropped");
+    }
+}
