@@ -210,3 +210,141 @@ fn every_closure_is_counted_and_warned() {
         );
     }
 }
+
+/// A store that answers only through I/O (no synchronous twin): each call takes `delay` of
+/// tokio's clock, then applies the rule, or fails as `rejected` when `broken`.
+#[derive(Debug)]
+struct Remote {
+    state: std::sync::Mutex<tower_allowance::store::State>,
+    epoch: tokio::time::Instant,
+    delay: Duration,
+    broken: bool,
+}
+
+impl Remote {
+    fn new(delay: Duration, broken: bool) -> Self {
+        Self {
+            state: Default::default(),
+            epoch: tokio::time::Instant::now(),
+            delay,
+            broken,
+        }
+    }
+}
+
+impl tower_allowance::store::Store for Remote {
+    fn apply(
+        &self,
+        params: &tower_allowance::store::Params,
+        op: tower_allowance::store::Op,
+    ) -> tower_allowance::store::StoreFuture<tower_allowance::store::Reply> {
+        let now = self.epoch.elapsed().as_micros() as u64;
+        let reply = match self.broken {
+            true => Err(tower_allowance::store::StoreError::rejected(
+                "no such script",
+            )),
+            false => Ok(self.state.lock().expect("lock").apply(now, params, &op)),
+        };
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            reply
+        })
+    }
+}
+
+/// Every store call that goes to I/O is timed into
+/// `tower_allowance_store_call_duration_seconds{allowance}`, a failing one too (and its
+/// failure counted by kind); calls answered synchronously (the memory store's) are not.
+#[test]
+fn store_calls_that_go_to_io_are_timed_failures_too() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let config = || AllowanceConfig::per_second(100, 100).expect("valid");
+            let remote = Allowance::builder(config())
+                .name("remote")
+                .store(Remote::new(Duration::from_millis(5), false))
+                .build();
+            let memory = Allowance::builder(config()).name("memory").build();
+            for _ in 0..4 {
+                remote.acquire().await.expect("admitted");
+                memory.acquire().await.expect("admitted");
+            }
+            let broken = Allowance::builder(config())
+                .name("broken")
+                .store(Remote::new(Duration::from_millis(2), true))
+                .build();
+            let error = broken.acquire().await.expect_err("the store refused");
+            assert!(error.to_string().contains("store"), "{error}");
+        });
+    });
+    let metrics = snapshotter.snapshot().into_vec();
+    let of = |name: &str, allowance: &str| -> Vec<&DebugValue> {
+        metrics
+            .iter()
+            .filter(|(key, _, _, _)| {
+                key.key().name() == name
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "allowance" && l.value() == allowance)
+            })
+            .map(|(_, _, _, v)| v)
+            .collect()
+    };
+    let samples = |allowance: &str| -> Vec<f64> {
+        of("tower_allowance_store_call_duration_seconds", allowance)
+            .into_iter()
+            .flat_map(|v| match v {
+                DebugValue::Histogram(h) => h.iter().map(|s| s.into_inner()).collect::<Vec<_>>(),
+                other => panic!("not a histogram: {other:?}"),
+            })
+            .collect()
+    };
+    // One timed call per admission, each as long as the store took (virtual time: exact).
+    assert_eq!(samples("remote"), vec![0.005; 4]);
+    assert!(
+        samples("memory").is_empty(),
+        "synchronous answers are not timed"
+    );
+    assert_eq!(
+        samples("broken"),
+        vec![0.002],
+        "the failing call is timed too"
+    );
+    // Labelled by the allowance alone.
+    for (key, _, _, _) in &metrics {
+        if key.key().name() == "tower_allowance_store_call_duration_seconds" {
+            let labels: Vec<_> = key.key().labels().map(|l| l.key()).collect();
+            assert_eq!(labels, ["allowance"], "{key:?}");
+        }
+    }
+    let errors = |allowance: &str, kind: &str| -> u64 {
+        metrics
+            .iter()
+            .filter(|(key, _, _, _)| {
+                let k = key.key();
+                k.name() == "tower_allowance_store_errors_total"
+                    && k.labels()
+                        .any(|l| l.key() == "allowance" && l.value() == allowance)
+                    && k.labels().any(|l| l.key() == "kind" && l.value() == kind)
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(c) => *c,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(errors("broken", "rejected"), 1);
+    assert_eq!(
+        errors("remote", "rejected") + errors("remote", "unavailable"),
+        0
+    );
+}

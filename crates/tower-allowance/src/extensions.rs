@@ -55,21 +55,26 @@ fn far_future(now: Instant) -> Instant {
 ///
 /// | field | written by | read by |
 /// | --- | --- | --- |
-/// | [`number`](Self::number) | [`RetryPolicy`](crate::retry::RetryPolicy), on each retry (2, 3, ...) | the admission layer (a retry spends a unit of the shared retry budget with its token), the cooldown layer (the attempt's span) |
+/// | [`number`](Self::number) | [`RetryPolicy`](crate::retry::RetryPolicy), on each retry (2, 3, ...) | the admission layer (a retry spends a unit of the shared retry budget with its token), the cooldown layer (the attempt's span), the caller |
 /// | not before | `RetryPolicy`, when an admission layer under it waits out the server's delay for a retry (the slot's floor) | the admission layer (it reserves the retry's slot no earlier) |
-/// | last | [`Prepare`](crate::retry::Prepare), for a request no retry will follow, and why | the cooldown layer (a throttling answer to it is marked abandoned, with that reason, not passed off as final) |
-/// | sent | the admission layer, in the response's record, when it carries one or the rate is adaptive | the cooldown layer (an adaptive rate cuts once per round of sends) |
-/// | [`queued`](Self::queued) | the admission layer (adding each attempt's wait for its slot), `RetryPolicy` (carrying it to the retry) | the caller, from the response: why the answer waited |
-/// | [`cooled`](Self::cooled), [`cooldowns`](Self::cooldowns) | the admission layer (the part of each attempt's wait a cooldown held it, and whether one did), `RetryPolicy` (carrying them) | the caller: which waits were the server's |
-/// | [`request`](Self::request) | the admission layer (when it first names the request in a debug event), `RetryPolicy` (on a retry) | the admission layer and `RetryPolicy` (their debug events name the request by it), the caller |
+/// | last | [`Prepare`](crate::retry::Prepare), for a request no retry will follow, and why; `RetryPolicy` clears it on a retry | the cooldown layer, from the request (a throttling answer to it is marked abandoned, with that reason, not passed off as final) |
+/// | sent | the admission layer, in the response's record; `RetryPolicy` clears it on a retry | the cooldown layer, from the response (an adaptive rate cuts once per round of sends) |
+/// | [`queued`](Self::queued) | the admission layer (adding each attempt's wait for its slot), `RetryPolicy` (carrying it to the retry) | the caller, from the response: why the answer waited; the gRPC layer (feature `grpc`: `x-allowance-waited`) |
+/// | [`cooled`](Self::cooled), [`cooldowns`](Self::cooldowns) | the admission layer (the part of each attempt's wait a cooldown held it, and whether one did), `RetryPolicy` (carrying them) | the caller: which waits were the server's; the gRPC layer reads `cooled` (`x-allowance-cooled`) |
+/// | [`request`](Self::request) | the admission layer (the number its debug events first gave the request), `RetryPolicy` (on a retry, from the response's record or a new number) | the admission layer and `RetryPolicy` (their debug events name the request by it), the caller |
 ///
-/// The request's class (feature `shares`) travels apart too: the request's `shares::Class`,
-/// which the class layer (`AllowanceLayer::class`) also puts in the answer's extensions,
-/// beside this record.
+/// The admission layer puts a record in the response when the request carries one, waited
+/// for its slot, or the rate is adaptive. ARCHITECTURE.md keeps the same table.
 ///
-/// The request's body for a retry travels apart (a [`Replay`](crate::body::Replay), typed by
-/// the body), and so does how a response was read (a
-/// [`Classified`](crate::classify::Classified) in the response's extensions).
+/// Three more extensions pass between the layers. The request's body for a retry travels
+/// apart (a [`Replay`](crate::body::Replay), typed by the body: `Prepare` writes it,
+/// `RetryPolicy` reads it), and so does how a response was read (a
+/// [`Classified`](crate::classify::Classified) in the response's extensions: the cooldown
+/// layer writes it, `RetryPolicy` and [`Outcome::of`](crate::Outcome::of) read it). With the
+/// feature `shares`, the request's class travels apart too: the request's `shares::Class`,
+/// which the class layer (`AllowanceLayer::class`) writes and also puts in the answer's
+/// extensions, beside this record; the admission layer (and, with `settle`, the settle
+/// layer) reads it.
 ///
 /// ```
 /// use tower_allowance::Attempt;

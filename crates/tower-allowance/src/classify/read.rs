@@ -12,6 +12,9 @@ use http::{HeaderMap, StatusCode};
 use super::{Classification, Classified, Classify, ServerDelay};
 use crate::signals::{Dialect, ReadContext, Wait};
 
+#[cfg(test)]
+mod tests;
+
 /// How an allowance reads responses: its dialect and its bounds.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ReadWith {

@@ -141,6 +141,11 @@ pub use self::{
 };
 // What only a store that mirrors the rule elsewhere needs (feature `rule`): the steps and
 // constants its own code reproduces or checks against, and the wire forms (see view.rs).
+#[cfg(all(feature = "rule", feature = "adaptive"))]
+pub use self::adaptive::{
+    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
+    ROUND_GRACE_US, SLOW_START_DOUBLING_US,
+};
 #[cfg(feature = "lease")]
 pub use self::grant::{lease_slots, Grant, GrantRequest, Granted, HOLDER_WINDOW_US};
 #[cfg(any(feature = "rule", feature = "adaptive", test))]
@@ -148,10 +153,18 @@ pub use self::params::AdaptiveParams;
 #[cfg(feature = "quota")]
 pub use self::probe::ProbeOutcome;
 #[cfg(feature = "shares")]
-pub use self::shares::*;
+#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
+pub use self::shares::{
+    share_step, share_step_of, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES,
+    SHARE_SCALE,
+};
+#[cfg(feature = "rule")]
+pub use self::{cooldown::cooldown_shift, wire::EVENT_WORDS};
 #[cfg(any(feature = "rule", test))]
-pub use self::view::*;
+pub use self::{gcra::schedule, wire::ReservationParts};
 // The steps only `apply` and this crate's stores call.
+#[cfg(feature = "shares")]
+pub(crate) use self::shares::{admit_share, ClassKey};
 pub(crate) use self::{
     adaptive::{adaptive_rate, advertise, cut_rate, effective_limits},
     budget::{advance, deposit, refund, remaining, spend},

@@ -4,21 +4,9 @@
 // Read only by the tests without the `rule` feature.
 #![cfg_attr(not(feature = "rule"), allow(dead_code))]
 
-// Re-exported by the rule module, at its root.
-#[cfg(all(feature = "rule", feature = "adaptive"))]
-pub use super::adaptive::{
-    ADDITIVE_INCREASE_PERIOD_US, CUT_PER_MILLE, FAST_CUT_PER_MILLE, FAST_CUT_WINDOW_US,
-    ROUND_GRACE_US, SLOW_START_DOUBLING_US,
-};
 use super::{
     apply, is_settled, AdaptiveParams, AdmitRequest, BudgetParams, LimitParams, Op, Params, Reply,
     Reservation, State, Unit, MAX_LIMITS,
-};
-#[cfg_attr(not(feature = "rule"), allow(unused_imports))]
-pub use super::{
-    cooldown::cooldown_shift,
-    gcra::schedule,
-    wire::{ReservationParts, EVENT_WORDS},
 };
 
 impl AdmitRequest {
