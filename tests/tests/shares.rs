@@ -560,3 +560,217 @@ async fn a_high_request_moves_the_waiters_of_another_allowance_on_the_same_memor
     // event: [100, 400], two sends at 100 ms at a burst of 1).
     assert_eq!(sent, [300, 400]);
 }
+
+/// The per-class metrics (feature `metrics`): admissions, waits and the waiting gauge, each
+/// labelled by allowance and class.
+#[test]
+fn the_class_metrics_count_admissions_waits_and_waiting_callers_per_class() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    type Samples = Vec<(String, String, DebugValue)>;
+    /// Every class metric: name, class, value (of allowance "shares-metrics" only).
+    fn read(snapshotter: &Snapshotter) -> Samples {
+        (snapshotter.snapshot().into_vec().into_iter())
+            .filter_map(|(key, _, _, value)| {
+                let key = key.key();
+                let label = |k: &str| {
+                    key.labels()
+                        .find(|l| l.key() == k)
+                        .map(|l| l.value().to_owned())
+                };
+                (label("allowance")? == "shares-metrics").then_some((
+                    key.name().to_owned(),
+                    label("class")?,
+                    value,
+                ))
+            })
+            .collect()
+    }
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let (mid, end) = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            // 10/s burst 1: four callers of each class, all there at the start, one slot
+            // every 100 ms (0 to 700 ms).
+            let allowance = Allowance::builder(two_classes(10, 1))
+                .name("shares-metrics")
+                .build();
+            let tasks: Vec<_> = (0..8)
+                .map(|i| {
+                    let a = allowance.clone();
+                    let name = if i % 2 == 0 { "a" } else { "b" };
+                    tokio::spawn(async move { a.acquire_with(of(name)).await })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mid = read(&snapshotter);
+            for t in tasks {
+                t.await.expect("joined").expect("admitted");
+            }
+            (mid, read(&snapshotter))
+        })
+    });
+    let gauge = |samples: &Samples, class: &str| -> f64 {
+        let found = samples
+            .iter()
+            .find(|(n, c, _)| n == "tower_allowance_class_waiting" && c == class);
+        match found {
+            Some((_, _, DebugValue::Gauge(g))) => g.into_inner(),
+            other => panic!("no waiting gauge for {class}: {other:?}"),
+        }
+    };
+    // At 10 ms: one admitted, one holding the next slot, six queued for a turn by class.
+    let (a, b) = (gauge(&mid, "a"), gauge(&mid, "b"));
+    assert_eq!(a + b, 6.0, "{mid:?}");
+    assert!(a >= 2.0 && b >= 2.0, "{mid:?}");
+    // At the end: none waiting, four admitted in each class, one wait sample each.
+    assert_eq!((gauge(&end, "a"), gauge(&end, "b")), (0.0, 0.0));
+    let mut waits = Vec::new();
+    for class in ["a", "b"] {
+        let admitted: u64 = (mid.iter().chain(&end))
+            .filter(|(n, c, _)| n == "tower_allowance_class_admitted_total" && c == class)
+            .map(|(_, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                other => panic!("a counter: {other:?}"),
+            })
+            .sum();
+        assert_eq!(admitted, 4, "{class}: {mid:?} then {end:?}");
+        // A snapshot drains the counters and histograms: the samples are those of both.
+        let mine: Vec<f64> = (mid.iter().chain(&end))
+            .filter(|(n, c, _)| n == "tower_allowance_class_wait_seconds" && c == class)
+            .flat_map(|(_, _, v)| match v {
+                DebugValue::Histogram(h) => h.iter().map(|s| s.into_inner()).collect::<Vec<_>>(),
+                other => panic!("a histogram: {other:?}"),
+            })
+            .collect();
+        assert_eq!(mine.len(), 4, "{class}: {mine:?}");
+        waits.extend(mine);
+    }
+    // Each waited from the start to its slot: 0, 100, ..., 700 ms.
+    waits.sort_by(f64::total_cmp);
+    let ms: Vec<u64> = waits.iter().map(|s| (s * 1000.0).round() as u64).collect();
+    assert_eq!(ms, [0, 100, 200, 300, 400, 500, 600, 700]);
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Every event about a classed admission names its class: queued in its class, waiting for
+/// its slot, jumping the queue.
+#[tokio::test(start_paused = true)]
+async fn the_logs_name_the_class() {
+    const NAME: &str = "shares-logs";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .without_time()
+        .with_target(false)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // The process's default (see logs.rs); only this allowance's lines are read.
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+    let allowance = Allowance::builder(
+        config(10, 1)
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok")
+            .with_class("bulk", Share::weight(1).expect("ok"))
+            .expect("ok"),
+    )
+    .name(NAME)
+    .build();
+    let bulk: Vec<_> = (0..4)
+        .map(|_| {
+            let a = allowance.clone();
+            tokio::spawn(async move { a.acquire_with(of("bulk")).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    allowance.acquire_with(of("urgent")).await.expect("ok");
+    for b in bulk {
+        b.await.expect("joined").expect("admitted");
+    }
+    let bytes = captured.0.lock().expect("lock").clone();
+    let lines: Vec<String> = String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter(|l| l.contains(NAME))
+        .map(str::to_owned)
+        .collect();
+    let with =
+        |event: &str| -> Vec<&String> { lines.iter().filter(|l| l.contains(event)).collect() };
+    for (event, class) in [
+        ("queued in its class", "bulk"),
+        ("waiting for a slot", "bulk"),
+        ("a high-priority request jumped the queue", "urgent"),
+    ] {
+        let found = with(event);
+        assert!(!found.is_empty(), "{event}: {lines:#?}");
+        let named = format!("class=\"{class}\"");
+        assert!(
+            found.iter().any(|l| l.contains(&named)),
+            "{event} names {class}: {found:#?}"
+        );
+        assert!(found.iter().all(|l| l.contains("class=")), "{found:#?}");
+    }
+}
+
+/// A classed caller waiting for its slot holds a reservation (one per process: the turn);
+/// those queued behind it hold none. A high request that jumps comes first, and the holder's
+/// reservation moves later (two increments, the rule's price of a jump); the queued caller
+/// is given the turn after it.
+#[tokio::test(start_paused = true)]
+async fn a_classed_caller_s_reservation_moves_when_a_high_request_jumps() {
+    let allowance = Allowance::new(
+        config(10, 1)
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok")
+            .with_class("bulk", Share::weight(1).expect("ok"))
+            .expect("ok"),
+    );
+    let start = Instant::now();
+    allowance.acquire_with(of("bulk")).await.expect("admitted");
+    let spawn = || {
+        let a = allowance.clone();
+        tokio::spawn(async move {
+            a.acquire_with(of("bulk")).await.expect("admitted");
+            ms(start)
+        })
+    };
+    let holder = spawn();
+    tokio::task::yield_now().await;
+    let queued = spawn();
+    tokio::task::yield_now().await;
+    // One holds the slot at 100 ms (the store's schedule holds it: counted admitted, with
+    // the one at 0), the other waits in its class's queue.
+    let bulk = |s: &tower_allowance::Snapshot| {
+        let c = s.classes.iter().find(|c| c.name == "bulk").expect("ok");
+        (c.admitted, c.waiting)
+    };
+    assert_eq!(bulk(&allowance.snapshot()), (2, 1), "one queued for a turn");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    allowance
+        .acquire_with(of("urgent"))
+        .await
+        .expect("admitted");
+    let urgent = ms(start);
+    let (h, q) = (holder.await.expect("joined"), queued.await.expect("joined"));
+    // The urgent request: one interval after it arrived (20 ms). The holder's reservation
+    // moved from 100 to 300 ms (without the move: two sends 20 ms apart at a burst of 1);
+    // the queued caller's turn came after it, on the next slot.
+    assert_eq!((urgent, h, q), (120, 300, 400));
+}

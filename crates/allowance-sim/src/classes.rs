@@ -28,11 +28,16 @@ use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
     retry::RetryConfig,
     shares::{Class, Share},
-    Allowance, BoxError,
+    Allowance, AllowanceConfig, BoxError,
 };
 use tower_allowance_redis::RedisStoreOptions;
 
-use allowance_testkit::{report::min_makespan_ms, scenario::Scenario};
+use allowance_testkit::{
+    fake::{FakeUpstream, VIRTUAL_MAX_DATE_SKEW},
+    report::min_makespan_ms,
+    scenario::Scenario,
+    upstream::WORKER_HEADER,
+};
 
 use crate::live::{connect_redis, HttpsClient, StoreChoice, Target};
 
@@ -120,6 +125,8 @@ pub struct ClassArgs {
     /// A class of callers sharing the allowance: `NAME:WEIGHT[:high][:jobs=N][:every=DURATION]`
     /// (repeatable). Workers are split among the classes by their jobs; `every`: job k arrives
     /// k x DURATION after the start. The report gives each class's admissions per --window.
+    /// `run --class` runs in real time on loopback; with --virtual, on a paused clock against
+    /// the in-process upstream (one process).
     #[arg(long = "class", value_parser = parse_class, value_name = "NAME:WEIGHT[:...]")]
     pub classes: Vec<ClassSpec>,
     /// The windows each class's admissions are counted in (default 10s).
@@ -205,20 +212,37 @@ struct SentAt(Arc<AtomicU64>);
 type Svc = BoxCloneService<Request<Empty<Bytes>>, Response<Bytes>, BoxError>;
 
 fn client_service(client: HttpsClient, start: Instant) -> Svc {
-    Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
-        let client = client.clone();
-        async move {
-            if let Some(sent) = req.extensions().get::<SentAt>() {
-                let at = ms(start.elapsed()) + 1;
-                let _ = sent
-                    .0
-                    .compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
+    stamped(
+        tower::service_fn(move |req: Request<Empty<Bytes>>| {
+            let client = client.clone();
+            async move {
+                let res = client.request(req).await?;
+                let (parts, body) = res.into_parts();
+                let body = body.collect().await?.to_bytes();
+                Ok::<_, BoxError>(Response::from_parts(parts, body))
             }
-            let res = client.request(req).await?;
-            let (parts, body) = res.into_parts();
-            let body = body.collect().await?.to_bytes();
-            Ok::<_, BoxError>(Response::from_parts(parts, body))
+        }),
+        start,
+    )
+}
+
+/// `inner`, noting when a request first leaves ([`SentAt`]).
+fn stamped<S>(inner: S, start: Instant) -> Svc
+where
+    S: tower::Service<Request<Empty<Bytes>>, Response = Response<Bytes>, Error = BoxError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    Svc::new(tower::service_fn(move |req: Request<Empty<Bytes>>| {
+        if let Some(sent) = req.extensions().get::<SentAt>() {
+            let at = ms(start.elapsed()) + 1;
+            let _ = sent
+                .0
+                .compare_exchange(0, at, Ordering::AcqRel, Ordering::Acquire);
         }
+        inner.clone().oneshot(req)
     }))
 }
 
@@ -235,35 +259,60 @@ pub async fn run_part(
     (part, parts): (usize, usize),
     start: Instant,
 ) -> Result<Vec<JobRecord>, BoxError> {
-    let mut config = allowance_testkit::scenario::allowance_config(s)?;
-    for c in &args.classes {
-        let share = Share::weight(c.weight)?;
-        config = config.with_class(&c.name, if c.high { share.high() } else { share })?;
-    }
-    let builder = Allowance::builder(config).name("sim");
+    let builder = Allowance::builder(class_config(s, args)?).name("sim");
     let allowance = match store {
         StoreChoice::Memory => builder.build(),
         StoreChoice::Redis { url, name } => builder
             .store(connect_redis(url, name, RedisStoreOptions::new()).await?)
             .build(),
     };
+    let client = client_service(target.client()?, start);
+    let target = target.clone();
+    let request = move |job, worker| target.request(job, worker);
+    run_jobs(s, args, &allowance, (part, parts), start, client, request).await
+}
+
+/// The scenario's allowance with the classes.
+fn class_config(s: &Scenario, args: &ClassArgs) -> Result<AllowanceConfig, BoxError> {
+    let mut config = allowance_testkit::scenario::allowance_config(s)?;
+    for c in &args.classes {
+        let share = Share::weight(c.weight)?;
+        config = config.with_class(&c.name, if c.high { share.high() } else { share })?;
+    }
+    Ok(config)
+}
+
+/// Runs this process's jobs (`part` of `parts`) from `start`, through `allowance` to `client`
+/// (a [`stamped`] service), each job's request made by `request(job, worker)`.
+async fn run_jobs<F>(
+    s: &Scenario,
+    args: &ClassArgs,
+    allowance: &Allowance,
+    (part, parts): (usize, usize),
+    start: Instant,
+    client: Svc,
+    request: F,
+) -> Result<Vec<JobRecord>, BoxError>
+where
+    F: Fn(usize, u32) -> Result<Request<Empty<Bytes>>, BoxError> + Clone + Send + 'static,
+{
     let retry = RetryConfig::default()
         .with_max_attempts(s.max_attempts)?
         .with_jitter_seed(1);
     let service = Svc::new(
         ServiceBuilder::new()
             .layer(allowance.layer().with_retry(retry))
-            .service(client_service(target.client()?, start)),
+            .service(client),
     );
     let records = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     let mut first_job = 0;
     for (spec, jobs, workers) in plan(args, s.jobs, s.workers) {
         for w in (part..workers).step_by(parts.max(1)) {
-            let (spec, service, target, records) = (
+            let (spec, service, request, records) = (
                 spec.clone(),
                 service.clone(),
-                target.clone(),
+                request.clone(),
                 records.clone(),
             );
             let offset = first_job;
@@ -273,8 +322,7 @@ pub async fn run_part(
                     let arrival = start + spec.every.map_or(Duration::ZERO, |e| e * k as u32);
                     tokio::time::sleep_until(arrival).await;
                     let arrived_ms = ms(arrival.saturating_duration_since(start));
-                    let mut req = target
-                        .request(offset + k, u32::try_from(w).unwrap_or(u32::MAX))
+                    let mut req = request(offset + k, u32::try_from(w).unwrap_or(u32::MAX))
                         .map_err(|e| e.to_string())?;
                     let sent = SentAt::default();
                     req.extensions_mut().insert(class.clone());
@@ -509,6 +557,47 @@ fn instant_of(epoch_ms: u64) -> Instant {
         now.checked_sub(Duration::from_millis(now_ms - epoch_ms))
             .unwrap_or(now)
     }
+}
+
+/// `run --class --virtual`: one process on a paused clock against the in-process throttling
+/// upstream (as `run --virtual`): the report and the 429s the upstream answered.
+///
+/// # Errors
+///
+/// A class or configuration the allowance refuses.
+pub fn execute_virtual(
+    s: &Scenario,
+    args: &ClassArgs,
+) -> Result<(ClassRunReport, usize), BoxError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    rt.block_on(async {
+        let upstream = FakeUpstream::new(s.upstream.clone());
+        let start = Instant::now();
+        let config = class_config(s, args)?.with_max_date_skew(VIRTUAL_MAX_DATE_SKEW);
+        let allowance = Allowance::builder(config).name("sim").build();
+        let fake = upstream.clone();
+        let client = stamped(
+            tower::service_fn(move |req: Request<Empty<Bytes>>| {
+                let res = fake.clone().oneshot(req);
+                async move {
+                    let res = res.await?;
+                    Ok::<_, BoxError>(res.map(Bytes::from))
+                }
+            }),
+            start,
+        );
+        let request = |job: usize, worker: u32| {
+            Ok(Request::get(format!("/e{job}"))
+                .header(WORKER_HEADER, worker)
+                .body(Empty::new())?)
+        };
+        let records = run_jobs(s, args, &allowance, (0, 1), start, client, request).await?;
+        let rejected = upstream.log().iter().filter(|r| r.status == 429).count();
+        Ok((report(s, args, 1, &records), rejected))
+    })
 }
 
 /// `http` (or `run`) with `--class`: runs the classes (in `processes` processes, sharing the

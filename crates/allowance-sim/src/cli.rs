@@ -590,6 +590,22 @@ pub fn execute(cli: Cli, out: &mut dyn Write) -> Result<(), BoxError> {
     }
     match cli.command {
         Command::Seed { json } => seed(json, out),
+        Command::Run(args) if !args.workload.classes.classes.is_empty() && args.virtual_time => {
+            // `--virtual`: one process on a paused clock, the in-process upstream.
+            let s = args.scenario();
+            if args.workload.processes > 1 || args.workload.redis.is_some() {
+                return Err("--processes and --redis need real time: drop --virtual".into());
+            }
+            let (report, rejected) = classes::execute_virtual(&s, &args.workload.classes)?;
+            if !args.workload.json {
+                writeln!(
+                    out,
+                    "upstream (virtual time): burst {} at {}/s, {rejected} 429s",
+                    s.burst, s.rate_per_sec
+                )?;
+            }
+            classes_out(&args.workload, &classes::ClassOutcome::Report(report), out)
+        }
         Command::Run(args) if !args.workload.classes.classes.is_empty() => {
             // Real time against the built-in upstream on loopback, as `run --real`.
             let s = args.scenario();

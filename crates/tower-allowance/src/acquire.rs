@@ -170,6 +170,9 @@ fn decide(
             // Named when an event first names it (never on the fast path).
             let (name, next) = (shared.name(), || shared.next_request());
             let request = *progress.request.get_or_insert_with(next);
+            #[cfg(feature = "shares")]
+            classes::waiting((shared, name), options, wait, request);
+            #[cfg(not(feature = "shares"))]
             tracing::debug!(allowance = name, ?wait, request, "waiting for a slot");
             let at = now.checked_add(wait).unwrap_or(now);
             // Held by a cooldown this process knows of, until its end.

@@ -49,6 +49,18 @@ fn class_of(shared: &Shared, options: &AcquireOptions) -> Option<(u8, Arc<str>, 
         .map(|(i, n, s)| (i, n.clone(), s))
 }
 
+/// The event of an admission waiting `wait` for its slot, naming its class (if any).
+pub(crate) fn waiting(
+    (shared, allowance): (&Shared, &str),
+    options: &AcquireOptions,
+    wait: Duration,
+    request: std::num::NonZeroU64,
+) {
+    let class = class_of(shared, options).map(|(_, name, _)| name);
+    let class = class.as_deref();
+    tracing::debug!(allowance, ?wait, request, class, "waiting for a slot");
+}
+
 /// The queues' step before an admission asks the store: `None` to go on and ask (with a
 /// turn, or without classes), or the step to wait in.
 pub(crate) fn before(
@@ -189,8 +201,13 @@ pub(crate) fn replied(
         }
     }
     if let Some(event) = reply.event {
+        let class = match progress.turn {
+            Turn::Held(c, _) | Turn::Jump(c) => shared.config().classes.iter().nth(c.into()),
+            _ => None,
+        };
         tracing::debug!(
             allowance = shared.name(),
+            class = class.map(|(name, _)| &**name),
             "a high-priority request jumped the queue"
         );
         shared.holders().event(event);
