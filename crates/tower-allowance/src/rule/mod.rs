@@ -155,8 +155,7 @@ pub use self::probe::ProbeOutcome;
 #[cfg(feature = "shares")]
 #[cfg_attr(not(feature = "rule"), allow(unused_imports))]
 pub use self::shares::{
-    share_step, share_step_of, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES,
-    SHARE_SCALE,
+    share_step, ClassState, ShareReply, ShareRequest, HIGH_LEAD, MAX_CLASSES, SHARE_SCALE,
 };
 #[cfg(feature = "rule")]
 pub use self::{cooldown::cooldown_shift, wire::EVENT_WORDS};

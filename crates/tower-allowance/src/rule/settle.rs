@@ -35,6 +35,10 @@
 // The accessors are for stores that mirror the rule (feature `rule`).
 #![cfg_attr(not(feature = "rule"), allow(dead_code))]
 
+/// A class's virtual-time step for units at a weight (`rule/shares.rs`), for this process's
+/// class queues too.
+#[cfg(feature = "shares")]
+pub(crate) use super::shares::share_step_of;
 use super::{pending, Applied, Event, EventKind, Params, Reservation, State, Unit, MAX_LIMITS};
 
 /// How a settlement gives unused reservations back (derived from the configuration).
@@ -432,7 +436,7 @@ fn class_settled(state: &mut State, op: &Settle, moved: i64) {
         return;
     }
     let c = usize::from(class).min(super::MAX_CLASSES - 1);
-    let step = super::share_step_of(units.unsigned_abs(), weight);
+    let step = share_step_of(units.unsigned_abs(), weight);
     let f = &mut state.classes.finish[c];
     *f = if units > 0 {
         f.saturating_sub(step)

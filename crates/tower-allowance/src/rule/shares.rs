@@ -124,7 +124,7 @@ pub fn share_step(cost: u32, weight: u32) -> u64 {
 }
 
 /// Virtual time `units` of cost take at `weight` (a settlement's, which may be zero).
-pub fn share_step_of(units: u64, weight: u32) -> u64 {
+pub(crate) fn share_step_of(units: u64, weight: u32) -> u64 {
     units.saturating_mul(SHARE_SCALE) / u64::from(weight.max(1))
 }
 

@@ -130,7 +130,7 @@ impl Gate {
             return;
         }
         let c = usize::from(class).min(MAX_CLASSES - 1);
-        let step = crate::rule::share_step_of(units.unsigned_abs(), weight);
+        let step = crate::rule::settle::share_step_of(units.unsigned_abs(), weight);
         let by = |t: u64| match units > 0 {
             true => t.saturating_sub(step),
             false => t.saturating_add(step),
