@@ -16,9 +16,12 @@ async fn settled_runs_draw_no_429_and_learn_the_upstream_s_rule() {
         // would mean the allowance believed it had tokens the upstream did not.
         assert_eq!(row.rejected, 0, "{row:?}");
         assert_eq!(row.completed, demo.jobs as u64, "{row:?}");
-        // The rule learned is the upstream's (a lower bound of it: nothing comes back that
-        // the upstream keeps).
-        assert!((row.share - share).abs() < 0.011, "{row:?}");
+        // The rule learned is a lower bound of the upstream's: never above it (nothing comes
+        // back that the upstream keeps), and most of it. How close depends on when fresh
+        // readings come (real time): 0.988-0.999 of an upstream that refunds everything
+        // (0.988 in 2 of 20 runs at load ~1).
+        assert!(row.share <= share + 0.011, "{row:?}");
+        assert!(row.share >= share - 0.03, "{row:?}");
         // Loose on purpose (real time on a shared machine): the acceptance script measures
         // the 95%; here, far below it would mean the refunds were not spent.
         assert!(row.utilisation > 0.6, "{row:?}");

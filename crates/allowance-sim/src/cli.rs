@@ -214,8 +214,8 @@ pub struct Workload {
     #[arg(long, default_value_t = 2)]
     pub rate: u32,
     /// Keep the allowance exactly at --burst and --rate: no headroom for delivery jitter
-    /// (by default the last request of a burst above 1 waits 10 ms, or one interval if that is
-    /// shorter, and the schedule after it is that much later; at burst 1 two sends are a 50th
+    /// (by default a burst above 1 keeps 10 ms, or half the burst's time if that is shorter:
+    /// the schedule after a whole burst is that much later; at burst 1 two sends are a 50th
     /// of the interval further apart, 10 ms over Redis, and each slot is paced from the last
     /// one's actual send or answer).
     #[arg(long)]
