@@ -149,6 +149,33 @@ async fn a_high_class_waits_one_interval_behind_any_backlog() {
     assert!(last <= (420 - 4) * 50 + 1, "{last}");
 }
 
+/// The starvation bound: a flood of the high class takes at most its weighted share plus
+/// [`HIGH_LEAD`](tower_allowance::rule::HIGH_LEAD) admissions while the others wait. (The
+/// old code did not count a jump in the process's own virtual times: once past its lead
+/// the high class queued with its share still unspent, and took 268 of the first 400.)
+#[tokio::test(start_paused = true)]
+async fn a_high_flood_takes_its_share_and_its_lead_no_more() {
+    let allowance = Allowance::new(
+        config(100, 5)
+            .with_class("urgent", Share::weight(1).expect("ok").high())
+            .expect("ok")
+            .with_class("bulk", Share::weight(1).expect("ok"))
+            .expect("ok"),
+    );
+    let (start, log) = (Instant::now(), Log::default());
+    let mut tasks = spawn_class(&allowance, "urgent", 20, 300, start, &log);
+    tasks.extend(spawn_class(&allowance, "bulk", 20, 300, start, &log));
+    for t in tasks {
+        t.await.expect("ok");
+    }
+    let log = log.lock().expect("ok").clone();
+    let bulk = log.iter().take(400).filter(|(c, _)| c == "bulk").count();
+    // Half of 400, less the lead and the burst (taken first come, by the urgent callers).
+    let lead = tower_allowance::rule::HIGH_LEAD as usize;
+    assert!(bulk >= 200 - lead - 5, "bulk: {bulk} of the first 400");
+    assert!(bulk <= 200, "bulk: {bulk} of the first 400");
+}
+
 fn two_classes(rate: u32, burst: u32) -> AllowanceConfig {
     config(rate, burst)
         .with_class("a", Share::weight(1).expect("ok"))

@@ -26,8 +26,10 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 use tower::{util::BoxCloneService, ServiceBuilder, ServiceExt};
 use tower_allowance::{
+    lease::LeaseStore,
     retry::RetryConfig,
     shares::{Class, Share},
+    store::MemoryStore,
     Allowance, AllowanceConfig, BoxError,
 };
 use tower_allowance_redis::RedisStoreOptions;
@@ -177,6 +179,9 @@ pub struct ClassRunReport {
     processes: usize,
     window_ms: u64,
     classes: BTreeMap<String, ClassReport>,
+    /// With `--lease --virtual`: the lease calls made (each one store call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_calls: Option<u64>,
 }
 
 /// Each class's jobs and workers.
@@ -260,11 +265,19 @@ pub async fn run_part(
     start: Instant,
 ) -> Result<Vec<JobRecord>, BoxError> {
     let builder = Allowance::builder(class_config(s, args)?).name("sim");
-    let allowance = match store {
-        StoreChoice::Memory => builder.build(),
-        StoreChoice::Redis { url, name } => builder
-            .store(connect_redis(url, name, RedisStoreOptions::new()).await?)
+    // `--lease`: the classes share the leased tokens (the lease's own figures go unreported).
+    let allowance = match (store, crate::live::lease()) {
+        (StoreChoice::Memory, None) => builder.build(),
+        (StoreChoice::Memory, Some(lease)) => builder
+            .store(LeaseStore::new(MemoryStore::new(), lease))
             .build(),
+        (StoreChoice::Redis { url, name }, lease) => {
+            let redis = connect_redis(url, name, RedisStoreOptions::new()).await?;
+            match lease {
+                Some(lease) => builder.store(LeaseStore::new(redis, lease)).build(),
+                None => builder.store(redis).build(),
+            }
+        }
     };
     let client = client_service(target.client()?, start);
     let target = target.clone();
@@ -409,6 +422,7 @@ pub fn report(
         processes,
         window_ms,
         classes,
+        lease_calls: None,
     }
 }
 
@@ -425,6 +439,9 @@ pub fn table(r: &ClassRunReport) -> String {
             "{name:<12} {:>6} {:<5} {:>5} {:>5} {:>12} {:>12}  {:?}",
             c.weight, c.high, c.jobs, c.completed, c.max_wait_ms, c.p99_wait_ms, c.windows
         );
+    }
+    if let Some(calls) = r.lease_calls {
+        let _ = writeln!(out, "lease calls: {calls} (one store call each)");
     }
     out
 }
@@ -577,7 +594,12 @@ pub fn execute_virtual(
         let upstream = FakeUpstream::new(s.upstream.clone());
         let start = Instant::now();
         let config = class_config(s, args)?.with_max_date_skew(VIRTUAL_MAX_DATE_SKEW);
-        let allowance = Allowance::builder(config).name("sim").build();
+        let builder = Allowance::builder(config).name("sim");
+        let leased = crate::live::lease().map(|l| LeaseStore::new(MemoryStore::new(), l));
+        let allowance = match &leased {
+            Some(store) => builder.store(store.clone()).build(),
+            None => builder.build(),
+        };
         let fake = upstream.clone();
         let client = stamped(
             tower::service_fn(move |req: Request<Empty<Bytes>>| {
@@ -596,7 +618,9 @@ pub fn execute_virtual(
         };
         let records = run_jobs(s, args, &allowance, (0, 1), start, client, request).await?;
         let rejected = upstream.log().iter().filter(|r| r.status == 429).count();
-        Ok((report(s, args, 1, &records), rejected))
+        let mut report = report(s, args, 1, &records);
+        report.lease_calls = leased.map(|l| l.lease_calls());
+        Ok((report, rejected))
     })
 }
 

@@ -216,3 +216,59 @@ fn the_timeline_of_a_class_run_charts_the_shares() {
         "{text}"
     );
 }
+
+#[test]
+fn classes_share_a_lease_by_weight_and_a_high_one_takes_the_next_token() {
+    // `--lease auto` at 200/s: 3:1 and a high class arriving every 250 ms, 2,020 jobs. (A
+    // child process: the lease is set once per process, and this one's other runs have none.)
+    let out = std::process::Command::new(common::exe())
+        .args([
+            "run",
+            "--virtual",
+            "--exact",
+            "--rate",
+            "200",
+            "--burst",
+            "5",
+            "--lease",
+            "auto",
+            "--class",
+            "a:3",
+            "--class",
+            "b:1",
+            "--class",
+            "live:1:high:jobs=20:every=250ms",
+            "--jobs",
+            "2020",
+            "--workers",
+            "80",
+            "--window",
+            "2s",
+            "--json",
+        ])
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["completed"].as_u64(), Some(2020), "{v}");
+    // Far fewer store calls than admissions (the old code ignored --lease with classes).
+    let calls = v["lease_calls"].as_u64().expect("lease calls reported");
+    assert!(calls <= 2020 / 20, "{calls} lease calls");
+    // 3:1 while both wait (the first two windows), within a few admissions.
+    let (a, b) = (windows(&v["classes"]["a"]), windows(&v["classes"]["b"]));
+    for w in 0..2 {
+        let want = (a[w] + b[w]) as f64 * 3.0 / 4.0;
+        assert!(
+            (a[w] as f64 - want).abs() <= 6.0,
+            "window {w}: a {a:?}, b {b:?}"
+        );
+    }
+    // The high class: this process's next token (one interval, 5 ms, and the one held).
+    assert!(
+        v["classes"]["live"]["max_wait_ms"].as_u64() <= Some(10),
+        "{v}"
+    );
+    // No slot stranded: the bucket's makespan, to an interval.
+    let (made, min) = (v["makespan_ms"].as_u64(), v["min_makespan_ms"].as_u64());
+    assert!(made <= min.map(|m| m + 5), "{v}");
+}

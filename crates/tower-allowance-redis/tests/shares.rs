@@ -106,3 +106,82 @@ async fn one_store_call_per_classed_admission_across_two_allowances() {
         }
     }
 }
+
+/// With leases, the classes share the leased tokens (feature `lease`): two allowances (two
+/// processes' worth) on one Redis allowance, weights 3:1 in each, far fewer store calls than
+/// admissions, and the weights held in each process while both its classes wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_classes_share_by_weight_in_far_fewer_store_calls() {
+    use tower_allowance::lease::{Lease, LeaseStore};
+    let redis = TestRedis::start_private().await;
+    let name = unique_name("shares-lease");
+    let config = || -> AllowanceConfig {
+        AllowanceConfig::per_second(400, 4)
+            .and_then(|c| c.with_class("bulk", Share::weight(3)?))
+            .and_then(|c| c.with_class("batch", Share::weight(1)?))
+            .expect("classes")
+    };
+    let mut allowances = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect(redis.url(), &name, RedisStoreOptions::new())
+            .await
+            .expect("connect");
+        allowances.push(Allowance::with_store(
+            config(),
+            LeaseStore::new(store, Lease::auto()),
+        ));
+    }
+    redis.command(&["CONFIG", "RESETSTAT"]).await;
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    // Per allowance: 10 workers of each class, 30 admissions each: 1,200 in all.
+    for (pi, allowance) in allowances.iter().enumerate() {
+        for class in ["bulk", "batch"] {
+            for _ in 0..10 {
+                let (a, log) = (allowance.clone(), log.clone());
+                tasks.push(tokio::spawn(async move {
+                    let class = Class::new(class);
+                    for _ in 0..30 {
+                        a.acquire_with(AcquireOptions::new().class(&class))
+                            .await
+                            .expect("admitted");
+                        log.lock()
+                            .expect("lock")
+                            .push(format!("{}{}", class.name(), pi));
+                    }
+                }));
+            }
+        }
+    }
+    for t in tasks {
+        t.await.expect("joined");
+    }
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let store_calls = calls(&stats, "fcall") + calls(&stats, "evalsha") + calls(&stats, "eval");
+    let log = log.lock().expect("lock").clone();
+    assert_eq!(log.len(), 1_200);
+    let per = store_calls as f64 / 1_200.0;
+    eprintln!(
+        "{store_calls} store calls for 1,200 leased classed admissions: {per:.3} per admission"
+    );
+    assert!(per <= 0.2, "{per:.3} calls per admission: {stats}");
+    // Each process shares its own tokens: 3:1 while both its classes wait (its first 400;
+    // the two processes' leases follow their own rates, not each other's).
+    for p in ["0", "1"] {
+        let mine: Vec<_> = log.iter().filter(|c| c.ends_with(p)).take(400).collect();
+        let bulk = mine.iter().filter(|c| c.starts_with("bulk")).count();
+        assert!(
+            (bulk as i64 - 300).abs() <= 8,
+            "process {p}: bulk {bulk} of its first 400"
+        );
+    }
+}

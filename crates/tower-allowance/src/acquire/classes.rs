@@ -86,6 +86,10 @@ pub(crate) fn before(
         Turn::None => {
             let ci = usize::from(c);
             if share.is_high() && q.tags.may_jump(ci, share.weight_of()) {
+                // Counted in this process's times as the store counts a jump (the class moves
+                // on, not the virtual time): once past its lead it queues behind its share.
+                let step = crate::rule::share_step(options.cost.unwrap_or(1), share.weight_of());
+                q.local.finish[ci] = q.local.start(ci).saturating_add(step);
                 progress.turn = Turn::Jump(c);
                 return None;
             }

@@ -27,11 +27,23 @@ pub(super) enum Served {
     At(Instant),
 }
 
-pub(super) type Waiter = oneshot::Sender<Served>;
+/// What a waiting caller is told: the answer, given after a sleep to `.1` (an outage's share).
+pub(super) type Told = (Result<Reply, StoreError>, Option<Instant>);
 
-/// The answer to a caller admitted at `at` locally: now, or after a sleep in the future.
-pub(super) fn admitted_at(at: Instant, now: Instant) -> StoreFuture<Reply> {
-    let admitted = Ok(Reply(rule::Reply::Admit(Admission::Admitted)));
+pub(super) type Waiter = oneshot::Sender<Told>;
+
+/// An admission now.
+pub(super) fn admitted() -> Reply {
+    Reply(rule::Reply::Admit(Admission::Admitted))
+}
+
+/// The answer to a caller admitted at `at` locally (`admitted`, or a class's): now, or after
+/// a sleep in the future.
+pub(super) fn admitted_at(
+    at: Instant,
+    now: Instant,
+    admitted: Result<Reply, StoreError>,
+) -> StoreFuture<Reply> {
     if at <= now {
         return Box::pin(std::future::ready(admitted));
     }
@@ -43,6 +55,8 @@ pub(super) fn admitted_at(at: Instant, now: Instant) -> StoreFuture<Reply> {
 
 pub(super) struct Waiting {
     pub(super) max_wait: Duration,
+    /// A class's admission (feature `shares`): told as the store tells a class.
+    pub(super) class: Option<super::Classed>,
     pub(super) tx: Waiter,
 }
 
@@ -90,6 +104,8 @@ pub(super) struct Local {
     pub(super) expired: u64,
     /// Tokens granted.
     pub(super) granted: u64,
+    /// The classes' virtual times for the admissions this lease answered (feature `shares`).
+    pub(super) classes: super::classes::Tags,
 }
 
 pub(super) struct Outage {

@@ -19,10 +19,12 @@
 //! clearing, a lost state) is applied to the unused tokens at once, as to any reservation (a
 //! cooldown moves them past its end; a closure drops them). Retries (they spend the shared
 //! retry budget), requests of a cost above one, requests with a `not_before`, and allowances
-//! with an adaptive rate go to the store as without a lease. So do the admissions of an
-//! allowance with classes (feature `shares`): the store decides whose turn each slot is
-//! (priority, then weighted fair share), so each is one store call, behind the tokens
-//! leased.
+//! with an adaptive rate go to the store as without a lease. With classes (feature `shares`)
+//! the shares are applied inside the lease: a class's first attempt takes a leased token, in
+//! the order the class queues give (weighted fair share, a high class first within its lead),
+//! and the lease keeps the classes' virtual times for them (`lease/classes.rs`): the weights
+//! hold inside each process, and a high request waits for this process's next token, not for
+//! the slot after the one being served fleet-wide.
 //!
 //! # Outages
 //!
@@ -75,10 +77,13 @@ use crate::{
     ConfigError,
 };
 
+#[cfg(feature = "shares")]
+mod classes;
 mod config;
 mod local;
+use classes::Classed;
 pub use config::{Lease, MAX_LEASE};
-use local::{admitted_at, Local, Outage, Served, Token, Waiting};
+use local::{admitted, admitted_at, Local, Outage, Served, Token, Waiting};
 
 /// How late after its slot a token may still be used (a timer's lateness); later, it is
 /// dropped: sent later, it could meet the next slots' requests at the upstream.
@@ -198,18 +203,57 @@ impl<S> Inner<S> {
 }
 
 /// Whether `op` is one a lease can answer: a first attempt of cost 1, no `not_before`, on an
-/// allowance without an adaptive rate.
-fn leasable(params: &rule::Params, op: &rule::Op) -> Option<rule::AdmitRequest> {
-    match op {
-        rule::Op::Admit(req)
-            if !req.retry
-                && req.cost == 1
-                && req.not_before_us == 0
-                && params.adaptive.is_none() =>
-        {
-            Some(*req)
+/// allowance without an adaptive rate (of a class, or not).
+fn leasable(params: &rule::Params, op: &rule::Op) -> Option<(rule::AdmitRequest, Option<Classed>)> {
+    let (req, class) = classes::admission(op)?;
+    let plain = !req.retry && req.cost == 1 && req.not_before_us == 0;
+    (plain && params.adaptive.is_none()).then_some((req, class))
+}
+
+/// `answer` as its caller asked for it: a class's, with the classes' virtual times.
+fn classed(
+    local: &mut Local,
+    class: Option<Classed>,
+    answer: Result<Reply, StoreError>,
+) -> Result<Reply, StoreError> {
+    match class {
+        Some(c) => c.answer(&mut local.classes, answer),
+        None => answer,
+    }
+}
+
+/// Without the `shares` feature a lease answers first attempts only.
+#[cfg(not(feature = "shares"))]
+mod classes {
+    use crate::{
+        rule::{self, AdmitRequest},
+        store::{Reply, StoreError},
+    };
+
+    pub(super) type Tags = ();
+
+    #[derive(Clone, Copy, Debug)]
+    pub(super) enum Classed {}
+
+    pub(super) fn admission(op: &rule::Op) -> Option<(AdmitRequest, Option<Classed>)> {
+        match op {
+            rule::Op::Admit(req) => Some((*req, None)),
+            _ => None,
         }
-        _ => None,
+    }
+
+    impl Classed {
+        pub(super) fn first(&self, _: &Tags) -> bool {
+            match *self {}
+        }
+
+        pub(super) fn answer(
+            self,
+            _: &mut Tags,
+            _: Result<Reply, StoreError>,
+        ) -> Result<Reply, StoreError> {
+            match self {}
+        }
     }
 }
 
@@ -267,8 +311,7 @@ impl<S: Store> Inner<S> {
                 local.denied = Some(answer);
                 // Not one token: every waiting caller hears what a first attempt would have.
                 for w in local.waiters.drain(..) {
-                    let _ =
-                        w.tx.send(Served::Reply(Ok(Reply(rule::Reply::Admit(answer)))));
+                    let _ = w.tx.send((Ok(Reply(rule::Reply::Admit(answer))), None));
                 }
                 return;
             }
@@ -276,7 +319,7 @@ impl<S: Store> Inner<S> {
             Ok(_) => {
                 for w in local.waiters.drain(..) {
                     let e = StoreError::protocol(crate::store::WrongReply);
-                    let _ = w.tx.send(Served::Reply(Err(e)));
+                    let _ = w.tx.send((Err(e), None));
                 }
                 return;
             }
@@ -308,7 +351,7 @@ impl<S: Store> Inner<S> {
                     let e = first.take().unwrap_or_else(|| {
                         StoreError::unavailable("the lease call failed (told the first caller)")
                     });
-                    let _ = w.tx.send(Served::Reply(Err(e)));
+                    let _ = w.tx.send((Err(e), None));
                 }
                 return;
             }
@@ -316,9 +359,15 @@ impl<S: Store> Inner<S> {
         self.serve(local, now);
     }
 
-    /// Serves waiting callers from the tokens (or the outage's share), in order.
+    /// Serves waiting callers from the tokens (or the outage's share), in order (a high
+    /// class's within its lead first).
     fn serve(&self, local: &mut Local, now: Instant) {
-        while let Some(max_wait) = local.waiters.front().map(|w| w.max_wait) {
+        loop {
+            let first = |w: &Waiting| w.class.is_some_and(|c| c.first(&local.classes));
+            let i = local.waiters.iter().position(first).unwrap_or(0);
+            let Some(max_wait) = local.waiters.get(i).map(|w| w.max_wait) else {
+                break;
+            };
             let served = match local.take(now, max_wait) {
                 Some(a) => Served::Reply(a),
                 None if local.outage.is_some() => match local.take_local(now, max_wait) {
@@ -336,8 +385,13 @@ impl<S: Store> Inner<S> {
             ) {
                 local.count(now, self.lease.period());
             }
-            if let Some(w) = local.waiters.pop_front() {
-                let _ = w.tx.send(served);
+            if let Some(w) = local.waiters.remove(i) {
+                let (answer, at) = match served {
+                    Served::Reply(answer) => (answer, None),
+                    Served::At(at) => (Ok(admitted()), Some(at)),
+                };
+                // A class's times move when the answer is given, in the order given.
+                let _ = w.tx.send((classed(local, w.class, answer), at));
             }
         }
     }
@@ -453,28 +507,36 @@ impl<S: Store> LeaseStore<S> {
 
 impl<S: Store> Store for LeaseStore<S> {
     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        if let Some(req) = leasable(&params.0, &op.0) {
+        if let Some((req, class)) = leasable(&params.0, &op.0) {
             let now = Instant::now();
             let rx = {
                 let mut local = self.inner.lock();
                 match self.admit_now(&mut local, now, params, &req) {
-                    Some(Served::Reply(answer)) => return Box::pin(std::future::ready(answer)),
-                    Some(Served::At(at)) => return admitted_at(at, now),
+                    Some(Served::Reply(answer)) => {
+                        let answer = classed(&mut local, class, answer);
+                        return Box::pin(std::future::ready(answer));
+                    }
+                    Some(Served::At(at)) => {
+                        let answer = classed(&mut local, class, Ok(admitted()));
+                        return admitted_at(at, now, answer);
+                    }
                     None => {}
                 }
                 let (tx, rx) = oneshot::channel();
-                local.waiters.push_back(Waiting {
+                let waiting = Waiting {
                     max_wait: Duration::from_micros(req.max_wait_us),
+                    class,
                     tx,
-                });
+                };
+                local.waiters.push_back(waiting);
                 // The lease call may have answered already (a store without I/O).
                 self.inner.serve(&mut local, now);
                 rx
             };
             return Box::pin(async move {
                 match rx.await {
-                    Ok(Served::Reply(answer)) => answer,
-                    Ok(Served::At(at)) => admitted_at(at, Instant::now()).await,
+                    Ok((answer, None)) => answer,
+                    Ok((answer, Some(at))) => admitted_at(at, Instant::now(), answer).await,
                     Err(_) => Err(StoreError::unavailable("the lease holder was dropped")),
                 }
             });
@@ -519,14 +581,14 @@ impl<S: Store> Store for LeaseStore<S> {
         params: &Params,
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
-        if let Some(req) = leasable(&params.0, &op.0) {
+        if let Some((req, class)) = leasable(&params.0, &op.0) {
             let mut local = self.inner.lock();
             // An outage's share may mean a sleep: `apply` answers that.
             if local.outage.is_some() && local.tokens.is_empty() {
                 return None;
             }
             return match self.admit_now(&mut local, now, params, &req)? {
-                Served::Reply(answer) => Some(answer),
+                Served::Reply(answer) => Some(classed(&mut local, class, answer)),
                 Served::At(_) => None,
             };
         }
@@ -585,6 +647,9 @@ fn hear_reply(local: &mut Local, reply: &Reply) {
     let event = match reply.0 {
         rule::Reply::Defer(d) => d.event,
         rule::Reply::Changed(e) => Some(e),
+        // A high request that jumped the queue (one the lease did not answer).
+        #[cfg(feature = "shares")]
+        rule::Reply::Share(s) => s.event,
         _ => None,
     };
     if let Some(e) = event {
