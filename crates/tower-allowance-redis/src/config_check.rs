@@ -2,31 +2,31 @@
 //! it, so that a rolling deploy changes a limit without refusing anyone.
 //!
 //! Each store learns its version once, with its first decision: the Redis server's `TIME`
-//! (one command, single-flight: however many callers decide at once, one asks). Every call
-//! then carries the configuration block `;VERSION,PINNED` at the end of its parameters text;
-//! the script (`lua/config.lua`) keeps the configuration in force in the state hash (field
-//! `k`, `VERSION;TEXT`) and decides with the newest: a newer caller's is stored (and its
-//! takeover published on the channel, `k:VERSION;TEXT`, which every process logs once at
-//! INFO); an older caller decides with the stored one, in the same atomic call. A process
-//! with [`RedisStoreOptions::pin_config`](crate::RedisStoreOptions::pin_config) is refused
-//! instead ([`CallErrorKind::ConfigMismatch`], naming both in the units configured).
+//! (one command, single-flight: however many callers decide at once, one asks; on a cluster,
+//! the key's primary's, from which the store learns the server's clock too: `validity`).
+//! Every call then carries the configuration block `;VERSION,PINNED` at the end of its
+//! parameters text; the script (`lua/config.lua`) keeps the configuration in force in the
+//! state hash (field `k`, `VERSION;TEXT`) and decides with the newest: a newer caller's is
+//! stored (and its takeover published on the channel, `k:VERSION;TEXT`, which every process
+//! logs once at INFO); an older caller decides with the stored one, in the same atomic call.
+//! A process with [`RedisStoreOptions::pin_config`](crate::RedisStoreOptions::pin_config) is
+//! refused instead ([`CallErrorKind::ConfigMismatch`], naming both in the units configured).
 //!
 //! [`Allowance::clear`](tower_allowance::Allowance::clear) resets the state and keeps the
 //! configuration in force: there is nothing to wait for, every decision reads it.
 
-use std::sync::{
-    atomic::{AtomicU64, Ordering},
-    Mutex, PoisonError,
+use std::{
+    future::Future,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Mutex, PoisonError,
+    },
 };
 
 use tokio::sync::OnceCell;
 use tower_allowance::rule::{BudgetParams, Params, Unit};
 
-use crate::{
-    access,
-    error::{CallError, CallErrorKind},
-    link::{with_timeout, Link},
-};
+use crate::error::{CallError, CallErrorKind};
 
 /// One store's configuration version, and what it heard of others'.
 pub(crate) struct ConfigCheck {
@@ -53,20 +53,14 @@ impl ConfigCheck {
         }
     }
 
-    /// This store's version: the server's `TIME` at its first decision, asked once however
-    /// many callers decide at once (the others wait for that answer); not counted in the
-    /// store's round trips (it decides nothing). A failure is the call's, and the next
-    /// decision asks again.
-    pub(crate) async fn version(&self, link: &Link, name: &str) -> Result<u64, CallError> {
-        let ask = || async {
-            let mut conn = link.conn.clone();
-            let cmd = redis::cmd("TIME");
-            let time = cmd.query_async::<(u64, u64)>(&mut conn);
-            let (secs, micros) = with_timeout(link.options.timeout, time)
-                .await?
-                .map_err(|e| access::call_error(e, name, link.events.source()))?;
-            Ok::<u64, CallError>(secs.saturating_mul(1_000_000).saturating_add(micros))
-        };
+    /// This store's version: the server's `TIME` at its first decision (`ask`), asked once
+    /// however many callers decide at once (the others wait for that answer). A failure is
+    /// the call's, and the next decision asks again.
+    pub(crate) async fn version<F, Fut>(&self, ask: F) -> Result<u64, CallError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<u64, CallError>>,
+    {
         self.version.get_or_try_init(ask).await.copied()
     }
 

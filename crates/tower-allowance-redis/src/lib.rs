@@ -205,16 +205,18 @@
 //! - **applied as it is**, when it gives back (a release, a settlement): refusing it would
 //!   leave its reservation behind.
 //!
-//! The server's clock is learnt without a round trip: every reply ends with it. A reply read
-//! at `server` to a call sent at local `t` gives `server - t`, at least the clocks' offset; the
-//! least of the last two 10 s windows, plus 2 ms for drift, bounds the offset from above. The
+//! The server's clock is learnt without a round trip of its own: every reply ends with it,
+//! and a store reads `TIME` once at its first decision, before any script call (for the
+//! configuration version; on a cluster, from the key's primary). A reply read at `server` to
+//! a call sent at local `t` gives `server - t`, at least the clocks' offset; the least of the
+//! last two 10 s windows, plus 2 ms for drift, bounds the offset from above. The
 //! bound is conservative: when the client gives up on a call, the server's clock reads at most
 //! its valid-until, so a call the client still waits for is never refused because of the
 //! estimate. Should one be (the server's clock stepped forward), its reply carries the
 //! server's clock: the store learns it afresh and sends the call once more, within the same
 //! timeout. What remains is a window of about one one-way latency (the best sample's, plus
-//! the 2 ms): a call may still run that long after its caller gave up. A store's first call,
-//! before any reply taught it the server's clock, carries no bound.
+//! the 2 ms): a call may still run that long after its caller gave up, its store's first
+//! calls included.
 //!
 //! # When Redis fails
 //!

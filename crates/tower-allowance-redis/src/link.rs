@@ -60,6 +60,30 @@ impl Link {
             round_trips: &self.round_trips,
         }
     }
+
+    /// The server's `TIME` in microseconds, uncounted, from the node whose clock the scripts
+    /// on `key` read: on a cluster the primary of its slot (`TIME` has no key, and the
+    /// cluster connection would send it to any node, another host's clock).
+    pub(crate) async fn time(&self, key: &str) -> redis::RedisResult<u64> {
+        let cmd = redis::cmd("TIME");
+        let (secs, micros): (u64, u64) = match &self.conn {
+            Conn::Single(c) => cmd.query_async(&mut c.clone()).await?,
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let node =
+                    SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                let reply = c
+                    .clone()
+                    .route_command(cmd, RoutingInfo::SingleNode(node))
+                    .await?;
+                redis::from_redis_value(reply)?
+            }
+        };
+        #[cfg(not(feature = "cluster"))]
+        let _ = key;
+        Ok(secs.saturating_mul(1_000_000).saturating_add(micros))
+    }
 }
 
 /// The command connection: one multiplexed connection to a server, or a cluster connection

@@ -327,7 +327,7 @@ impl RedisStore {
             let result = match inner.circuit.check() {
                 Check::Closed | Check::Probe => {
                     inner.until_listening().await;
-                    let version = inner.config_check.version(&inner.link, &inner.name).await;
+                    let version = inner.config_check.version(|| inner.server_time()).await;
                     match version {
                         Ok(v) => inner.eval(&params, &op, Some(v)).await,
                         Err(e) => Err(e),
@@ -427,6 +427,24 @@ impl Inner {
         }
         let timeout = self.link.options.connect_timeout;
         self.gate.wait(timeout, &self.name).await;
+    }
+
+    /// The server's `TIME`, asked at the store's first decision for its configuration version
+    /// (`config_check`), of the node its script runs on; not counted in the round trips (it
+    /// decides nothing). It teaches the store the server's clock too, so that its first
+    /// script call already carries a valid-until (`validity`): one held past its timeout after
+    /// that `TIME` (a failover's write pause holds scripts, not `TIME`; a partition) reserves
+    /// nothing for a caller who has gone.
+    /// Not when the script decides on tokio's clock (test support): `TIME` is not that clock.
+    async fn server_time(&self) -> Result<u64, CallError> {
+        let sent = self.clock.local_us();
+        let server = with_timeout(self.link.options.timeout, self.link.time(&self.key))
+            .await?
+            .map_err(|e| self.call_error(e))?;
+        if self.script_clock().is_none() {
+            self.clock.learn(sent, server, false);
+        }
+        Ok(server)
     }
 
     /// A decision's Redis error; a `NOPERM` names the permission and the fix.

@@ -10,7 +10,10 @@
 //! The bound is conservative: a call the client still waits for is never refused because of
 //! the estimate. Every reply ends with the server's clock (`now`); a reply read at `server`
 //! for a call sent at local `t` gives `server - t` ≥ the clocks' offset (the call ran after it
-//! was sent), so the least such sample `o` bounds the offset from above. A call sent at local
+//! was sent), so the least such sample `o` bounds the offset from above. The first sample is
+//! the `TIME` a store reads at its first decision, before any script call (its configuration
+//! version, `config_check`; on a cluster, from the primary its script runs on), so that even
+//! its first calls carry a bound, at no round trip of their own. A call sent at local
 //! `t` is then stamped sent at `t + o` and valid until `t + timeout + o`: when the client
 //! gives up (`t + timeout`) the server's clock reads at most that. A call refused anyway (the
 //! server's clock stepped forward, or drifted past the margin) answers with the server's
@@ -19,8 +22,10 @@
 //! What remains: a call may still run up to `o` minus the true offset after its caller gave up,
 //! that is the one-way latency of the best sample (plus [`MARGIN_US`]), tens of microseconds
 //! on one host, a millisecond or two across zones. Samples age out after two windows
-//! ([`WINDOW_US`]), so a drifting clock is followed. A store's first call, before any reply
-//! taught it the server's clock, carries no bound.
+//! ([`WINDOW_US`]), so a drifting clock is followed. Every script call carries a bound: a
+//! first decision whose `TIME` is not answered fails before any script call is sent. Only
+//! under `follow_tokio_clock` (test support), where the script's clock is not `TIME`, do
+//! replies alone teach the store, and its first call carries none.
 
 use std::sync::{Mutex, PoisonError};
 

@@ -1,7 +1,8 @@
 //! The store on a Redis Cluster of three primaries the test starts on loopback: one
 //! allowance's keys in one slot, script calls on the node owning it (reloaded there after a
-//! `FUNCTION FLUSH`), allowances spread over every node through one connection, events crossing
-//! nodes, a connection brought by the caller, and the public conformance suite.
+//! `FUNCTION FLUSH`), allowances spread over every node through one connection, each reading
+//! its own node's clock, events crossing nodes, a connection brought by the caller, and the
+//! public conformance suite.
 
 mod support;
 
@@ -121,6 +122,72 @@ async fn allowances_on_every_node_share_one_connection() {
         1 + 6,
         "{trips} round trips for 6 admissions on 3 allowances"
     );
+}
+
+/// Each allowance reads the clock of the node its script runs on: the `TIME` of its first
+/// decision, which bounds its first script calls (`validity.rs`), goes to the primary of its
+/// slot. `TIME` has no key; before, the cluster connection sent it to any node, another
+/// host's clock (here 6 allowances, 2 per node: all on their own node by chance 1 in 729).
+#[tokio::test]
+async fn each_allowance_reads_the_clock_of_its_own_node() {
+    let cluster = TestCluster::start().await;
+    let base = connect(&cluster, &unique_name("clock")).await;
+    let mut per_node: [Vec<RedisStore>; 3] = Default::default();
+    for _ in 0..400 {
+        let store = base.for_allowance(&unique_name("clock")).expect("valid");
+        let node = cluster.node_of(store.key()).await;
+        if per_node[node].len() < 2 {
+            per_node[node].push(store);
+        }
+        if per_node.iter().all(|s| s.len() == 2) {
+            break;
+        }
+    }
+    let mut nodes = Vec::new();
+    for url in cluster.urls() {
+        let client = redis::Client::open(url).expect("a node url");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the node answers");
+        nodes.push(conn);
+    }
+    // Each node's TIME calls besides its scripts' (every script call reads TIME once).
+    let times_outside_scripts = |mut conn: redis::aio::MultiplexedConnection| async move {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO commandstats");
+        let calls = |command: &str| -> i64 {
+            let prefix = format!("cmdstat_{command}:calls=");
+            info.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .map_or(0, |rest| {
+                    let count = rest.split(',').next().and_then(|n| n.parse().ok());
+                    count.expect("a count")
+                })
+        };
+        calls("time") - calls("fcall") - calls("evalsha") - calls("eval")
+    };
+    let config = AllowanceConfig::per_second(5, 1).expect("valid");
+    for (owner, stores) in per_node.iter().enumerate() {
+        for store in stores {
+            let mut before = Vec::new();
+            for conn in &nodes {
+                before.push(times_outside_scripts(conn.clone()).await);
+            }
+            Allowance::with_store(config.clone(), store.clone())
+                .acquire()
+                .await
+                .expect("admitted");
+            for (node, conn) in nodes.iter().enumerate() {
+                let asked = times_outside_scripts(conn.clone()).await - before[node];
+                let want = i64::from(node == owner);
+                assert_eq!(asked, want, "TIME on node {node}, the key's is {owner}");
+            }
+        }
+    }
 }
 
 #[tokio::test]

@@ -568,3 +568,58 @@ async fn a_cooldown_that_arrives_late_ends_when_it_would_have() {
         assert!(left > Duration::ZERO, "a running cooldown was dropped");
     }
 }
+
+/// A fresh store's first admissions, held past their timeout by a write pause (`CLIENT PAUSE
+/// WRITE`, what a failover does to the old primary), reserve nothing when the pause ends,
+/// as the ones after a first reply (above). The store's first decision reads the server's
+/// `TIME` (its configuration version), which a write pause does not hold, and that bounds
+/// its first script calls too. Before, nothing had taught the store the server's clock: the
+/// calls carried no valid-until and ran when the pause ended, the token taken and 3.5 s of
+/// slots reserved for callers that had gone.
+#[tokio::test]
+async fn a_fresh_stores_first_admissions_held_by_a_write_pause_reserve_nothing() {
+    let redis = TestRedis::start_private().await;
+    let store = RedisStore::connect(
+        redis.url(),
+        &unique_name("first-late"),
+        options(FailurePolicy::Report),
+    )
+    .await
+    .expect("connect");
+    // 2/s, burst 1: one token, then a slot every 500 ms.
+    let config = AllowanceConfig::per_second(2, 1).expect("valid");
+    let before = store.round_trips();
+    // Long enough never to end by itself within the test; lifted below.
+    assert_eq!(
+        redis.command(&["CLIENT", "PAUSE", "60000", "WRITE"]).await,
+        "+OK"
+    );
+    assert!(
+        redis.command(&["TIME"]).await.starts_with("*2"),
+        "a write pause holds scripts, not TIME"
+    );
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, config) = (store.clone(), config.clone());
+            tokio::spawn(async move { admit(&store, &config).await })
+        })
+        .collect();
+    for call in calls {
+        let err = call.await.expect("joined").expect_err("scripts are paused");
+        assert_eq!(call_error(&err), CallErrorKind::Timeout);
+    }
+    assert_eq!(
+        store.round_trips() - before,
+        8,
+        "the eight script calls were sent, and wait in redis"
+    );
+    // Held a second in all: five times the timeout, and a token's time (500 ms) after it.
+    tokio::time::sleep(800 * MS).await;
+    assert_eq!(redis.command(&["CLIENT", "UNPAUSE"]).await, "+OK");
+    until_redis_answers(&store, &config).await;
+    let next = admit(&store, &config).await.expect("up");
+    assert!(
+        matches!(next, Admission::Admitted),
+        "the fresh store's first calls reserved slots when the pause ended: {next:?}"
+    );
+}
