@@ -138,10 +138,10 @@ fn op() -> impl Strategy<Value = Op> {
                 Op::Share(ShareRequest::new(r, class, weight).high(high).start(start))
             }),
         // Leases (op 13): tokens, a valid-until (0: none; else maybe already past), a
-        // holder's window mark, a debit.
-        3 => (0u32..30, prop_oneof![Just(0u64), 1u64..20_000_000], prop_oneof![Just(0u64), 1u64..5_000_000], 0u32..4)
-            .prop_map(|(n, valid_until, mark, debit)| Op::Grant(
-                GrantRequest::new(n).valid_until_us(valid_until).mark(mark).debit(debit),
+        // holder's window mark, a debit, the successes the holder admitted.
+        3 => (0u32..30, prop_oneof![Just(0u64), 1u64..20_000_000], prop_oneof![Just(0u64), 1u64..5_000_000], 0u32..4, 0u64..6)
+            .prop_map(|(n, valid_until, mark, debit, deposits)| Op::Grant(
+                GrantRequest::new(n).valid_until_us(valid_until).mark(mark).debit(debit).deposits(deposits),
             )),
     ]
 }

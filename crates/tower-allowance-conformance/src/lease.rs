@@ -1,12 +1,15 @@
 //! Leases (op 13, `Op::Grant`): tokens taken from every limit in one step as that many first
 //! attempts in a row would be; the tail given back; a call past its valid-until refused
-//! unapplied; holders counted once per window.
+//! unapplied; holders counted once per window; the successes a holder admitted recorded.
 
 use std::time::Duration;
 
 use tower_allowance::{
-    rule::{lease_slots, Admission, AdmitRequest, Grant, GrantRequest, Granted, Op, Reply},
+    rule::{
+        lease_slots, Admission, AdmitRequest, ClosedBy, Grant, GrantRequest, Granted, Op, Reply,
+    },
     store::Store,
+    ReplenishingBudget, RetryBudgetConfig,
 };
 
 use crate::harness::{allowance, per_second, Direct, MS};
@@ -163,4 +166,58 @@ pub(crate) async fn a_rejoin_charges_every_limit_at_the_pace<S: Store>(store: S)
     assert!(after.end_tat[0] < after.now, "the fast limit is full");
     // 60/min: 2 s + 3 s x (1 s / 1 s): three tokens charged.
     assert_eq!(after.end_tat[1], last.end_tat[1] + 3_000_000);
+}
+
+/// A grant records the successes it carries for a replenishing retry budget, whatever its
+/// tokens' answer (some, none asked, or denied as a first attempt would be), but not when
+/// refused as stale: that call applies nothing.
+pub(crate) async fn a_grant_records_its_deposits_unless_stale<S: Store>(store: S) {
+    // A reserve of 10 retries, one more per five successes.
+    let budget = match ReplenishingBudget::new(Duration::from_secs(10), 1, 0.2) {
+        Ok(b) => b,
+        Err(e) => panic!("{e}"),
+    };
+    let config =
+        per_second(1_000, 1_000).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
+    let (_, direct) = allowance(config, store);
+    assert_eq!(direct.state().await.retries_remaining, Some(10));
+    let lease = granted(grant(&direct, GrantRequest::new(2).deposits(50)).await);
+    assert_eq!(lease.tokens, 2);
+    assert_eq!(
+        direct.state().await.retries_remaining,
+        Some(20),
+        "50 successes: 10 retries"
+    );
+    granted(grant(&direct, GrantRequest::new(0).deposits(5)).await);
+    assert_eq!(
+        direct.state().await.retries_remaining,
+        Some(21),
+        "none asked: recorded"
+    );
+    // Valid for 50 ms on the store's clock; delayed 80 ms on the way.
+    tokio::time::advance(80 * MS).await;
+    let stale = GrantRequest::new(1)
+        .deposits(50)
+        .valid_until_us(lease.now + 50_000);
+    assert_eq!(grant(&direct, stale).await, Grant::Stale);
+    assert_eq!(
+        direct.state().await.retries_remaining,
+        Some(21),
+        "stale: nothing recorded"
+    );
+    let close = Op::Close {
+        delay_us: Some(1_000_000),
+        by: ClosedBy::Quota,
+    };
+    assert!(matches!(direct.apply(close).await, Ok(Reply::Changed(_))));
+    let denied = grant(&direct, GrantRequest::new(1).deposits(10)).await;
+    assert!(
+        matches!(denied, Grant::Denied(Admission::Closed { .. })),
+        "{denied:?}"
+    );
+    assert_eq!(
+        direct.state().await.retries_remaining,
+        Some(23),
+        "denied: recorded"
+    );
 }

@@ -144,4 +144,5 @@ where
     lease::a_debit_charges_the_bucket(make().await).await;
     lease::a_rejoin_charges_the_outage_and_spaces_the_tokens(make().await).await;
     lease::a_rejoin_charges_every_limit_at_the_pace(make().await).await;
+    lease::a_grant_records_its_deposits_unless_stale(make().await).await;
 }

@@ -104,7 +104,7 @@ local function apply(keys, args)
     reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6), arg(7), arg(8), arg(9))
     if reply[3] == 1 then ev_at = 4 end
   elseif OP == 13 then
-    reply = grant(arg(0), arg(1), arg(2), arg(3), arg(4), {arg(5), arg(6), arg(7), arg(8)}, arg(9), arg(10), arg(11), arg(13), {arg(14), arg(15), arg(16), arg(17)}, arg(18), arg(19))
+    reply = grant(arg(0), arg(1), arg(2), arg(3), arg(4), {arg(5), arg(6), arg(7), arg(8)}, arg(9), arg(10), arg(11), arg(13), {arg(14), arg(15), arg(16), arg(17)}, arg(18), arg(19), arg(20))
   else
     return redis.error_reply('ERR tower-allowance: unknown operation')
   end

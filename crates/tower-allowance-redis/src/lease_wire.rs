@@ -8,7 +8,7 @@ use super::{decode_admit, exact, n, Arg, BadReply};
 /// The arguments `grant` (`lua/grant.lua`) reads: tokens, max wait, valid-until, the
 /// holder's window mark, the give-back (tokens, the lease's end times, its generation and
 /// clock-step total), the debit, the known generation, the rejoin (the last grant's clock
-/// and end times), the spacing and the first slot's earliest.
+/// and end times), the spacing and the first slot's earliest, the deposits.
 pub(crate) fn push_grant(a: &mut Vec<Arg<'_>>, req: &GrantRequest) {
     a.extend([
         Arg::N(u64::from(req.tokens)),
@@ -26,7 +26,11 @@ pub(crate) fn push_grant(a: &mut Vec<Arg<'_>>, req: &GrantRequest) {
         Arg::N(exact(req.since_us)),
     ]);
     a.extend(req.since_tat.iter().map(|t| Arg::N(exact(*t))));
-    a.extend([Arg::N(exact(req.spacing_us)), Arg::N(exact(req.after_us))]);
+    a.extend([
+        Arg::N(exact(req.spacing_us)),
+        Arg::N(exact(req.after_us)),
+        Arg::N(exact(req.deposits)),
+    ]);
 }
 
 /// `{2}` stale; `{1, admission...}` denied; `{0, tokens, now, t0, spacing, tat.., end tat..,

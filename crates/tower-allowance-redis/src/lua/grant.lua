@@ -17,8 +17,10 @@ end
 
 -- {2} stale; {1, admission...} denied; {0, tokens, now, t0, spacing, tat1..4, end1..4, generation,
 -- epoch, rebased, returned, holders, window, counted} granted.
-local function grant(tokens, max_wait, valid_until, mark, back, back_tat, back_gn, back_rb, debit, since, since_tat, spacing, after)
+local function grant(tokens, max_wait, valid_until, mark, back, back_tat, back_gn, back_rb, debit, since, since_tat, spacing, after, deposits)
   if valid_until ~= 0 and now > valid_until then return {2} end
+  -- Successes that already happened: recorded whatever the tokens' answer (not when stale).
+  deposit(deposits)
   local holders, window, counted = heartbeat(mark)
   local iv, tol = effective_limits(now)
   local returned = 0

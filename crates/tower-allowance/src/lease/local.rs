@@ -57,6 +57,9 @@ pub(super) struct Waiting {
     pub(super) max_wait: Duration,
     /// A class's admission (feature `shares`): told as the store tells a class.
     pub(super) class: Option<super::Classed>,
+    /// The successes its admission carries (`AdmitRequest::deposits`): the lease's to send
+    /// once the caller is answered, the caller's again if it is told an error.
+    pub(super) deposits: u64,
     pub(super) tx: Waiter,
 }
 
@@ -106,6 +109,9 @@ pub(super) struct Local {
     pub(super) granted: u64,
     /// The classes' virtual times for the admissions this lease answered (feature `shares`).
     pub(super) classes: super::classes::Tags,
+    /// Successes carried by the admissions answered here (their `AdmitRequest::deposits`),
+    /// for a replenishing retry budget: they go to the store with the next lease call.
+    pub(super) deposits: u64,
 }
 
 pub(super) struct Outage {
@@ -117,6 +123,18 @@ pub(super) struct Outage {
 }
 
 impl Local {
+    /// Keeps `n` successes for the next lease call: an admission's answered here, or a
+    /// call's that was not applied.
+    pub(super) fn deposited(&mut self, n: u64) {
+        self.deposits = self.deposits.saturating_add(n);
+    }
+
+    /// The successes a lease call carries, taken: [`deposited`](Self::deposited) again if
+    /// the store did not apply it.
+    pub(super) fn take_deposits(&mut self) -> u64 {
+        std::mem::take(&mut self.deposits)
+    }
+
     /// Drops tokens whose slot passed more than the grace ago.
     pub(super) fn expire(&mut self, now: Instant) {
         while self

@@ -26,6 +26,14 @@
 //! hold inside each process, and a high request waits for this process's next token, not for
 //! the slot after the one being served fleet-wide.
 //!
+//! The successes of the requests a lease admits reach a replenishing retry budget with its
+//! next call (the rule's `GrantRequest::deposits`), as those of first attempts without a
+//! lease reach it with the next admission: a retry, which goes to the store, sees them up to
+//! the last lease call. A call the store did not apply (an error, or refused as stale)
+//! leaves them for the next one; a call given up unanswered ([below](#stale-calls)) may have
+//! been applied and takes them along: a success may go uncounted, never counted twice (a
+//! retry granted too many).
+//!
 //! # Outages
 //!
 //! With [`Lease::local_fallback`], a store that does not answer does not stop admissions:
@@ -262,7 +270,8 @@ impl<S: Store> Inner<S> {
     fn request(&self, local: &mut Local, now: Instant, n: u32) -> GrantRequest {
         let mut req = GrantRequest::new(n)
             .mark(local.mark)
-            .known_generation(local.generation);
+            .known_generation(local.generation)
+            .deposits(local.take_deposits());
         if let Some((every, after, _)) = local.spacing(now) {
             req = req.spaced(every, after);
         }
@@ -310,7 +319,9 @@ impl<S: Store> Inner<S> {
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
                 local.denied = Some(answer);
                 // Not one token: every waiting caller hears what a first attempt would have.
-                for w in local.waiters.drain(..) {
+                let waiters = std::mem::take(&mut local.waiters);
+                for w in waiters {
+                    local.deposited(w.deposits);
                     let _ = w.tx.send((Ok(Reply(rule::Reply::Admit(answer))), None));
                 }
                 return;
@@ -386,6 +397,7 @@ impl<S: Store> Inner<S> {
                 local.count(now, self.lease.period());
             }
             if let Some(w) = local.waiters.remove(i) {
+                keep_deposits(local, w.deposits, &served);
                 let (answer, at) = match served {
                     Served::Reply(answer) => (answer, None),
                     Served::At(at) => (Ok(admitted()), Some(at)),
@@ -417,6 +429,7 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
     let rule_params = params.0;
     // A store that answers without I/O answers here; otherwise in the background.
     if let Some(reply) = inner.store.try_apply(now, params, &op) {
+        keep_unapplied(local, req.deposits, &reply);
         inner.answered(local, now, reply, &rule_params);
         return;
     }
@@ -425,16 +438,22 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
     // later: its valid-until has passed), so that a store call that hangs does not hold
     // the lease, and the outage's share and the rejoin go on.
     let give_up = inner.lease.get_call_timeout().saturating_mul(2);
+    let sent_deposits = req.deposits;
     let weak: Weak<Inner<S>> = Arc::downgrade(inner);
     tokio::spawn(async move {
-        let reply = match tokio::time::timeout(give_up, fut).await {
-            Ok(reply) => reply,
-            Err(_) => Err(StoreError::unavailable(
-                "the lease call did not answer in twice its timeout",
-            )),
+        // Given up, the call may have been applied: its deposits are not kept (see the
+        // module docs: at worst a few successes uncounted).
+        let (reply, deposits) = match tokio::time::timeout(give_up, fut).await {
+            Ok(reply) => (reply, sent_deposits),
+            Err(_) => {
+                let e =
+                    StoreError::unavailable("the lease call did not answer in twice its timeout");
+                (Err(e), 0)
+            }
         };
         if let Some(inner) = weak.upgrade() {
             let mut local = inner.lock();
+            keep_unapplied(&mut local, deposits, &reply);
             inner.answered(&mut local, now, reply, &rule_params);
             // Half the lease spent already (a slow call): ask again.
             if !local.waiters.is_empty() {
@@ -443,6 +462,26 @@ fn refill<S: Store>(inner: &Arc<Inner<S>>, local: &mut Local, params: &Params, n
             }
         }
     });
+}
+
+/// Keeps the successes an admission carried (`AdmitRequest::deposits`, `n`) when it is
+/// answered here (`served`), for the next lease call: the admission never reaches the store.
+/// Not when it is told an error: its caller keeps them then (and sends them again). Every
+/// admission a lease answers passes here (a classed one with its inner request's).
+fn keep_deposits(local: &mut Local, n: u64, served: &Served) {
+    if !matches!(served, Served::Reply(Err(_))) {
+        local.deposited(n);
+    }
+}
+
+/// Keeps the successes a lease call carried (`n`) for the next one when the store did not
+/// apply it: an error (as an admission's caller keeps its own, `acquire`'s
+/// `restore_deposits`), or refused as stale. A wrong reply comes from a store that did
+/// decide: they are not kept.
+fn keep_unapplied(local: &mut Local, n: u64, reply: &Result<Reply, StoreError>) {
+    if matches!(reply, Err(_) | Ok(Reply(rule::Reply::Grant(Grant::Stale)))) {
+        local.deposited(n);
+    }
 }
 
 impl<S: Store> LeaseStore<S> {
@@ -466,6 +505,10 @@ impl<S: Store> LeaseStore<S> {
         } else {
             None
         };
+        // Before the next lease call below, so that it carries them.
+        if let Some(a) = &answer {
+            keep_deposits(local, req.deposits, a);
+        }
         if matches!(
             answer,
             Some(
@@ -484,6 +527,7 @@ impl<S: Store> LeaseStore<S> {
             local.denied = None;
             refill(&self.inner, local, params, now);
             if let (None, Some(denied)) = (&answer, local.denied.take()) {
+                local.deposited(req.deposits);
                 return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(denied)))));
             }
             if answer.is_none() && local.waiters.is_empty() {
@@ -497,7 +541,9 @@ impl<S: Store> LeaseStore<S> {
                     ) {
                         local.count(now, self.inner.lease.period());
                     }
-                    return Some(Served::Reply(a));
+                    let served = Served::Reply(a);
+                    keep_deposits(local, req.deposits, &served);
+                    return Some(served);
                 }
             }
         }
@@ -526,6 +572,7 @@ impl<S: Store> Store for LeaseStore<S> {
                 let waiting = Waiting {
                     max_wait: Duration::from_micros(req.max_wait_us),
                     class,
+                    deposits: req.deposits,
                     tx,
                 };
                 local.waiters.push_back(waiting);
@@ -703,7 +750,9 @@ impl EventSink for LeaseSink {
 impl<S: Store> LeaseStore<S> {
     /// Gives the unused tail of the last lease back to the store now (one store call), as
     /// when the allowance is done: the tokens still ahead, when no later grant or
-    /// reservation follows them in the schedule. Returns how many went back.
+    /// reservation follows them in the schedule. Returns how many went back. The call
+    /// carries the successes admitted since the last lease call (for a replenishing retry
+    /// budget; without a tail to give back they wait for the next call, or the holder's drop).
     ///
     /// # Errors
     ///
@@ -721,13 +770,11 @@ impl<S: Store> LeaseStore<S> {
             local.calls += 1;
             (req, params)
         };
-        match self
-            .inner
-            .store
+        let reply = (self.inner.store)
             .apply(&Params(params), Op(rule::Op::Grant(req)))
-            .await?
-            .0
-        {
+            .await;
+        keep_unapplied(&mut self.inner.lock(), req.deposits, &reply);
+        match reply?.0 {
             rule::Reply::Grant(Grant::Granted(g)) if g.returned => Ok(req.back),
             _ => Ok(0),
         }
@@ -741,18 +788,25 @@ impl<S> Drop for Inner<S> {
     }
 }
 
-/// The give-back when the holder goes: the unused tail, in one call (answered at once by a
-/// store without I/O, else sent from a task when a runtime is there; best effort).
+/// The give-back when the holder goes: the unused tail and the successes admitted since the
+/// last lease call (made for them alone when no tail goes back), in one call (answered at
+/// once by a store without I/O, else sent from a task when a runtime is there; best effort).
 fn give_back_on_drop<S: Store>(store: &S, local: &mut Local) {
     let now = Instant::now();
     let (n, lease) = local.give_back(now);
-    let (Some(lease), Some(params)) = (lease, local.params) else {
+    let Some(params) = local.params else {
         return;
     };
-    let req = GrantRequest::new(0)
+    if lease.is_none() && local.deposits == 0 {
+        return;
+    }
+    let mut req = GrantRequest::new(0)
         .mark(local.mark)
         .known_generation(local.generation)
-        .back(n, &lease);
+        .deposits(local.take_deposits());
+    if let Some(lease) = lease {
+        req = req.back(n, &lease);
+    }
     local.tokens.clear();
     let (params, op) = (Params(params), Op(rule::Op::Grant(req)));
     if store.try_apply(now, &params, &op).is_some() {

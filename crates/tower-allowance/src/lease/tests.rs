@@ -764,3 +764,147 @@ async fn a_jump_at_the_store_moves_the_leased_tokens() {
     times.sort();
     within_the_bucket(&times, 100, 5);
 }
+
+/// A replenishing retry budget earns retries from successes, which travel with the next
+/// store call: under a lease, the first attempts are admitted from leased tokens and never
+/// reach the store alone, so their successes go with the lease's next call (the old code
+/// dropped them: the budget had only its reserve, here none, and the first retry was refused
+/// as budget-exhausted after eight successes).
+#[tokio::test(start_paused = true)]
+async fn the_successes_a_lease_admits_earn_retries() {
+    use std::sync::atomic::AtomicUsize;
+
+    use http::{Request, Response, StatusCode};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use crate::{error::AbandonReason, retry::RetryConfig, Outcome, RetryBudgetConfig};
+
+    // No reserve: every retry is earned, half a retry per success.
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 0.5).expect("valid");
+    let c = config(100, 100).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(4, Duration::from_millis(200)).expect("valid"),
+    );
+    let allowance = Allowance::with_store(c, store.clone());
+    // The first eight calls succeed, every later one is answered 429 (Retry-After: 1).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let upstream = tower::service_fn(move |_req: Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut res = Response::new(String::new());
+            if n >= 8 {
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                res.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+            }
+            Ok::<_, std::convert::Infallible>(res)
+        }
+    });
+    let retry = RetryConfig::default().with_max_attempts(20).expect("valid");
+    let svc = ServiceBuilder::new()
+        .layer(allowance.layer().with_retry(retry))
+        .service(upstream);
+    for _ in 0..8 {
+        let res = svc.clone().oneshot(Request::new(String::new())).await;
+        assert_eq!(res.expect("answered").status(), StatusCode::OK);
+    }
+    // Each admission carries the success before it; the lease calls (at the 1st, 4th and
+    // 8th admissions: each when the last of its 4 tokens goes) carry 0, 3 and 4 of them,
+    // the read the 8th: 8 successes, 4 retries earned.
+    assert_eq!(store.lease_calls(), 3);
+    let state = allowance.store_state().await.expect("state");
+    assert_eq!(
+        state.retries_remaining,
+        Some(4),
+        "8 successes earned 4 retries"
+    );
+    // A request answered 429 every time: its first attempt and the 4 retries earned.
+    let result = svc.clone().oneshot(Request::new(String::new())).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::BudgetExhausted)
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 8 + 1 + 4);
+}
+
+/// A store that answers at once while up and fails in the background while `down` is set
+/// (as Redis does when it stops answering).
+#[derive(Debug, Clone)]
+struct Remote {
+    store: Arc<MemoryStore>,
+    down: Arc<AtomicBool>,
+}
+
+impl Store for Remote {
+    fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
+        if self.down.load(Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::unavailable("down"))));
+        }
+        self.store.apply(params, op)
+    }
+
+    fn try_apply(
+        &self,
+        now: Instant,
+        params: &Params,
+        op: &Op,
+    ) -> Option<Result<Reply, StoreError>> {
+        if self.down.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.store.try_apply(now, params, op)
+    }
+}
+
+/// The successes a lease admits go with its next call; a call that fails keeps them for the
+/// one after (the caller told the error keeps its own), and the holder's drop sends what is
+/// left: each counted once.
+#[tokio::test(start_paused = true)]
+async fn a_failed_lease_call_keeps_its_successes_for_the_next() {
+    // One retry per success, no reserve: the retries left are the successes recorded.
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 1.0).expect("valid");
+    let c = config(100, 100).with_retry_budget(crate::RetryBudgetConfig::Replenishing(budget));
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let remote = Remote {
+        store: memory.clone(),
+        down: down.clone(),
+    };
+    let store = LeaseStore::new(
+        remote,
+        Lease::fixed(2, Duration::from_millis(200)).expect("valid"),
+    );
+    let admit = |deposits| Op(rule::Op::Admit(AdmitRequest::first().deposits(deposits)));
+    let recorded =
+        || match memory.try_apply(Instant::now(), &params, &Op(rule::Op::Read { deposits: 0 })) {
+            Some(Ok(Reply(rule::Reply::State(s)))) => s.retries_remaining,
+            other => panic!("read answered {other:?}"),
+        };
+    let admitted = |r: Result<Reply, StoreError>| {
+        assert!(
+            matches!(r, Ok(Reply(rule::Reply::Admit(Admission::Admitted)))),
+            "{r:?}"
+        );
+    };
+    // A lease of 2: both admissions from it, their 1 + 2 successes held here.
+    admitted(store.apply(&params, admit(1)).await);
+    admitted(store.apply(&params, admit(2)).await);
+    assert_eq!((store.lease_calls(), recorded()), (1, Some(0)));
+    // The next lease call carries the 3 and fails: kept. Its caller is told the error and
+    // keeps its own 4 (the allowance sends them again).
+    down.store(true, Ordering::SeqCst);
+    assert!(store.apply(&params, admit(4)).await.is_err());
+    assert_eq!((store.lease_calls(), recorded()), (2, Some(0)));
+    down.store(false, Ordering::SeqCst);
+    admitted(store.apply(&params, admit(4)).await);
+    assert_eq!((store.lease_calls(), recorded()), (3, Some(3)));
+    // The holder goes with no tail to give back (its last token's slot is now): a call for
+    // the last 4 alone.
+    drop(store);
+    assert_eq!(recorded(), Some(7));
+}

@@ -3,9 +3,13 @@
 //! would be, so the bucket's bound holds whatever the holder does with them; unused tokens
 //! go back only from the schedule's tail (never making the bucket fuller than it would be);
 //! a call past its valid-until is refused unapplied; holders are counted per window (a
-//! heartbeat) so that a process in an outage knows its share.
+//! heartbeat) so that a process in an outage knows its share; the successes of the first
+//! attempts a holder admitted from its leases reach a replenishing retry budget with its
+//! next call.
 
-use super::{closed, effective_limits, gcra::schedule, us, Admission, Params, State, MAX_LIMITS};
+use super::{
+    closed, deposit, effective_limits, gcra::schedule, us, Admission, Params, State, MAX_LIMITS,
+};
 
 /// How long a window of the holders' count lasts: a holder calls at least once per window
 /// (its lease's period is shorter, or it sends a heartbeat), so the count of distinct
@@ -52,6 +56,10 @@ pub struct GrantRequest {
     /// The generation of the state the holder last heard of (0: none), as
     /// [`AdmitRequest::known_generation`](super::AdmitRequest::known_generation).
     pub known_generation: u64,
+    /// Successful requests to record for a replenishing retry budget, as
+    /// [`AdmitRequest::deposits`](super::AdmitRequest::deposits): those of the first attempts
+    /// the holder admitted from its leases, which never reach the store on their own.
+    pub deposits: u64,
 }
 
 impl GrantRequest {
@@ -72,6 +80,7 @@ impl GrantRequest {
             since_tat: [0; MAX_LIMITS],
             spacing_us: 0,
             after_us: 0,
+            deposits: 0,
         }
     }
 
@@ -85,6 +94,15 @@ impl GrantRequest {
     /// The generation of the state the holder last heard of (0: none).
     pub const fn known_generation(mut self, generation: u64) -> Self {
         self.known_generation = generation;
+        self
+    }
+
+    /// Records `n` successful requests for a replenishing retry budget (a no-op for the
+    /// others) in the same step: applied whatever the grant's answer (tokens, none, or
+    /// refused as a first attempt would be), except a call refused as stale, which applies
+    /// nothing.
+    pub const fn deposits(mut self, n: u64) -> Self {
+        self.deposits = n;
         self
     }
 
@@ -177,7 +195,7 @@ pub enum Grant {
     /// Tokens granted (or only the give-back and heartbeat done, for 0 asked).
     Granted(Granted),
     /// Not one token: the answer a first attempt would have had (closed, refused beyond
-    /// `max_wait`, too costly). The give-back, debit and heartbeat were applied.
+    /// `max_wait`, too costly). The deposits, give-back, debit and heartbeat were applied.
     Denied(Admission),
     /// The call reached the store after its valid-until: nothing applied.
     Stale,
@@ -205,11 +223,15 @@ fn heartbeat(state: &mut State, now: u64, mark: u64) -> (u64, u64, u64) {
     )
 }
 
-/// Applies one grant at `now`: stale check, heartbeat, give-back, debit, then the tokens.
+/// Applies one grant at `now`: stale check, deposits, heartbeat, give-back, debit, then the
+/// tokens.
 pub(crate) fn grant(state: &mut State, now: u64, params: &Params, req: &GrantRequest) -> Grant {
     if req.valid_until_us != 0 && now > req.valid_until_us {
         return Grant::Stale;
     }
+    // Successes that already happened: recorded whatever the tokens' answer, as an
+    // admission's are (`gcra::admit`).
+    deposit(&mut state.budget, now, &params.budget, req.deposits);
     let (holders, window, counted) = heartbeat(state, now, req.mark);
     let n = params.limit_count;
     let limits = effective_limits(state, now, params);
