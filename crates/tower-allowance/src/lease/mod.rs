@@ -630,7 +630,9 @@ impl<S: Store> Store for LeaseStore<S> {
     ) -> Option<Result<Reply, StoreError>> {
         if let Some((req, class)) = leasable(&params.0, &op.0) {
             let mut local = self.inner.lock();
-            // An outage's share may mean a sleep: `apply` answers that.
+            // An outage's share may mean a sleep: `apply` answers that (the tokens whose slot
+            // passed dropped first: `admit_now` would take a share's slot for nothing).
+            local.expire(now);
             if local.outage.is_some() && local.tokens.is_empty() {
                 return None;
             }

@@ -908,3 +908,65 @@ async fn a_failed_lease_call_keeps_its_successes_for_the_next() {
     drop(store);
     assert_eq!(recorded(), Some(7));
 }
+
+/// In an outage, with the lease's last tokens expired but not yet dropped, an admission
+/// asked as the allowance asks (`try_apply`, then `apply`) is answered once: the old
+/// `try_apply` took a slot of the share, dropped it (a sleep is `apply`'s), and `apply`
+/// took the next one, counting the admission's successes twice (and its send twice in the
+/// rejoin's debit).
+#[tokio::test(start_paused = true)]
+async fn an_admission_asked_twice_in_an_outage_is_answered_once() {
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 1.0).expect("valid");
+    let c = config(100, 100).with_retry_budget(crate::RetryBudgetConfig::Replenishing(budget));
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let down = Arc::new(AtomicBool::new(false));
+    let flaky = Flaky {
+        store: memory.clone(),
+        down: down.clone(),
+    };
+    let lease = Lease::fixed(8, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let store = LeaseStore::new(flaky, lease);
+    // As the allowance asks.
+    let ask = |deposits: u64| {
+        let store = store.clone();
+        async move {
+            let op = Op(rule::Op::Admit(AdmitRequest::first().deposits(deposits)));
+            let reply = match store.try_apply(Instant::now(), &params, &op) {
+                Some(reply) => reply,
+                None => store.apply(&params, op).await,
+            };
+            assert!(
+                matches!(reply, Ok(Reply(rule::Reply::Admit(Admission::Admitted)))),
+                "{reply:?}"
+            );
+        }
+    };
+    for _ in 0..6 {
+        ask(0).await;
+    }
+    // The 7th token leaves one: the next lease call fails, the outage begins.
+    down.store(true, Ordering::SeqCst);
+    ask(0).await;
+    assert!(store.in_outage());
+    assert_eq!(store.tokens_held(), 1);
+    // Its slot passes: the next admission is the share's.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    ask(1).await;
+    // Back after the rejoin's probe interval: the rejoin carries that one success.
+    down.store(false, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_millis(100)).await;
+    ask(0).await;
+    assert!(!store.in_outage());
+    let read = memory.try_apply(Instant::now(), &params, &Op(rule::Op::Read { deposits: 0 }));
+    let Some(Ok(Reply(rule::Reply::State(state)))) = read else {
+        panic!("read answered {read:?}");
+    };
+    assert_eq!(
+        state.retries_remaining,
+        Some(1),
+        "one success, counted once"
+    );
+}
