@@ -909,6 +909,48 @@ async fn a_failed_lease_call_keeps_its_successes_for_the_next() {
     assert_eq!(recorded(), Some(7));
 }
 
+/// A class's admission a lease answers carries its inner request's successes to the lease
+/// like a plain one (`admit_now` is handed the inner request).
+#[cfg(feature = "shares")]
+#[tokio::test(start_paused = true)]
+async fn a_classed_admission_s_successes_go_with_the_lease() {
+    use crate::shares::Share;
+
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 1.0).expect("valid");
+    let c = config(100, 100)
+        .with_retry_budget(crate::RetryBudgetConfig::Replenishing(budget))
+        .with_class("bulk", Share::weight(1).expect("valid"))
+        .expect("valid");
+    let params = *c.params();
+    let memory = Arc::new(MemoryStore::new());
+    let store = LeaseStore::new(
+        memory.clone(),
+        Lease::fixed(4, Duration::from_millis(200)).expect("valid"),
+    );
+    for deposits in [3, 2] {
+        let req = rule::ShareRequest::new(AdmitRequest::first().deposits(deposits), 0, 1);
+        let answer = store.apply(&params, Op(rule::Op::Share(req))).await;
+        assert!(
+            matches!(
+                answer,
+                Ok(Reply(rule::Reply::Share(rule::ShareReply {
+                    admission: Admission::Admitted,
+                    ..
+                })))
+            ),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(store.lease_calls(), 1);
+    // The holder goes (its tokens' slots are now: no tail): a call for the 5 alone.
+    drop(store);
+    let read = memory.try_apply(Instant::now(), &params, &Op(rule::Op::Read { deposits: 0 }));
+    let Some(Ok(Reply(rule::Reply::State(state)))) = read else {
+        panic!("read answered {read:?}");
+    };
+    assert_eq!(state.retries_remaining, Some(5));
+}
+
 /// In an outage, with the lease's last tokens expired but not yet dropped, an admission
 /// asked as the allowance asks (`try_apply`, then `apply`) is answered once: the old
 /// `try_apply` took a slot of the share, dropped it (a sleep is `apply`'s), and `apply`
