@@ -101,8 +101,9 @@ pub(super) struct Local {
     pub(super) blocked_until: Option<Instant>,
     /// Lease calls made (for the figures).
     pub(super) calls: u64,
-    /// The answer of a lease call that granted nothing (for the caller that asked).
-    pub(super) denied: Option<Admission>,
+    /// The answer of a lease call that granted nothing, or failed (for the caller whose
+    /// admission made it, when the store answered without I/O).
+    pub(super) denied: Option<Result<Admission, StoreError>>,
     /// Tokens dropped unused (their slot passed).
     pub(super) expired: u64,
     /// Tokens granted.

@@ -28,8 +28,9 @@
 //!
 //! The successes of the requests a lease admits reach a replenishing retry budget with its
 //! next call (the rule's `GrantRequest::deposits`), as those of first attempts without a
-//! lease reach it with the next admission: a retry, which goes to the store, sees them up to
-//! the last lease call. A call the store did not apply (an error, or refused as stale)
+//! lease reach it with the next admission, or with the next retry, which goes to the store
+//! and takes them along: a retry is decided on every success admitted before it. A call the
+//! store did not apply (an error, or refused as stale)
 //! leaves them for the next one; a call given up unanswered ([below](#stale-calls)) may have
 //! been applied and takes them along: a success may go uncounted, never counted twice (a
 //! retry granted too many).
@@ -317,7 +318,7 @@ impl<S: Store> Inner<S> {
                 local.take_in(lease, now, params);
             }
             Ok(Reply(rule::Reply::Grant(Grant::Denied(answer)))) => {
-                local.denied = Some(answer);
+                local.denied = Some(Ok(answer));
                 // Not one token: every waiting caller hears what a first attempt would have.
                 let waiters = std::mem::take(&mut local.waiters);
                 for w in waiters {
@@ -364,6 +365,9 @@ impl<S: Store> Inner<S> {
                     });
                     let _ = w.tx.send((Err(e), None));
                 }
+                // Nobody waiting: the caller whose admission made the call (a store that
+                // answered without I/O) is told, never left waiting for a call that is over.
+                local.denied = first.map(Err);
                 return;
             }
         }
@@ -474,6 +478,23 @@ fn keep_deposits(local: &mut Local, n: u64, served: &Served) {
     }
 }
 
+/// A retry the lease does not answer takes the successes admitted here since the last lease
+/// call to the store: the retry budget it is decided on counts them all. Returns how many.
+fn carry_deposits(local: &mut Local, op: &mut rule::Op) -> u64 {
+    let req = match op {
+        rule::Op::Admit(req) => req,
+        #[cfg(feature = "shares")]
+        rule::Op::Share(share) => &mut share.admit,
+        _ => return 0,
+    };
+    if !req.retry {
+        return 0;
+    }
+    let n = local.take_deposits();
+    req.deposits = req.deposits.saturating_add(n);
+    n
+}
+
 /// Keeps the successes a lease call carried (`n`) for the next one when the store did not
 /// apply it: an error (as an admission's caller keeps its own, `acquire`'s
 /// `restore_deposits`), or refused as stale. A wrong reply comes from a store that did
@@ -527,8 +548,9 @@ impl<S: Store> LeaseStore<S> {
             local.denied = None;
             refill(&self.inner, local, params, now);
             if let (None, Some(denied)) = (&answer, local.denied.take()) {
-                local.deposited(req.deposits);
-                return Some(Served::Reply(Ok(Reply(rule::Reply::Admit(denied)))));
+                let served = Served::Reply(denied.map(|d| Reply(rule::Reply::Admit(d))));
+                keep_deposits(local, req.deposits, &served);
+                return Some(served);
             }
             if answer.is_none() && local.waiters.is_empty() {
                 // A store without I/O has answered already.
@@ -601,12 +623,15 @@ impl<S: Store> Store for LeaseStore<S> {
             rule::Op::Defer { delay_us } | rule::Op::Throttle { delay_us, .. } => delay_us,
             _ => None,
         };
+        let mut op = op;
+        let carried = carry_deposits(&mut self.inner.lock(), &mut op.0);
         let fut = self.inner.store.apply(params, op);
         let weak = Arc::downgrade(&self.inner);
         Box::pin(async move {
             let reply = fut.await;
             if let Some(inner) = weak.upgrade() {
                 let mut local = inner.lock();
+                keep_unapplied(&mut local, carried, &reply);
                 match &reply {
                     Ok(r) => hear_reply(&mut local, r),
                     Err(e) if e.is_unavailable() => {
@@ -644,9 +669,17 @@ impl<S: Store> Store for LeaseStore<S> {
         if matches!(op.0, rule::Op::Release(res) if res.budget_slot == FROM_LEASE && !res.retry) {
             return None;
         }
-        let reply = self.inner.store.try_apply(now, params, op)?;
+        let mut op = *op;
+        let carried = carry_deposits(&mut self.inner.lock(), &mut op.0);
+        let Some(reply) = self.inner.store.try_apply(now, params, &op) else {
+            // Not answered here: `apply` carries them.
+            self.inner.lock().deposited(carried);
+            return None;
+        };
+        let mut local = self.inner.lock();
+        keep_unapplied(&mut local, carried, &reply);
         if let Ok(r) = &reply {
-            hear_reply(&mut self.inner.lock(), r);
+            hear_reply(&mut local, r);
         }
         Some(reply)
     }

@@ -831,6 +831,58 @@ async fn the_successes_a_lease_admits_earn_retries() {
     assert_eq!(calls.load(Ordering::SeqCst), 8 + 1 + 4);
 }
 
+/// A retry the lease does not answer takes the successes admitted since the last lease call
+/// to the store with it: a lease of 100 tokens, one lease call for the eight successes,
+/// and the retries of a request answered 429 see all eight (the old code: none until the
+/// next lease call, and the first retry was refused).
+#[tokio::test(start_paused = true)]
+async fn a_retry_carries_the_successes_the_lease_holds() {
+    use std::sync::atomic::AtomicUsize;
+
+    use http::{Request, Response, StatusCode};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    use crate::{error::AbandonReason, retry::RetryConfig, Outcome, RetryBudgetConfig};
+
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 0.5).expect("valid");
+    let c = config(100, 100).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
+    let lease = Lease::fixed(100, Duration::from_secs(1)).expect("valid");
+    let store = LeaseStore::new(MemoryStore::new(), lease);
+    let allowance = Allowance::with_store(c, store.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let upstream = tower::service_fn(move |_req: Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut res = Response::new(String::new());
+            if n >= 8 {
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                res.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from_static("1"),
+                );
+            }
+            Ok::<_, std::convert::Infallible>(res)
+        }
+    });
+    let retry = RetryConfig::default().with_max_attempts(20).expect("valid");
+    let svc = ServiceBuilder::new()
+        .layer(allowance.layer().with_retry(retry))
+        .service(upstream);
+    for _ in 0..8 {
+        let res = svc.clone().oneshot(Request::new(String::new())).await;
+        assert_eq!(res.expect("answered").status(), StatusCode::OK);
+    }
+    assert_eq!(store.lease_calls(), 1, "one lease for them all");
+    let result = svc.clone().oneshot(Request::new(String::new())).await;
+    assert_eq!(
+        Outcome::of(&result),
+        Outcome::Abandoned(AbandonReason::BudgetExhausted)
+    );
+    // Its first attempt and the 4 retries the 8 successes earned.
+    assert_eq!(calls.load(Ordering::SeqCst), 8 + 1 + 4);
+}
+
 /// A store that answers at once while up and fails in the background while `down` is set
 /// (as Redis does when it stops answering).
 #[derive(Debug, Clone)]
@@ -1010,5 +1062,32 @@ async fn an_admission_asked_twice_in_an_outage_is_answered_once() {
         state.retries_remaining,
         Some(1),
         "one success, counted once"
+    );
+}
+
+/// A store that fails every call at once, without I/O.
+#[derive(Debug, Clone)]
+struct Failing;
+
+impl Store for Failing {
+    fn apply(&self, _: &Params, _: Op) -> StoreFuture<Reply> {
+        Box::pin(std::future::ready(Err(StoreError::unavailable("down"))))
+    }
+
+    fn try_apply(&self, _: Instant, _: &Params, _: &Op) -> Option<Result<Reply, StoreError>> {
+        Some(Err(StoreError::unavailable("down")))
+    }
+}
+
+/// A lease call that fails without I/O (no local fallback) fails the admission that made it
+/// (the old code queued it after the call was over: it waited for ever).
+#[tokio::test(start_paused = true)]
+async fn a_lease_call_failing_at_once_fails_its_admission() {
+    let store = LeaseStore::new(Failing, Lease::auto());
+    let allowance = Allowance::with_store(config(100, 5), store.clone());
+    let acquired = tokio::time::timeout(Duration::from_secs(60), allowance.acquire()).await;
+    assert!(
+        matches!(acquired, Ok(Err(_))),
+        "the admission ends, failed: {acquired:?}"
     );
 }
