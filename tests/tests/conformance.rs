@@ -131,11 +131,12 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (
             (any::<bool>(), 1u32..4, 0u64..3_000_000, 0u64..3),
             (0u8..9, 1u32..5, any::<bool>(), prop_oneof![Just(0u64), 0u64..5_000_000]),
+            prop_oneof![Just(0u64), 0u64..8_000_000],
         )
-            .prop_map(|((retry, cost, max_wait, deposits), (class, weight, high, start))| {
+            .prop_map(|((retry, cost, max_wait, deposits), (class, weight, high, start), seen)| {
                 let mut r = if retry { AdmitRequest::retry() } else { AdmitRequest::first() };
                 r = r.cost(cost).max_wait(Duration::from_micros(max_wait)).deposits(deposits);
-                Op::Share(ShareRequest::new(r, class, weight).high(high).start(start))
+                Op::Share(ShareRequest::new(r, class, weight).high(high).start(start).seen(seen))
             }),
         // Leases (op 13): tokens, a valid-until (0: none; else maybe already past), a
         // holder's window mark, a debit, the successes the holder admitted.

@@ -130,6 +130,7 @@ where
     bucket::headroom_at_burst_one_is_a_50th_of_the_interval(make().await).await;
     cooldown::a_cut_re_times_waiting_callers(make().await).await;
     shares::a_high_request_jumps_the_queue_by_one_slot(make().await).await;
+    shares::a_share_moves_the_virtual_time_up_to_what_its_process_saw(make().await).await;
     shares::classes_share_by_weight(make().await).await;
     #[cfg(feature = "settle")]
     {

@@ -85,6 +85,43 @@ pub(crate) async fn a_high_request_jumps_the_queue_by_one_slot<S: Store>(store: 
     assert_eq!(reply.classes.finish(1), SHARE_SCALE);
 }
 
+/// A share carrying the virtual time its process admitted up to on its own (a lease's
+/// admissions, which the store never sees) moves the store's up to it first: a high class
+/// that jumped its lead's worth may jump again once the others' admissions have caught up.
+pub(crate) async fn a_share_moves_the_virtual_time_up_to_what_its_process_saw<S: Store>(store: S) {
+    let (_a, direct) = allowance(per_second(10, 1), store);
+    let high = || {
+        ShareRequest::new(
+            AdmitRequest::first().max_wait(Duration::from_secs(60)),
+            1,
+            1,
+        )
+        .high(true)
+    };
+    // The burst, then a backlog of 20 reserved slots, to jump.
+    for _ in 0..21 {
+        direct.admit(AdmitRequest::first()).await;
+    }
+    // Eight jumps: the class's lead (8 of its admissions ahead of the virtual time).
+    for _ in 0..8 {
+        let reply = share(direct.apply(Op::Share(high())).await);
+        assert!(reply.event.is_some(), "a jump: {reply:?}");
+    }
+    let reply = share(direct.apply(Op::Share(high())).await);
+    assert!(
+        reply.event.is_none(),
+        "beyond its lead it queues: {reply:?}"
+    );
+    assert_eq!(reply.classes.vtime(), 8 * SHARE_SCALE);
+    // Its process admitted the others' starts up to 12 steps on (a lease's): it jumps again.
+    let reply = share(direct.apply(Op::Share(high().seen(12 * SHARE_SCALE))).await);
+    assert!(reply.event.is_some(), "a jump again: {reply:?}");
+    assert_eq!(reply.classes.vtime(), 12 * SHARE_SCALE);
+    // An older one changes nothing (the later of the two).
+    let reply = share(direct.apply(Op::Share(high().seen(SHARE_SCALE))).await);
+    assert_eq!(reply.classes.vtime(), 12 * SHARE_SCALE);
+}
+
 pub(crate) async fn classes_share_by_weight<S: Store>(store: S) {
     let config = per_second(10, 1)
         .with_class("a", Share::weight(2).expect("weight"))

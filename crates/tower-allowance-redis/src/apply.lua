@@ -98,7 +98,7 @@ local function apply(keys, args)
   elseif OP == 10 then
     reply = advertise(arg(0))
   elseif OP == 11 then
-    reply = admit_share(arg(0), arg(1) == 1, arg(2), arg(3), arg(4), arg(6), arg(7), arg(8), arg(9))
+    reply = admit_share(arg(0), arg(1) == 1, arg(2), arg(3), arg(4), arg(6), arg(7), arg(8), arg(9), arg(10))
     if reply[MAX_CLASSES + 2] == 1 then ev_at = MAX_CLASSES + 3 end
   elseif OP == 12 then
     reply = settle(arg(0), arg(1), arg(2) == 1, arg(3) == 1, arg(4), arg(5), arg(6), arg(7), arg(8), arg(9))

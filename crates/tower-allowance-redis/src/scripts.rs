@@ -332,6 +332,7 @@ pub(crate) fn argv<'a>(
                 Arg::N(u64::from(req.weight())),
                 Arg::N(u64::from(req.is_high())),
                 Arg::N(exact(req.start_tag())),
+                Arg::N(exact(req.seen_tag())),
             ]);
         }
         #[cfg(feature = "settle")]

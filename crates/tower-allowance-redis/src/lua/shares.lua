@@ -40,8 +40,10 @@ local function jump(cost, retry, not_before, max_wait)
 end
 
 -- rule::shares::admit_share: {vtime, finish 1..MAX_CLASSES, has event, event..., admission...}.
-local function admit_share(cost, retry, not_before, max_wait, deposits, class, weight, high, start)
+local function admit_share(cost, retry, not_before, max_wait, deposits, class, weight, high, start, seen)
   load(CLASSES)
+  -- rule::shares::admit_share: the starts its process admitted without the store (a lease's).
+  s.vt = max(s.vt, seen)
   deposit(deposits)
   local field = 'c' .. (min(class, MAX_CLASSES - 1) + 1)
   local f = s[field]

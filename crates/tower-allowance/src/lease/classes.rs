@@ -11,9 +11,9 @@
 //!
 //! Across processes, the bucket goes to the processes by their leases, each sized on its own
 //! measured rate: the weights hold fleet-wide as far as each process's mix of classes
-//! follows them, and a high request waits for its own process's next token, never for the
-//! slot after the one being served fleet-wide. An allowance that needs that across
-//! processes does not lease.
+//! follows them. A high request within its lead with no token due within two intervals goes
+//! to the store instead (`leasable`), with the virtual time this lease admitted up to
+//! (`ShareRequest::seen`), and jumps its queue as without a lease.
 
 use crate::{
     rule::{self, AdmitRequest, ClassState, ShareReply, ShareRequest},

@@ -23,8 +23,10 @@
 //! the shares are applied inside the lease: a class's first attempt takes a leased token, in
 //! the order the class queues give (weighted fair share, a high class first within its lead),
 //! and the lease keeps the classes' virtual times for them (`lease/classes.rs`): the weights
-//! hold inside each process, and a high request waits for this process's next token, not for
-//! the slot after the one being served fleet-wide.
+//! hold inside each process. A high request within its lead takes this process's next token
+//! when one is due within two intervals, else goes to the store and jumps its queue (the slot
+//! after the one being served; every leased token moves on), carrying the virtual time this
+//! lease admitted up to.
 //!
 //! The successes of the requests a lease admits reach a replenishing retry budget with its
 //! next call (the rule's `GrantRequest::deposits`), as those of first attempts without a
@@ -213,12 +215,31 @@ impl<S> Inner<S> {
     }
 }
 
-/// Whether `op` is one a lease can answer: a first attempt of cost 1, no `not_before`, on an
-/// allowance without an adaptive rate (of a class, or not).
-fn leasable(params: &rule::Params, op: &rule::Op) -> Option<(rule::AdmitRequest, Option<Classed>)> {
+/// Whether `op` is one a lease answers: a first attempt of cost 1, no `not_before`, on an
+/// allowance without an adaptive rate (of a class, or not). Not a high class's request within
+/// its lead when this process holds no token within two intervals (it would wait for the next
+/// lease, behind the tokens the other processes hold): the store's jump serves it the slot
+/// after the one being served, and every token moves on.
+fn leasable(
+    params: &rule::Params,
+    op: &rule::Op,
+    local: &mut Local,
+    now: Instant,
+) -> Option<(rule::AdmitRequest, Option<Classed>)> {
     let (req, class) = classes::admission(op)?;
     let plain = !req.retry && req.cost == 1 && req.not_before_us == 0;
-    (plain && params.adaptive.is_none()).then_some((req, class))
+    if !plain || params.adaptive.is_some() {
+        return None;
+    }
+    if class.is_some_and(|c| c.first(&local.classes)) && local.outage.is_none() {
+        local.expire(now);
+        let interval = params.limits().first().map_or(0, |l| l.interval_us);
+        let soon = now + Duration::from_micros(interval.saturating_mul(2));
+        if local.tokens.front().is_none_or(|t| t.at > soon) {
+            return None;
+        }
+    }
+    Some((req, class))
 }
 
 /// `answer` as its caller asked for it: a class's, with the classes' virtual times.
@@ -231,6 +252,17 @@ fn classed(
         Some(c) => c.answer(&mut local.classes, answer),
         None => answer,
     }
+}
+
+/// An op the lease sends on to the store: a retry takes the successes held here (see
+/// `carry_deposits`), a class's request the virtual time this lease admitted up to (the store
+/// counts a high request's lead from it). Returns the successes carried.
+fn forward(local: &mut Local, op: &mut rule::Op) -> u64 {
+    #[cfg(feature = "shares")]
+    if let rule::Op::Share(req) = op {
+        req.seen = req.seen.max(local.classes.vtime());
+    }
+    carry_deposits(local, op)
 }
 
 /// Without the `shares` feature a lease answers first attempts only.
@@ -540,8 +572,9 @@ impl<S: Store> LeaseStore<S> {
 
 impl<S: Store> Store for LeaseStore<S> {
     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
-        if let Some((req, class)) = leasable(&params.0, &op.0) {
-            let now = Instant::now();
+        let now = Instant::now();
+        let leased = leasable(&params.0, &op.0, &mut self.inner.lock(), now);
+        if let Some((req, class)) = leased {
             let rx = {
                 let mut local = self.inner.lock();
                 match self.admit_now(&mut local, now, params, &req) {
@@ -589,7 +622,7 @@ impl<S: Store> Store for LeaseStore<S> {
             _ => None,
         };
         let mut op = op;
-        let carried = carry_deposits(&mut self.inner.lock(), &mut op.0);
+        let carried = forward(&mut self.inner.lock(), &mut op.0);
         let fut = self.inner.store.apply(params, op);
         let weak = Arc::downgrade(&self.inner);
         Box::pin(async move {
@@ -618,7 +651,8 @@ impl<S: Store> Store for LeaseStore<S> {
         params: &Params,
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
-        if let Some((req, class)) = leasable(&params.0, &op.0) {
+        let leased = leasable(&params.0, &op.0, &mut self.inner.lock(), now);
+        if let Some((req, class)) = leased {
             let mut local = self.inner.lock();
             // An outage's share may mean a sleep: `apply` answers that (the tokens whose slot
             // passed dropped first: `admit_now` would take a share's slot for nothing).
@@ -635,7 +669,7 @@ impl<S: Store> Store for LeaseStore<S> {
             return None;
         }
         let mut op = *op;
-        let carried = carry_deposits(&mut self.inner.lock(), &mut op.0);
+        let carried = forward(&mut self.inner.lock(), &mut op.0);
         let Some(reply) = self.inner.store.try_apply(now, params, &op) else {
             // Not answered here: `apply` carries them.
             self.inner.lock().deposited(carried);
@@ -696,7 +730,12 @@ fn hear_reply(local: &mut Local, reply: &Reply) {
         rule::Reply::Changed(e) => Some(e),
         // A high request that jumped the queue (one the lease did not answer).
         #[cfg(feature = "shares")]
-        rule::Reply::Share(s) => s.event,
+        rule::Reply::Share(s) => {
+            // Its classes' times (a high request that jumped): this lease's next high
+            // request counts the jump in its lead.
+            local.classes.merge(&s.classes);
+            s.event
+        }
         _ => None,
     };
     if let Some(e) = event {

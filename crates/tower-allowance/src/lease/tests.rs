@@ -1091,3 +1091,49 @@ async fn a_lease_call_failing_at_once_fails_its_admission() {
         "the admission ends, failed: {acquired:?}"
     );
 }
+
+/// A high request within its lead, in a process that holds no token within two intervals,
+/// goes to the store and jumps its queue (the slot after the one being served; the other
+/// process's leased tokens move on): it does not wait behind the tokens leased to others
+/// (the old code: up to a lease of 50, 500 ms). Two holders on one bucket, all within it.
+#[cfg(feature = "shares")]
+#[tokio::test(start_paused = true)]
+async fn a_high_request_without_a_near_token_jumps_at_the_store() {
+    use crate::{
+        shares::{Class, Share},
+        AcquireOptions,
+    };
+    let classed = || {
+        config(100, 5)
+            .with_class("urgent", Share::weight(1).expect("valid").high())
+            .expect("valid")
+            .with_class("bulk", Share::weight(1).expect("valid"))
+            .expect("valid")
+    };
+    let memory = Arc::new(MemoryStore::new());
+    let fifty = Lease::fixed(50, Duration::from_secs(1)).expect("valid");
+    let a = Allowance::with_store(classed(), LeaseStore::new(memory.clone(), fifty));
+    let b = Allowance::with_store(classed(), LeaseStore::new(memory, Lease::auto()));
+    let (start, log) = (Instant::now(), Arc::new(Mutex::new(Vec::new())));
+    let bulk = spawn_class(&a, ("bulk", 40, 400), &log);
+    let mut waits = Vec::new();
+    for k in 1..=8u64 {
+        tokio::time::sleep_until(start + Duration::from_millis(k * 400)).await;
+        let asked = Instant::now();
+        let options = AcquireOptions::new().class(&Class::new("urgent"));
+        b.acquire_with(options).await.expect("admitted");
+        waits.push(asked.elapsed());
+        log.lock()
+            .expect("lock")
+            .push(("urgent".into(), Instant::now()));
+    }
+    for t in bulk {
+        t.await.expect("worker");
+    }
+    let worst = *waits.iter().max().expect("waits");
+    assert!(worst <= Duration::from_millis(21), "{waits:?}");
+    let mut times: Vec<_> = log.lock().expect("lock").iter().map(|(_, t)| *t).collect();
+    times.sort();
+    assert_eq!(times.len(), 408);
+    within_the_bucket(&times, 100, 5);
+}

@@ -136,6 +136,7 @@ pub struct ShareRequest {
     pub(crate) weight: u32,
     pub(crate) high: bool,
     pub(crate) start: u64,
+    pub(crate) seen: u64,
 }
 
 #[cfg_attr(not(feature = "rule"), allow(dead_code))]
@@ -148,7 +149,21 @@ impl ShareRequest {
             weight: weight.max(1),
             high: false,
             start: 0,
+            seen: 0,
         }
+    }
+
+    /// The virtual time its process has admitted up to on its own (a lease's admissions,
+    /// which the store does not see; 0: none): the store's moves up to it first, so that a
+    /// high request's lead counts them.
+    pub fn seen(mut self, vtime: u64) -> Self {
+        self.seen = vtime;
+        self
+    }
+
+    /// The virtual time its process has admitted up to on its own.
+    pub fn seen_tag(&self) -> u64 {
+        self.seen
     }
 
     /// The virtual start its process's class queue gave it (0: none, it starts at the
@@ -211,6 +226,9 @@ pub(crate) fn admit_share(
     req: &ShareRequest,
 ) -> ShareReply {
     let class = usize::from(req.class).min(MAX_CLASSES - 1);
+    // The starts its process admitted without the store (a lease's): the virtual time is the
+    // latest start admitted anywhere.
+    state.classes.vtime = state.classes.vtime.max(req.seen);
     // Deposits first (they record successes already made), once, whichever path admits.
     deposit(&mut state.budget, now, &params.budget, req.admit.deposits);
     let plain = AdmitRequest {
