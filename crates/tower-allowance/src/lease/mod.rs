@@ -91,6 +91,10 @@ use crate::{
 mod back;
 #[cfg(feature = "shares")]
 mod classes;
+/// Without the `shares` feature a lease answers first attempts only.
+#[cfg(not(feature = "shares"))]
+#[path = "no_classes.rs"]
+mod classes;
 mod config;
 mod local;
 use back::{carry_deposits, give_back_on_drop, keep_deposits, keep_unapplied};
@@ -263,41 +267,6 @@ fn forward(local: &mut Local, op: &mut rule::Op) -> u64 {
         req.seen = req.seen.max(local.classes.vtime());
     }
     carry_deposits(local, op)
-}
-
-/// Without the `shares` feature a lease answers first attempts only.
-#[cfg(not(feature = "shares"))]
-mod classes {
-    use crate::{
-        rule::{self, AdmitRequest},
-        store::{Reply, StoreError},
-    };
-
-    pub(super) type Tags = ();
-
-    #[derive(Clone, Copy, Debug)]
-    pub(super) enum Classed {}
-
-    pub(super) fn admission(op: &rule::Op) -> Option<(AdmitRequest, Option<Classed>)> {
-        match op {
-            rule::Op::Admit(req) => Some((*req, None)),
-            _ => None,
-        }
-    }
-
-    impl Classed {
-        pub(super) fn first(&self, _: &Tags) -> bool {
-            match *self {}
-        }
-
-        pub(super) fn answer(
-            self,
-            _: &mut Tags,
-            _: Result<Reply, StoreError>,
-        ) -> Result<Reply, StoreError> {
-            match self {}
-        }
-    }
 }
 
 impl<S: Store> Inner<S> {
