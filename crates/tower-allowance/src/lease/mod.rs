@@ -32,10 +32,9 @@
 //! next call (the rule's `GrantRequest::deposits`), as those of first attempts without a
 //! lease reach it with the next admission, or with the next retry, which goes to the store
 //! and takes them along: a retry is decided on every success admitted before it. A call the
-//! store did not apply (an error, or refused as stale)
-//! leaves them for the next one; a call given up unanswered ([below](#stale-calls)) may have
-//! been applied and takes them along: a success may go uncounted, never counted twice (a
-//! retry granted too many).
+//! store did not apply (an error, or refused as stale) leaves them for the next one; a call
+//! given up unanswered ([below](#stale-calls)) may have been applied and takes them along: a
+//! success may go uncounted, never counted twice (a retry granted too many).
 //!
 //! # Outages
 //!
