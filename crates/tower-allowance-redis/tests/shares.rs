@@ -27,6 +27,22 @@ fn calls(stats: &str, cmd: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The script calls `redis` answered (since the last `CONFIG RESETSTAT`), and the stats.
+async fn store_calls(redis: &TestRedis) -> (u64, String) {
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let n = calls(&stats, "fcall") + calls(&stats, "evalsha") + calls(&stats, "eval");
+    (n, stats)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_store_call_per_classed_admission_across_two_allowances() {
     let redis = TestRedis::start_private().await;
@@ -74,17 +90,7 @@ async fn one_store_call_per_classed_admission_across_two_allowances() {
     for t in tasks {
         t.await.expect("joined");
     }
-    let client = redis::Client::open(redis.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
-    let store_calls = calls(&stats, "fcall") + calls(&stats, "evalsha") + calls(&stats, "eval");
+    let (store_calls, stats) = store_calls(&redis).await;
     let admissions = admitted.load(Ordering::Relaxed);
     assert_eq!(admissions, 380);
     let per = store_calls as f64 / admissions as f64;
@@ -156,17 +162,7 @@ async fn leased_classes_share_by_weight_in_far_fewer_store_calls() {
     for t in tasks {
         t.await.expect("joined");
     }
-    let client = redis::Client::open(redis.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
-    let store_calls = calls(&stats, "fcall") + calls(&stats, "evalsha") + calls(&stats, "eval");
+    let (store_calls, stats) = store_calls(&redis).await;
     let log = log.lock().expect("lock").clone();
     assert_eq!(log.len(), 1_200);
     let per = store_calls as f64 / 1_200.0;

@@ -765,32 +765,24 @@ async fn a_jump_at_the_store_moves_the_leased_tokens() {
     within_the_bucket(&times, 100, 5);
 }
 
-/// A replenishing retry budget earns retries from successes, which travel with the next
-/// store call: under a lease, the first attempts are admitted from leased tokens and never
-/// reach the store alone, so their successes go with the lease's next call (the old code
-/// dropped them: the budget had only its reserve, here none, and the first retry was refused
-/// as budget-exhausted after eight successes).
-#[tokio::test(start_paused = true)]
-async fn the_successes_a_lease_admits_earn_retries() {
-    use std::sync::atomic::AtomicUsize;
-
-    use http::{Request, Response, StatusCode};
-    use tower::{ServiceBuilder, ServiceExt};
-
-    use crate::{error::AbandonReason, retry::RetryConfig, Outcome, RetryBudgetConfig};
-
-    // No reserve: every retry is earned, half a retry per success.
-    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 0.5).expect("valid");
-    let c = config(100, 100).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
-    let store = LeaseStore::new(
-        MemoryStore::new(),
-        Lease::fixed(4, Duration::from_millis(200)).expect("valid"),
-    );
-    let allowance = Allowance::with_store(c, store.clone());
-    // The first eight calls succeed, every later one is answered 429 (Retry-After: 1).
-    let calls = Arc::new(AtomicUsize::new(0));
+/// `allowance`'s layers with retries (up to 20 attempts) over an upstream whose first eight
+/// calls succeed and every later one is answered 429 (`Retry-After: 1`): the upstream's call
+/// count, and the stack.
+fn eight_then_429s(
+    allowance: &Allowance,
+) -> (
+    Arc<std::sync::atomic::AtomicUsize>,
+    impl tower::Service<
+            http::Request<String>,
+            Response = http::Response<String>,
+            Error = crate::BoxError,
+            Future: Send,
+        > + Clone,
+) {
+    use http::{Response, StatusCode};
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let seen = calls.clone();
-    let upstream = tower::service_fn(move |_req: Request<String>| {
+    let upstream = tower::service_fn(move |_req: http::Request<String>| {
         let n = seen.fetch_add(1, Ordering::SeqCst);
         async move {
             let mut res = Response::new(String::new());
@@ -804,10 +796,37 @@ async fn the_successes_a_lease_admits_earn_retries() {
             Ok::<_, std::convert::Infallible>(res)
         }
     });
-    let retry = RetryConfig::default().with_max_attempts(20).expect("valid");
-    let svc = ServiceBuilder::new()
+    let retry = crate::retry::RetryConfig::default()
+        .with_max_attempts(20)
+        .expect("valid");
+    let svc = tower::ServiceBuilder::new()
         .layer(allowance.layer().with_retry(retry))
         .service(upstream);
+    (calls, svc)
+}
+
+/// A replenishing retry budget earns retries from successes, which travel with the next
+/// store call: under a lease, the first attempts are admitted from leased tokens and never
+/// reach the store alone, so their successes go with the lease's next call (the old code
+/// dropped them: the budget had only its reserve, here none, and the first retry was refused
+/// as budget-exhausted after eight successes).
+#[tokio::test(start_paused = true)]
+async fn the_successes_a_lease_admits_earn_retries() {
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    use crate::{error::AbandonReason, Outcome, RetryBudgetConfig};
+
+    // No reserve: every retry is earned, half a retry per success.
+    let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 0.5).expect("valid");
+    let c = config(100, 100).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(4, Duration::from_millis(200)).expect("valid"),
+    );
+    let allowance = Allowance::with_store(c, store.clone());
+    // The first eight calls succeed, every later one is answered 429 (Retry-After: 1).
+    let (calls, svc) = eight_then_429s(&allowance);
     for _ in 0..8 {
         let res = svc.clone().oneshot(Request::new(String::new())).await;
         assert_eq!(res.expect("answered").status(), StatusCode::OK);
@@ -837,38 +856,17 @@ async fn the_successes_a_lease_admits_earn_retries() {
 /// next lease call, and the first retry was refused).
 #[tokio::test(start_paused = true)]
 async fn a_retry_carries_the_successes_the_lease_holds() {
-    use std::sync::atomic::AtomicUsize;
+    use http::{Request, StatusCode};
+    use tower::ServiceExt;
 
-    use http::{Request, Response, StatusCode};
-    use tower::{ServiceBuilder, ServiceExt};
-
-    use crate::{error::AbandonReason, retry::RetryConfig, Outcome, RetryBudgetConfig};
+    use crate::{error::AbandonReason, Outcome, RetryBudgetConfig};
 
     let budget = crate::ReplenishingBudget::new(Duration::from_secs(60), 0, 0.5).expect("valid");
     let c = config(100, 100).with_retry_budget(RetryBudgetConfig::Replenishing(budget));
     let lease = Lease::fixed(100, Duration::from_secs(1)).expect("valid");
     let store = LeaseStore::new(MemoryStore::new(), lease);
     let allowance = Allowance::with_store(c, store.clone());
-    let calls = Arc::new(AtomicUsize::new(0));
-    let seen = calls.clone();
-    let upstream = tower::service_fn(move |_req: Request<String>| {
-        let n = seen.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let mut res = Response::new(String::new());
-            if n >= 8 {
-                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                res.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    http::HeaderValue::from_static("1"),
-                );
-            }
-            Ok::<_, std::convert::Infallible>(res)
-        }
-    });
-    let retry = RetryConfig::default().with_max_attempts(20).expect("valid");
-    let svc = ServiceBuilder::new()
-        .layer(allowance.layer().with_retry(retry))
-        .service(upstream);
+    let (calls, svc) = eight_then_429s(&allowance);
     for _ in 0..8 {
         let res = svc.clone().oneshot(Request::new(String::new())).await;
         assert_eq!(res.expect("answered").status(), StatusCode::OK);
