@@ -381,6 +381,11 @@ impl Local {
 
     /// Applies an event the store published to every unused token.
     pub(super) fn hear(&mut self, event: &rule::Event) {
+        // `clear()` lifts every cooldown, the one raised here in an outage too (the tokens
+        // keep their place, as reserved slots do).
+        if matches!(event.kind(), rule::EventKind::Cleared) {
+            self.blocked_until = None;
+        }
         let Some(params) = self.params else {
             return;
         };

@@ -360,6 +360,68 @@ async fn a_cooldown_raised_in_an_outage_holds_here() {
     );
 }
 
+/// `clear()` lifts the cooldown and leaves the leased tokens where it moved them, as it leaves
+/// every reserved slot (conservative: none goes back earlier than the store scheduled it).
+#[tokio::test(start_paused = true)]
+async fn clear_keeps_the_leased_tokens_where_the_cooldown_moved_them() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let store = LeaseStore::new(
+        MemoryStore::new(),
+        Lease::fixed(20, Duration::from_millis(200)).expect("valid"),
+    );
+    admit(&store, &params);
+    let held = store.tokens_held();
+    assert!(held > 10, "a lease of 20 is held");
+    let defer = Op(rule::Op::Defer {
+        delay_us: Some(1_000_000),
+    });
+    store.apply(&params, defer).await.expect("raised");
+    store
+        .apply(&params, Op(rule::Op::Clear))
+        .await
+        .expect("cleared");
+    assert_eq!(store.tokens_held(), held, "no token dropped");
+    let next = store.next_token_in().expect("a token");
+    assert!(next >= Duration::from_secs(1), "{next:?}");
+    assert!(wait(admit(&store, &params)) >= Duration::from_secs(1));
+}
+
+/// `clear()` lifts a cooldown raised here while the store did not answer, as it lifts the
+/// store's (the old code held the lease until that cooldown's end after the clearing).
+#[tokio::test(start_paused = true)]
+async fn clear_lifts_a_cooldown_raised_here_in_an_outage() {
+    let c = config(100, 5);
+    let params = *c.params();
+    let down = Arc::new(AtomicBool::new(false));
+    let lease = Lease::fixed(1, Duration::from_millis(200))
+        .expect("valid")
+        .local_fallback(true);
+    let a = LeaseStore::new(
+        Flaky {
+            store: Arc::new(MemoryStore::new()),
+            down: down.clone(),
+        },
+        lease,
+    );
+    admit(&a, &params);
+    down.store(true, Ordering::SeqCst);
+    let defer = Op(rule::Op::Defer {
+        delay_us: Some(1_000_000),
+    });
+    assert!(a.apply(&params, defer).await.is_err());
+    down.store(false, Ordering::SeqCst);
+    let allowance = Allowance::with_store(c, a);
+    allowance.clear().await.expect("cleared");
+    let start = Instant::now();
+    allowance.acquire().await.expect("admitted");
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 /// The share starts where the store's schedule ends, not where this holder's own tokens do:
 /// the other holders' tokens granted after its last lease still go out (the old code sent
 /// its first share at its own last slot, on top of the other holder's lease).
