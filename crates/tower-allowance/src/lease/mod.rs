@@ -541,11 +541,10 @@ impl<S: Store> LeaseStore<S> {
 impl<S: Store> Store for LeaseStore<S> {
     fn apply(&self, params: &Params, op: Op) -> StoreFuture<Reply> {
         let now = Instant::now();
-        let leased = leasable(&params.0, &op.0, &mut self.inner.lock(), now);
-        if let Some((req, class)) = leased {
-            let rx = {
-                let mut local = self.inner.lock();
-                match self.admit_now(&mut local, now, params, &req) {
+        let rx = {
+            let mut local = self.inner.lock();
+            match leasable(&params.0, &op.0, &mut local, now) {
+                Some((req, class)) => match self.admit_now(&mut local, now, params, &req) {
                     Some(Served::Reply(answer)) => {
                         let answer = classed(&mut local, class, answer);
                         return Box::pin(std::future::ready(answer));
@@ -554,20 +553,24 @@ impl<S: Store> Store for LeaseStore<S> {
                         let answer = classed(&mut local, class, Ok(admitted()));
                         return admitted_at(at, now, answer);
                     }
-                    None => {}
-                }
-                let (tx, rx) = oneshot::channel();
-                let waiting = Waiting {
-                    max_wait: Duration::from_micros(req.max_wait_us),
-                    class,
-                    deposits: req.deposits,
-                    tx,
-                };
-                local.waiters.push_back(waiting);
-                // The lease call may have answered already (a store without I/O).
-                self.inner.serve(&mut local, now);
-                rx
-            };
+                    None => {
+                        let (tx, rx) = oneshot::channel();
+                        let waiting = Waiting {
+                            max_wait: Duration::from_micros(req.max_wait_us),
+                            class,
+                            deposits: req.deposits,
+                            tx,
+                        };
+                        local.waiters.push_back(waiting);
+                        // The lease call may have answered already (a store without I/O).
+                        self.inner.serve(&mut local, now);
+                        Some(rx)
+                    }
+                },
+                None => None,
+            }
+        };
+        if let Some(rx) = rx {
             return Box::pin(async move {
                 match rx.await {
                     Ok((answer, None)) => answer,
@@ -619,9 +622,8 @@ impl<S: Store> Store for LeaseStore<S> {
         params: &Params,
         op: &Op,
     ) -> Option<Result<Reply, StoreError>> {
-        let leased = leasable(&params.0, &op.0, &mut self.inner.lock(), now);
-        if let Some((req, class)) = leased {
-            let mut local = self.inner.lock();
+        let mut local = self.inner.lock();
+        if let Some((req, class)) = leasable(&params.0, &op.0, &mut local, now) {
             // An outage's share may mean a sleep: `apply` answers that (the tokens whose slot
             // passed dropped first: `admit_now` would take a share's slot for nothing).
             local.expire(now);
@@ -637,7 +639,8 @@ impl<S: Store> Store for LeaseStore<S> {
             return None;
         }
         let mut op = *op;
-        let carried = forward(&mut self.inner.lock(), &mut op.0);
+        let carried = forward(&mut local, &mut op.0);
+        drop(local);
         let Some(reply) = self.inner.store.try_apply(now, params, &op) else {
             // Not answered here: `apply` carries them.
             self.inner.lock().deposited(carried);
