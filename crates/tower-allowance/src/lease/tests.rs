@@ -328,9 +328,10 @@ async fn a_file_asks_for_a_lease() {
     .is_err());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_cooldown_raised_in_an_outage_holds_here() {
-    let c = config(100, 5);
+/// A holder (leases of one token, local fallback) whose store went down after its first
+/// admission, and a 429's cooldown of a second raised while it was down (the store did not
+/// hear of it): the holder, and the switch that brings the store back.
+async fn cooled_in_an_outage(c: &AllowanceConfig) -> (LeaseStore<Flaky>, Arc<AtomicBool>) {
     let params = *c.params();
     let down = Arc::new(AtomicBool::new(false));
     let lease = Lease::fixed(1, Duration::from_millis(200))
@@ -345,11 +346,17 @@ async fn a_cooldown_raised_in_an_outage_holds_here() {
     );
     admit(&a, &params);
     down.store(true, Ordering::SeqCst);
-    // A 429 asks for a second; the store does not hear of it.
     let defer = Op(rule::Op::Defer {
         delay_us: Some(1_000_000),
     });
     assert!(a.apply(&params, defer).await.is_err());
+    (a, down)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cooldown_raised_in_an_outage_holds_here() {
+    let c = config(100, 5);
+    let (a, _down) = cooled_in_an_outage(&c).await;
     let allowance = Allowance::with_store(c, a);
     let start = Instant::now();
     allowance.acquire().await.expect("admitted at the share");
@@ -392,24 +399,7 @@ async fn clear_keeps_the_leased_tokens_where_the_cooldown_moved_them() {
 #[tokio::test(start_paused = true)]
 async fn clear_lifts_a_cooldown_raised_here_in_an_outage() {
     let c = config(100, 5);
-    let params = *c.params();
-    let down = Arc::new(AtomicBool::new(false));
-    let lease = Lease::fixed(1, Duration::from_millis(200))
-        .expect("valid")
-        .local_fallback(true);
-    let a = LeaseStore::new(
-        Flaky {
-            store: Arc::new(MemoryStore::new()),
-            down: down.clone(),
-        },
-        lease,
-    );
-    admit(&a, &params);
-    down.store(true, Ordering::SeqCst);
-    let defer = Op(rule::Op::Defer {
-        delay_us: Some(1_000_000),
-    });
-    assert!(a.apply(&params, defer).await.is_err());
+    let (a, down) = cooled_in_an_outage(&c).await;
     down.store(false, Ordering::SeqCst);
     let allowance = Allowance::with_store(c, a);
     allowance.clear().await.expect("cleared");
